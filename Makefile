@@ -1,0 +1,21 @@
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+
+.PHONY: test venv clean
+
+# The venv is (re)built only when pyproject.toml changes; torch first, from the CPU wheel.
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e ".[dev]"
+	touch $@
+
+venv: $(VENV)/.installed
+
+test: venv
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
+
+clean:
+	rm -rf $(VENV) .pytest_cache

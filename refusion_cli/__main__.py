@@ -1,0 +1,3 @@
+from refusion_cli.cli.app import main
+
+main()

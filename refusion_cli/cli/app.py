@@ -1,0 +1,40 @@
+"""The Typer application: registers the commands and turns known errors into one line."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from refusion_cli.cli import bench, chat, evaluate, train
+from refusion_cli.cli.output import DEBUG_ENV, debug_enabled, fail
+from refusion_cli.errors import UserError
+
+app = typer.Typer(
+    name="refusion",
+    help="ReFusion toolkit: decode, evaluate, benchmark and fine-tune slot-parallel diffusion LLMs.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.command("chat")(chat.chat)
+app.command("eval")(evaluate.evaluate)
+app.command("bench")(bench.bench)
+app.command("train")(train.train)
+
+
+def main() -> None:
+    """Console entry point. ``--debug`` anywhere (or REFUSION_DEBUG=1) shows full tracebacks."""
+    argv = sys.argv[1:]
+    debug = debug_enabled() or "--debug" in argv
+    argv = [a for a in argv if a != "--debug"]
+    try:
+        app(args=argv, prog_name="refusion", standalone_mode=True)
+    except UserError as exc:
+        if debug:
+            raise
+        fail(str(exc), exc.hint or f"run with --debug or {DEBUG_ENV}=1 for details")
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        fail("interrupted", code=130)

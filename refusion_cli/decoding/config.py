@@ -1,0 +1,115 @@
+"""Decoder configurations: frozen dataclasses holding the paper's defaults, validated on creation.
+
+CLI options and lm-eval ``model_args`` are derived from these classes (``config_from_dict``),
+so there is one source of defaults, and unknown keys are an error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from refusion_cli.errors import UserError
+
+
+class ConfigError(UserError, ValueError):
+    """An impossible decoder setting."""
+
+
+def _check_probability(name: str, value: float) -> None:
+    if not 0.0 <= value <= 1.0:
+        raise ConfigError(f"{name} must be in [0, 1], got {value}")
+
+
+def _check_positive(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ReFusionConfig:
+    gen_length: int = 512  # response budget; rounded up to a multiple of slot_size
+    slot_size: int = 8  # k: tokens per slot
+    block_size: int | None = None  # b: tokens per block (a multiple of k); None = half the padded gen_length
+    slot_threshold: float = 0.9  # τ_slot: a slot is chosen when p(first draft token) > τ_slot
+    token_threshold: float = 0.9  # τ_token: a draft token is accepted when its AR probability > τ_token
+    temperature: float = 0.0  # Gumbel noise on the planning drafts only (0 = argmax)
+
+    def __post_init__(self) -> None:
+        _check_positive("gen_length", self.gen_length)
+        _check_positive("slot_size", self.slot_size)
+        if self.block_size is not None:
+            _check_positive("block_size", self.block_size)
+            if self.block_size % self.slot_size:
+                raise ConfigError(
+                    f"block_size ({self.block_size}) must be a multiple of slot_size ({self.slot_size})"
+                )
+        _check_probability("slot_threshold", self.slot_threshold)
+        _check_probability("token_threshold", self.token_threshold)
+        if self.temperature < 0:
+            raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
+
+    @property
+    def padded_length(self) -> int:
+        """gen_length rounded up to a whole number of slots."""
+        return -(-self.gen_length // self.slot_size) * self.slot_size
+
+    @property
+    def block_tokens(self) -> int:
+        """The block size actually used, in tokens (a multiple of slot_size)."""
+        if self.block_size is not None:
+            return self.block_size
+        half_slots = max(1, self.padded_length // self.slot_size // 2)
+        return half_slots * self.slot_size
+
+
+# The paper's per-benchmark settings (zero-shot, gen_length 512): k, b, τ_slot, τ_token.
+PRESETS: dict[str, ReFusionConfig] = {
+    "mmlu_pro": ReFusionConfig(slot_size=16, block_size=128, slot_threshold=0.9, token_threshold=0.4),
+    "arc_challenge": ReFusionConfig(slot_size=8, block_size=8, slot_threshold=0.8, token_threshold=0.1),
+    "gsm8k": ReFusionConfig(slot_size=32, block_size=128, slot_threshold=0.9, token_threshold=0.4),
+    "math": ReFusionConfig(slot_size=32, block_size=64, slot_threshold=0.8, token_threshold=0.6),
+    "gpqa": ReFusionConfig(slot_size=8, block_size=16, slot_threshold=0.8, token_threshold=0.2),
+    "humaneval": ReFusionConfig(slot_size=32, block_size=128, slot_threshold=0.9, token_threshold=0.4),
+    "mbpp": ReFusionConfig(slot_size=32, block_size=128, slot_threshold=0.9, token_threshold=0.3),
+}
+
+C = TypeVar("C")
+
+
+def config_fields(cls: type) -> dict[str, dataclasses.Field]:
+    return {f.name: f for f in dataclasses.fields(cls)}
+
+
+def _coerce(value: Any, default: Any, name: str) -> Any:
+    """Turn a string from the command line or lm-eval model_args into the field's type."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if text.lower() in {"none", "null"}:
+        return None
+    kind = type(default) if default is not None else int  # the only None default is an int field
+    try:
+        if kind is bool:
+            if text.lower() in {"1", "true", "yes"}:
+                return True
+            if text.lower() in {"0", "false", "no"}:
+                return False
+            raise ValueError(text)
+        return kind(text)
+    except ValueError:
+        raise ConfigError(f"{name}: cannot read {value!r} as {kind.__name__}") from None
+
+
+def config_from_dict(cls: type[C], values: dict[str, Any], base: C | None = None) -> C:
+    """Build ``cls`` from ``values`` (strings allowed), starting from ``base``; unknown keys are an error."""
+    fields = config_fields(cls)
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise ConfigError(
+            f"unknown {cls.__name__} option(s): {', '.join(unknown)}; known: {', '.join(fields)}"
+        )
+    start = base if base is not None else cls()
+    coerced = {k: _coerce(v, getattr(start, k), k) for k, v in values.items()}
+    return dataclasses.replace(start, **coerced)

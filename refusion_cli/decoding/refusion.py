@@ -1,0 +1,253 @@
+"""ReFusion decoding: plan slots with a diffusion pass, infill them with causal verification.
+
+Token ids in, token ids out; this module knows nothing of text or tokenizers. The response is
+cut into slots of ``slot_size`` (k) tokens, decoded block by block (``block_size`` tokens) left to
+right. Each iteration of a block:
+
+1) plan      one pass over the block's still-masked slots drafts every position (unshifted
+             logits); slots whose first-token probability exceeds ``slot_threshold`` are chosen
+             (the single best one if none is).
+2) verify    the chosen drafts, concatenated in position order, are checked autoregressively in
+             one causal pass (token j against the logits of token j-1); the first token of each
+             slot is accepted as drafted. Whole slots inside the accepted prefix are committed with
+             the K/V of this pass; an EOS inside the prefix ends the response after this block.
+3) complete  if not even one whole slot was accepted, every chosen slot becomes its own row (the
+             rows see the committed context and themselves, not each other) and is re-drafted and
+             re-verified until all of it is accepted (at most k rounds, at least one new token per
+             row and round); all rows are then committed with the K/V of their last verification.
+
+Committed tokens join the context in commit order and keep their true position ids, so their K/V
+is reused, never recomputed (``kv_reuse=False`` recomputes it on every pass, the paper's ablation).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+from refusion_cli.decoding.cache import Context
+from refusion_cli.decoding.config import ReFusionConfig
+from refusion_cli.decoding.stats import DecodeResult, DecodeStats, Timer, cut_after_eos
+from refusion_cli.errors import UserError
+
+
+@dataclass
+class StepTrace:
+    """What one iteration of the decoder did (slots are numbered from 0 over the whole response)."""
+
+    block: int
+    path: str  # "fast" (committed from the global verification) or "completion"
+    chosen: list[int]  # slots chosen by the plan, in position order
+    committed: list[int]  # slots committed by this iteration (the last may be cut after an EOS)
+    accepted_prefix: int  # tokens accepted by the global verification
+    rounds: int = 0  # re-draft + verify rounds of the completion step (0 on the fast path)
+    eos: bool = False  # an EOS was committed: the response ends after this block
+    offsets: list[int] = field(default_factory=list)  # response offsets of the committed tokens, commit order
+    tokens: list[int] = field(default_factory=list)  # the committed token ids, commit order
+
+
+# ---------------------------------------------------------------------------------------------
+# input checks
+
+
+def prompt_tensor(prompt_ids: Sequence[int] | torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A prompt as a 1-D LongTensor on ``device`` ([P] or [1, P] accepted); empty prompts are refused."""
+    prompt = torch.as_tensor(prompt_ids, dtype=torch.long)
+    if prompt.dim() == 2 and prompt.shape[0] == 1:
+        prompt = prompt[0]
+    if prompt.dim() != 1:
+        raise UserError(f"prompt_ids must be one sequence of token ids, got shape {tuple(prompt.shape)}")
+    if prompt.numel() == 0:
+        raise UserError("the prompt is empty: give at least one token")
+    return prompt.to(device)
+
+
+def check_ids(model: torch.nn.Module, prompt: torch.Tensor, total_length: int, **special: int | None) -> None:
+    """Refuse token ids outside the vocabulary and sequences longer than the model's context."""
+    vocab = model.get_input_embeddings().num_embeddings
+    for name, token_id in special.items():
+        if token_id is not None and not 0 <= token_id < vocab:
+            raise UserError(f"{name} {token_id} is outside the model's vocabulary (size {vocab})")
+    if int(prompt.min()) < 0 or int(prompt.max()) >= vocab:
+        raise UserError(f"the prompt holds token ids outside the model's vocabulary (size {vocab})")
+    limit = getattr(model.config, "max_position_embeddings", None)
+    if limit is not None and total_length > limit:
+        raise UserError(
+            f"prompt ({prompt.numel()} tokens) + response budget ({total_length - prompt.numel()}) "
+            f"= {total_length} tokens exceeds the model's context of {limit}"
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# the three steps
+
+
+def gumbel_argmax(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> torch.Tensor:
+    """argmax(logits / T + Gumbel noise), in float64; plain argmax at T = 0."""
+    if temperature == 0:
+        return logits.argmax(-1)
+    noise_device = generator.device if generator is not None else logits.device
+    uniform = torch.rand(logits.shape, generator=generator, dtype=torch.float64, device=noise_device)
+    gumbel = -torch.log(-torch.log(uniform.to(logits.device)))
+    return (logits.double() + temperature * gumbel).argmax(-1)
+
+
+def token_probs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Softmax probability of ``tokens`` [..., L] under ``logits`` [..., L, V] at the same positions."""
+    return torch.softmax(logits, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def next_token_probs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """AR probability of token j under the logits of token j-1 ([..., L]); position 0 gets 1."""
+    probs = torch.ones(tokens.shape, dtype=logits.dtype, device=logits.device)
+    probs[..., 1:] = token_probs(logits[..., :-1, :], tokens[..., 1:])
+    return probs
+
+
+def plan_slots(ctx: Context, slots: list[int], slot_pos: torch.Tensor, config: ReFusionConfig,
+               mask_token_id: int, generator: torch.Generator | None) -> tuple[list[int], torch.Tensor]:
+    """1) Draft every position of the masked ``slots``; return the chosen ones and all drafts [S, k]."""
+    k = config.slot_size
+    positions = slot_pos[slots].flatten()  # [S*k]
+    masks = torch.full_like(positions, mask_token_id)
+    logits = ctx.forward(masks, positions)  # [S*k, V], read unshifted
+    drafts = gumbel_argmax(logits, config.temperature, generator)  # [S*k]
+    first_prob = token_probs(logits, drafts).view(-1, k)[:, 0]  # [S]
+    chosen = (first_prob > config.slot_threshold).nonzero().flatten().tolist()
+    if not chosen:
+        chosen = [int(first_prob.argmax())]
+    return chosen, drafts.view(-1, k)
+
+
+def verify_drafts(ctx: Context, drafts: torch.Tensor, positions: torch.Tensor,
+                  token_threshold: float) -> torch.Tensor:
+    """2) One causal pass over the concatenated drafts [R, k]; return accepted flags [R, k].
+
+    A token is accepted when its AR probability exceeds ``token_threshold``; the first token of
+    every slot is accepted as drafted. The flags are not yet cumulative.
+    """
+    logits = ctx.forward(drafts.flatten(), positions.flatten())
+    accepted = (next_token_probs(logits, drafts.flatten()) > token_threshold).view_as(drafts)
+    accepted[:, 0] = True
+    return accepted
+
+
+def complete_slots(ctx: Context, rows: torch.Tensor, positions: torch.Tensor, accepted: torch.Tensor,
+                   config: ReFusionConfig, mask_token_id: int, eos_token_id: int | None) -> tuple[torch.Tensor, int]:
+    """3) Re-draft and verify each chosen slot in its own row until every row is accepted.
+
+    ``rows`` [R, k] drafts, ``accepted`` [R, k] cumulative flags from the global verification.
+    Returns the final rows (cut after the first row holding an accepted EOS) and the rounds run;
+    the context's last call is the verification of exactly these rows, ready to be committed.
+    """
+    k = config.slot_size
+    rounds = 0
+    while not bool(accepted.all()) and rounds < k:
+        rounds += 1
+        n_rows = rows.shape[0]
+        groups = torch.arange(n_rows, device=rows.device).repeat_interleave(k)  # [R*k] row of each token
+        # a) re-draft the unaccepted tokens of each row (unshifted MDM read)
+        masked = torch.where(accepted, rows, mask_token_id)
+        logits = ctx.forward(masked.flatten(), positions.flatten(), groups).view(n_rows, k, -1)
+        rows = torch.where(accepted, rows, logits.argmax(-1))
+        # b) verify every row causally; the token after the accepted prefix is always taken
+        logits = ctx.forward(rows.flatten(), positions.flatten(), groups).view(n_rows, k, -1)
+        passed = next_token_probs(logits, rows) > config.token_threshold
+        passed[:, 0] = True
+        passed[:, 1:] |= accepted[:, :-1]
+        accepted = passed.long().cumprod(-1).bool()
+        # c) an accepted EOS ends its row; later rows are dropped
+        if eos_token_id is not None:
+            eos_rows = ((rows == eos_token_id) & accepted).any(-1).nonzero().flatten()
+            if eos_rows.numel():
+                last = int(eos_rows[0]) + 1
+                rows, positions, accepted = rows[:last], positions[:last], accepted[:last]
+                accepted[-1] = True
+    return rows, rounds
+
+
+# ---------------------------------------------------------------------------------------------
+# the loop
+
+
+@torch.no_grad()
+def decode_refusion(
+    model: torch.nn.Module,
+    prompt_ids: Sequence[int] | torch.Tensor,
+    config: ReFusionConfig,
+    *,
+    mask_token_id: int,
+    eos_token_id: int | None,
+    generator: torch.Generator | None = None,
+    kv_reuse: bool = True,
+    on_step: Callable[[StepTrace], None] | None = None,
+) -> DecodeResult:
+    """Decode one response with ReFusion; ``on_step`` sees every iteration as it is committed."""
+    device = next(model.parameters()).device
+    prompt = prompt_tensor(prompt_ids, device)
+    n_prompt, k = prompt.numel(), config.slot_size
+    check_ids(model, prompt, n_prompt + config.padded_length,
+              mask_token_id=mask_token_id, eos_token_id=eos_token_id)
+    n_slots = config.padded_length // k
+    slots_per_block = config.block_tokens // k
+    # true position ids of every response slot: [n_slots, k]
+    slot_pos = torch.arange(n_prompt, n_prompt + n_slots * k, device=device).view(n_slots, k)
+
+    stats = DecodeStats()
+    trace: list[StepTrace] = []
+    response = torch.full((n_slots * k,), -1, dtype=torch.long, device=device)  # by offset; -1 = not committed
+    with Timer(device) as timer:
+        ctx = Context(model, stats, prompt, torch.arange(n_prompt, device=device), reuse=kv_reuse)
+        for block, first_slot in enumerate(range(0, n_slots, slots_per_block)):
+            masked = list(range(first_slot, min(first_slot + slots_per_block, n_slots)))
+            ended = False
+            while masked:
+                # 1) plan
+                chosen_idx, drafts = plan_slots(ctx, masked, slot_pos, config, mask_token_id, generator)
+                chosen = [masked[i] for i in chosen_idx]
+                rows, positions = drafts[chosen_idx], slot_pos[chosen]  # [R, k]
+                # 2) verify
+                accepted = verify_drafts(ctx, rows, positions, config.token_threshold)
+                prefix = int(accepted.flatten().long().cumprod(0).sum())
+                flat = rows.flatten()
+                eos_at = _first_eos(flat[:prefix], eos_token_id)
+                if eos_at is not None or prefix >= k:
+                    n_commit = eos_at + 1 if eos_at is not None else prefix // k * k
+                    path, rounds = "fast", 0
+                else:
+                    # 3) complete in parallel
+                    rows, rounds = complete_slots(ctx, rows, positions, accepted.long().cumprod(-1).bool(),
+                                                  config, mask_token_id, eos_token_id)
+                    flat = rows.flatten()
+                    eos_at = _first_eos(flat, eos_token_id)
+                    n_commit = eos_at + 1 if eos_at is not None else flat.numel()
+                    path = "completion"
+                # 4) commit: the first n_commit fed tokens, with the K/V just computed
+                ctx.commit(n_commit)
+                done = chosen[: -(-n_commit // k)]
+                offsets = (slot_pos[done].flatten()[:n_commit] - n_prompt)
+                response[offsets] = flat[:n_commit]
+                masked = [s for s in masked if s not in done]
+                if eos_at is not None:  # nothing right of the EOS slot is decoded any more
+                    ended = True
+                    masked = [s for s in masked if s < done[-1]]
+                step = StepTrace(block, path, chosen, done, prefix, rounds, eos_at is not None,
+                                 offsets.tolist(), flat[:n_commit].tolist())
+                trace.append(step)
+                if on_step is not None:
+                    on_step(step)
+            if ended:
+                break
+    tokens = cut_after_eos([t for t in response.tolist() if t >= 0], eos_token_id)
+    stats.seconds = timer.seconds
+    stats.tokens = len(tokens)
+    return DecodeResult(tokens=tokens, stats=stats, trace=trace)
+
+
+def _first_eos(tokens: torch.Tensor, eos_token_id: int | None) -> int | None:
+    if eos_token_id is None:
+        return None
+    hits = (tokens == eos_token_id).nonzero()
+    return int(hits[0]) if hits.numel() else None

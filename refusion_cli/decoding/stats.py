@@ -1,0 +1,103 @@
+"""The result type shared by every decoder, and the one counting rule they all follow.
+
+Counting rule: ``tokens`` is the number of response tokens up to and including the first EOS
+(or the whole response if there is none); ``forwards`` counts every call of the model, whatever
+it was for (planning, verification, drafting, a CFG pass); ``seconds`` is the wall time of the
+whole decode call. TPS = tokens / seconds and TPF = tokens / forwards.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class DecodeStats:
+    forwards: int = 0  # model calls of any kind
+    tokens: int = 0  # response tokens up to and including EOS
+    seconds: float = 0.0  # wall time of the decode call
+    positions: int = 0  # token positions the model computed (rows x input length, summed over calls)
+    forward_seconds: float = 0.0  # wall time spent inside model calls
+
+    @property
+    def tpf(self) -> float:
+        """Tokens per forward."""
+        return self.tokens / self.forwards if self.forwards else 0.0
+
+    @property
+    def tps(self) -> float:
+        """Tokens per second of wall time."""
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    def as_dict(self) -> dict[str, float | int]:
+        return {
+            "forwards": self.forwards,
+            "tokens": self.tokens,
+            "seconds": self.seconds,
+            "tpf": self.tpf,
+            "tps": self.tps,
+            "positions": self.positions,
+            "forward_seconds": self.forward_seconds,
+        }
+
+
+@dataclass
+class DecodeResult:
+    tokens: list[int]  # response ids in position order, cut after the first EOS
+    stats: DecodeStats
+    trace: list[Any] = field(default_factory=list)  # per-iteration records (decoder specific)
+
+
+def cut_after_eos(tokens: list[int], eos_token_id: int | None) -> list[int]:
+    """Keep tokens up to and including the first EOS."""
+    if eos_token_id is not None and eos_token_id in tokens:
+        return tokens[: tokens.index(eos_token_id) + 1]
+    return tokens
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued GPU work so that wall-clock timings are honest."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+class Timer:
+    """Context manager measuring wall time, synchronising the device at both ends."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.seconds = 0.0
+
+    def __enter__(self) -> "Timer":
+        synchronize(self.device)
+        self._start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        synchronize(self.device)
+        self.seconds = time.perf_counter() - self._start
+
+
+def counted_forward(model: torch.nn.Module, stats: DecodeStats, **inputs: torch.Tensor | object):
+    """Call ``model(**inputs)`` and record it in ``stats``: one forward, its positions, its time."""
+    input_ids = inputs["input_ids"]
+    device = input_ids.device
+    synchronize(device)
+    start = time.perf_counter()
+    out = model(**inputs)
+    synchronize(device)
+    stats.forward_seconds += time.perf_counter() - start
+    stats.forwards += 1
+    stats.positions += input_ids.numel()
+    return out
+
+
+def float_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Logits in float32 for probabilities (float64 models keep float64, for exact tests)."""
+    return logits if logits.dtype == torch.float64 else logits.float()

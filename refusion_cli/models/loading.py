@@ -1,0 +1,203 @@
+"""Load a checkpoint (embedded name, local directory or hub id) -> model, tokenizer, special ids.
+
+A ReFusion checkpoint is a stock Qwen3 causal LM whose config carries ``mask_token_id`` (the
+official ``GSAI-ML/ReFusion`` is Qwen3-8B with ``<|mask|>`` = 151670), so it loads with the
+transformers class, never with remote code. LLaDA and Dream ship their own modelling code: they
+load only when the caller passes ``trust_remote_code=True``.
+
+The hub is optional: a local directory always works; a hub id is tried only when the hub answers
+quickly, otherwise only the local Hugging Face cache is consulted and a miss is a one-line error.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from urllib.parse import urlparse
+
+import torch
+
+from refusion_cli.errors import UserError
+
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+EMBEDDED = ("refusion-tiny", "ar-tiny", "mdm-tiny")  # shipped in refusion_cli/assets/<name>/
+DEFAULT_MODEL = "refusion-tiny"
+MASK_TOKEN = "<|mask|>"
+REMOTE_CODE_FAMILIES = {"llada": "LLaDA", "dream": "Dream"}
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module
+    tokenizer: object  # a transformers tokenizer
+    mask_token_id: int | None  # None for plain AR checkpoints loaded with require_mask=False
+    eos_token_id: int
+    pad_token_id: int
+    family: str  # "qwen3", "llada", "dream", ... (the config's model_type)
+    bidirectional: bool  # True for masked-diffusion models (LLaDA, Dream, a Qwen3 with is_causal=False)
+    source: str  # the directory the weights came from
+
+
+def embedded_path(name: str) -> Path:
+    return ASSETS / name
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """True when the model hub answers a TCP connection within ``timeout`` seconds (offline mode: False)."""
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}:
+        return False
+    return _probe(os.environ.get("HF_ENDPOINT", "https://huggingface.co"), timeout)
+
+
+@lru_cache(maxsize=4)
+def _probe(endpoint: str, timeout: float) -> bool:
+    url = urlparse(endpoint)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        with socket.create_connection((url.hostname or "", port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def resolve_source(name_or_path: str) -> tuple[str, bool]:
+    """Return (what to pass to from_pretrained, local_files_only)."""
+    if name_or_path in EMBEDDED:
+        path = embedded_path(name_or_path)
+        if not (path / "config.json").is_file():
+            raise UserError(
+                f"the embedded model '{name_or_path}' is not built in this checkout ({path} is missing)",
+                hint="rebuild the embedded models with `make models` (see README, 'Embedded models')",
+            )
+        return str(path), True
+    path = Path(name_or_path).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise UserError(f"'{name_or_path}' is a local path but holds no config.json: not a checkpoint directory")
+        return str(path), True
+    if name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") != 1:
+        raise UserError(f"no such checkpoint directory: '{name_or_path}'",
+                        hint=f"give a local directory, a hub id such as GSAI-ML/ReFusion, or one of {', '.join(EMBEDDED)}")
+    if hub_reachable():
+        return name_or_path, False
+    os.environ["HF_HUB_OFFLINE"] = "1"  # the hub did not answer: no later call should wait for it
+    return name_or_path, True
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return torch.float32
+
+
+def load_config(source: str, local_only: bool, trust_remote_code: bool, name: str):
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(source, local_files_only=local_only, trust_remote_code=trust_remote_code)
+    except OSError as exc:
+        if local_only and not Path(source).exists():
+            raise UserError(
+                f"'{name}' is not a local directory, the model hub is unreachable, and it is not in the local cache",
+                hint="download it on a machine with access and pass the directory, or set HF_HOME to a cache holding it",
+            ) from exc
+        raise UserError(f"cannot read the config of '{name}': {exc}".splitlines()[0]) from exc
+    except ValueError as exc:
+        text = str(exc)
+        if "trust_remote_code" in text or "custom code" in text:
+            raise UserError(
+                f"'{name}' ships its own modelling code; loading it runs that code",
+                hint="pass --trust-remote-code (trust_remote_code=True) if you trust its authors",
+            ) from exc
+        raise UserError(f"cannot read the config of '{name}': {text.splitlines()[0]}") from exc
+
+
+def find_mask_id(config, tokenizer) -> int | None:
+    """The mask id from the config (``mask_token_id``), else from the tokenizer's ``<|mask|>`` token."""
+    mask_id = getattr(config, "mask_token_id", None)
+    if mask_id is not None:
+        return int(mask_id)
+    if getattr(tokenizer, "mask_token_id", None) is not None:
+        return int(tokenizer.mask_token_id)
+    vocab = tokenizer.get_vocab()
+    return int(vocab[MASK_TOKEN]) if MASK_TOKEN in vocab else None
+
+
+def load_model(
+    name_or_path: str = DEFAULT_MODEL,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype | str | None = None,
+    *,
+    trust_remote_code: bool = False,
+    require_mask: bool = True,
+) -> LoadedModel:
+    """Load a checkpoint for decoding (eval mode, no gradients).
+
+    ``require_mask=False`` accepts plain AR checkpoints (e.g. ``Qwen/Qwen3-8B``) that have no mask token.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    device = torch.device(device) if device is not None else default_device()
+    if isinstance(dtype, str):
+        dtype = _parse_dtype(dtype)
+    dtype = dtype or default_dtype(device)
+    source, local_only = resolve_source(name_or_path)
+    config = load_config(source, local_only, trust_remote_code, name_or_path)
+    family = config.model_type
+    remote = bool(getattr(config, "auto_map", None)) and family not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    if remote and not trust_remote_code:
+        label = REMOTE_CODE_FAMILIES.get(family.lower(), family)
+        raise UserError(f"'{name_or_path}' is a {label} checkpoint that needs its authors' modelling code",
+                        hint="pass --trust-remote-code (trust_remote_code=True) to run it")
+    if not remote and family not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise UserError(f"'{name_or_path}' is a '{family}' checkpoint, not a causal language model")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_only,
+                                                  trust_remote_code=trust_remote_code and remote)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"cannot load the tokenizer of '{name_or_path}': {str(exc).splitlines()[0]}") from exc
+    mask_id = find_mask_id(config, tokenizer)
+    if mask_id is None and require_mask:
+        raise UserError(f"'{name_or_path}' has no mask token (no mask_token_id in its config, no {MASK_TOKEN} token)",
+                        hint="a diffusion decoder needs one; use the AR decoder for plain causal models")
+    eos_id = _eos_id(config, tokenizer)
+    if eos_id is None:
+        raise UserError(f"'{name_or_path}' defines no EOS token")
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
+    load_class = AutoModelForCausalLM
+    if remote and "AutoModelForCausalLM" not in (config.auto_map or {}):
+        from transformers import AutoModel as load_class  # LLaDA and Dream register AutoModel only
+    try:
+        model = load_class.from_pretrained(source, config=config, dtype=dtype, local_files_only=local_only,
+                                           trust_remote_code=trust_remote_code and remote)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"cannot load the weights of '{name_or_path}': {str(exc).splitlines()[0]}") from exc
+    model.to(device).eval().requires_grad_(False)
+    bidirectional = remote or not getattr(config, "is_causal", True)
+    return LoadedModel(model, tokenizer, mask_id, int(eos_id), int(pad_id), family, bidirectional, source)
+
+
+def _eos_id(config, tokenizer) -> int | None:
+    """The end of a chat turn: the tokenizer's EOS (``<|im_end|>`` for Qwen3 chat models), else the config's."""
+    if tokenizer.eos_token_id is not None:
+        return int(tokenizer.eos_token_id)
+    eos = getattr(config, "eos_token_id", None)
+    if isinstance(eos, (list, tuple)):
+        eos = eos[0] if eos else None
+    return None if eos is None else int(eos)
+
+
+def _parse_dtype(name: str) -> torch.dtype:
+    table = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
+             "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float64": torch.float64}
+    if name not in table:
+        raise UserError(f"unknown dtype '{name}'; choose one of {', '.join(table)}")
+    return table[name]
