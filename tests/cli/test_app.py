@@ -1,0 +1,39 @@
+"""The command line: commands listed, user errors as one line with a non-zero exit."""
+
+import subprocess
+import sys
+
+import pytest
+
+
+def refusion(*args: str, env_debug: bool = False) -> subprocess.CompletedProcess:
+    env = {"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}
+    if env_debug:
+        env["REFUSION_DEBUG"] = "1"
+    return subprocess.run([sys.executable, "-m", "refusion_cli", *args], capture_output=True, text=True, env=env,
+                          timeout=120)
+
+
+def test_help_lists_the_commands():
+    out = refusion("--help")
+    assert out.returncode == 0
+    for command in ("chat", "eval", "bench", "train"):
+        assert f" {command} " in out.stdout
+
+
+@pytest.mark.parametrize("command", ["chat", "eval", "bench"])
+def test_unbuilt_commands_say_so_and_fail(command):
+    out = refusion(command)
+    assert out.returncode == 2
+    assert f"'refusion {command}' is not available yet" in out.stderr
+    assert "Traceback" not in out.stderr and out.stdout == ""
+
+
+def test_debug_shows_the_traceback():
+    out = refusion("chat", "--debug")
+    assert out.returncode != 0 and "Traceback" in out.stderr
+
+
+def test_unknown_command_is_one_clear_error():
+    out = refusion("frobnicate")
+    assert out.returncode == 2 and "No such command" in out.stderr and "Traceback" not in out.stderr

@@ -1,0 +1,32 @@
+"""ReFusionConfig defaults, presets and construction from strings (CLI options, lm-eval model_args)."""
+
+import pytest
+
+from refusion_cli.decoding import PRESETS, ConfigError, ReFusionConfig, config_from_dict
+
+
+def test_paper_defaults():
+    config = ReFusionConfig()
+    assert (config.gen_length, config.slot_size, config.slot_threshold, config.token_threshold) == (512, 8, 0.9, 0.9)
+    assert config.block_tokens == 256  # gen_length / 2
+
+
+def test_presets_hold_the_paper_settings():
+    assert set(PRESETS) == {"mmlu_pro", "arc_challenge", "gsm8k", "math", "gpqa", "humaneval", "mbpp"}
+    gsm8k = PRESETS["gsm8k"]
+    assert (gsm8k.slot_size, gsm8k.block_size, gsm8k.slot_threshold, gsm8k.token_threshold) == (32, 128, 0.9, 0.4)
+    assert (PRESETS["arc_challenge"].slot_size, PRESETS["arc_challenge"].token_threshold) == (8, 0.1)
+    assert all(p.gen_length == 512 for p in PRESETS.values())
+
+
+def test_config_from_strings_coerces_and_validates():
+    config = config_from_dict(ReFusionConfig, {"slot_size": "16", "block_size": "64", "token_threshold": "0.3"},
+                              base=PRESETS["gsm8k"])
+    assert (config.slot_size, config.block_size, config.token_threshold, config.slot_threshold) == (16, 64, 0.3, 0.9)
+    assert config_from_dict(ReFusionConfig, {"block_size": "none"}).block_size is None
+    with pytest.raises(ConfigError, match="unknown ReFusionConfig option"):
+        config_from_dict(ReFusionConfig, {"slot_treshold": "0.5"})
+    with pytest.raises(ConfigError, match="cannot read 'abc' as float"):
+        config_from_dict(ReFusionConfig, {"slot_threshold": "abc"})
+    with pytest.raises(ConfigError, match=r"slot_threshold must be in \[0, 1\]"):
+        config_from_dict(ReFusionConfig, {"slot_threshold": "2"})

@@ -1,0 +1,77 @@
+"""decode_refusion against the slow reference decoder (no cache, masks rebuilt from scratch)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from refusion_cli.decoding import ReFusionConfig, decode_refusion
+from tests.decoding.reference import ReferenceReFusion
+from tests.tiny import MASK_ID, tiny_qwen3
+
+# (slot_size, block_size, gen_length, slot_threshold, token_threshold)
+CONFIGS = [
+    (4, 8, 24, 0.3, 0.3),
+    (4, None, 20, 0.5, 0.1),
+    (2, 4, 13, 0.2, 0.4),
+    (3, 9, 18, 0.0, 0.2),
+    (4, 16, 32, 0.6, 0.05),
+    (8, 8, 24, 0.1, 0.2),
+    (1, 4, 7, 0.5, 0.5),
+    (4, 4, 16, 1.0, 1.0),
+]
+PROMPT_LENGTHS = [1, 9]
+MODEL_SEEDS = [0, 1, 2]
+
+
+def run_both(model, prompt, config, eos_id, kv_reuse=True):
+    result = decode_refusion(model, prompt, config, mask_token_id=MASK_ID, eos_token_id=eos_id, kv_reuse=kv_reuse)
+    reference = ReferenceReFusion(model, prompt, mask_id=MASK_ID, eos_id=eos_id, siblings_visible=not kv_reuse)
+    expected = reference.decode(config.gen_length, config.slot_size, config.block_size,
+                                config.slot_threshold, config.token_threshold)
+    return result, expected, reference
+
+
+def eos_inside(model, prompt, config):
+    """A token the decoder commits mid-response when there is no EOS: used as EOS to force the EOS branches."""
+    tokens = decode_refusion(model, prompt, config, mask_token_id=MASK_ID, eos_token_id=None).tokens
+    return tokens[len(tokens) // 2]
+
+
+@pytest.fixture(scope="module")
+def models():
+    return {seed: tiny_qwen3(seed, init_std=0.6) for seed in MODEL_SEEDS}
+
+
+def test_cached_decoder_matches_reference_token_for_token(models):
+    seen = {"fast_multi": 0, "completion_multi": 0, "eos_fast": 0, "eos_completion": 0, "replan": 0}
+    cases = 0
+    for seed, (k, b, n, ts, tt), plen, use_eos in itertools.product(MODEL_SEEDS, CONFIGS, PROMPT_LENGTHS, [False, True]):
+        model = models[seed]
+        prompt = torch.randint(0, MASK_ID - 2, (plen,), generator=torch.Generator().manual_seed(seed * 100 + plen)).tolist()
+        config = ReFusionConfig(gen_length=n, slot_size=k, block_size=b, slot_threshold=ts, token_threshold=tt)
+        eos_id = eos_inside(model, prompt, config) if use_eos else None
+        result, expected, reference = run_both(model, prompt, config, eos_id)
+        assert result.tokens == expected, (seed, k, b, n, ts, tt, plen, eos_id)
+        assert result.stats.forwards == reference.forwards  # one model call per reference pass
+        cases += 1
+        for step in result.trace:
+            seen["fast_multi"] += step.path == "fast" and len(step.committed) > 1
+            seen["completion_multi"] += step.path == "completion" and len(step.committed) > 1
+            seen["eos_fast"] += step.path == "fast" and step.eos
+            seen["eos_completion"] += step.path == "completion" and step.eos
+            seen["replan"] += step.path == "fast" and len(step.committed) < len(step.chosen)
+    assert cases == len(MODEL_SEEDS) * len(CONFIGS) * len(PROMPT_LENGTHS) * 2
+    # the sweep is only meaningful if it went through every branch
+    assert all(count > 0 for count in seen.values()), seen
+
+
+def test_recompute_matches_reference_with_siblings_visible(models):
+    """kv_reuse=False is plain causal attention over commit order: the reference with siblings visible."""
+    for seed, (k, b, n, ts, tt) in itertools.product(MODEL_SEEDS, CONFIGS[:5]):
+        prompt = list(range(3, 3 + 4 + seed))
+        config = ReFusionConfig(gen_length=n, slot_size=k, block_size=b, slot_threshold=ts, token_threshold=tt)
+        result, expected, _ = run_both(models[seed], prompt, config, None, kv_reuse=False)
+        assert result.tokens == expected

