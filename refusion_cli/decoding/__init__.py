@@ -2,6 +2,10 @@
 
 from refusion_cli.decoding.ar import decode_ar
 from refusion_cli.decoding.config import PRESETS, ConfigError, ReFusionConfig, config_from_dict
+from refusion_cli.decoding.dream import DreamConfig, decode_dream
+from refusion_cli.decoding.families import check_decoder_fits
+from refusion_cli.decoding.llada import LLaDAConfig, decode_llada
+from refusion_cli.decoding.mdm import MDMStep
 from refusion_cli.decoding.refusion import StepTrace, decode_refusion
 from refusion_cli.decoding.stats import DecodeResult, DecodeStats
 
@@ -10,9 +14,15 @@ __all__ = [
     "ConfigError",
     "DecodeResult",
     "DecodeStats",
+    "DreamConfig",
+    "LLaDAConfig",
+    "MDMStep",
     "ReFusionConfig",
     "StepTrace",
+    "check_decoder_fits",
     "config_from_dict",
     "decode_ar",
+    "decode_dream",
+    "decode_llada",
     "decode_refusion",
 ]

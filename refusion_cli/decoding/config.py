@@ -17,12 +17,12 @@ class ConfigError(UserError, ValueError):
     """An impossible decoder setting."""
 
 
-def _check_probability(name: str, value: float) -> None:
+def check_probability(name: str, value: float) -> None:
     if not 0.0 <= value <= 1.0:
         raise ConfigError(f"{name} must be in [0, 1], got {value}")
 
 
-def _check_positive(name: str, value: int) -> None:
+def check_positive(name: str, value: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"{name} must be a positive integer, got {value!r}")
 
@@ -37,16 +37,16 @@ class ReFusionConfig:
     temperature: float = 0.0  # Gumbel noise on the planning drafts only (0 = argmax)
 
     def __post_init__(self) -> None:
-        _check_positive("gen_length", self.gen_length)
-        _check_positive("slot_size", self.slot_size)
+        check_positive("gen_length", self.gen_length)
+        check_positive("slot_size", self.slot_size)
         if self.block_size is not None:
-            _check_positive("block_size", self.block_size)
+            check_positive("block_size", self.block_size)
             if self.block_size % self.slot_size:
                 raise ConfigError(
                     f"block_size ({self.block_size}) must be a multiple of slot_size ({self.slot_size})"
                 )
-        _check_probability("slot_threshold", self.slot_threshold)
-        _check_probability("token_threshold", self.token_threshold)
+        check_probability("slot_threshold", self.slot_threshold)
+        check_probability("token_threshold", self.token_threshold)
         if self.temperature < 0:
             raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
 
@@ -82,14 +82,26 @@ def config_fields(cls: type) -> dict[str, dataclasses.Field]:
     return {f.name: f for f in dataclasses.fields(cls)}
 
 
-def _coerce(value: Any, default: Any, name: str) -> Any:
+_KINDS = {"bool": bool, "int": int, "float": float, "str": str}
+
+
+def _field_kind(field: dataclasses.Field) -> type:
+    """The scalar type of a config field, read from its annotation ("float | None" -> float)."""
+    annotation = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", str(field.type))
+    for part in annotation.replace(" ", "").split("|"):
+        if part in _KINDS:
+            return _KINDS[part]
+    return str
+
+
+def _coerce(value: Any, field: dataclasses.Field) -> Any:
     """Turn a string from the command line or lm-eval model_args into the field's type."""
     if not isinstance(value, str):
         return value
     text = value.strip()
     if text.lower() in {"none", "null"}:
         return None
-    kind = type(default) if default is not None else int  # the only None default is an int field
+    kind = _field_kind(field)
     try:
         if kind is bool:
             if text.lower() in {"1", "true", "yes"}:
@@ -99,7 +111,7 @@ def _coerce(value: Any, default: Any, name: str) -> Any:
             raise ValueError(text)
         return kind(text)
     except ValueError:
-        raise ConfigError(f"{name}: cannot read {value!r} as {kind.__name__}") from None
+        raise ConfigError(f"{field.name}: cannot read {value!r} as {kind.__name__}") from None
 
 
 def config_from_dict(cls: type[C], values: dict[str, Any], base: C | None = None) -> C:
@@ -111,5 +123,5 @@ def config_from_dict(cls: type[C], values: dict[str, Any], base: C | None = None
             f"unknown {cls.__name__} option(s): {', '.join(unknown)}; known: {', '.join(fields)}"
         )
     start = base if base is not None else cls()
-    coerced = {k: _coerce(v, getattr(start, k), k) for k, v in values.items()}
+    coerced = {k: _coerce(v, fields[k]) for k, v in values.items()}
     return dataclasses.replace(start, **coerced)

@@ -30,3 +30,12 @@ def test_config_from_strings_coerces_and_validates():
         config_from_dict(ReFusionConfig, {"slot_threshold": "abc"})
     with pytest.raises(ConfigError, match=r"slot_threshold must be in \[0, 1\]"):
         config_from_dict(ReFusionConfig, {"slot_threshold": "2"})
+
+
+def test_optional_fields_are_read_with_their_annotated_type():
+    from refusion_cli.decoding.llada import LLaDAConfig
+
+    config = config_from_dict(LLaDAConfig, {"threshold": "0.9", "use_cache": "true", "remasking": "random"})
+    assert (config.threshold, config.use_cache, config.remasking) == (0.9, True, "random")
+    with pytest.raises(ConfigError, match="use_cache: cannot read 'maybe' as bool"):
+        config_from_dict(LLaDAConfig, {"use_cache": "maybe"})

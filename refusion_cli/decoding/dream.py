@@ -1,0 +1,186 @@
+"""Dream's sampler: the whole response masked, unmasked over a linear timestep schedule.
+
+Token ids in, token ids out. Dream is trained like an AR model, so its logits are *shifted*: the
+token at position i is predicted from the logits of position i-1 (the prompt is never empty, so
+position 0 is never needed). Timesteps run linspace(1, eps, steps + 1); at step i (t -> s):
+
+1) predict   one full pass; the masked positions' tokens are sampled (argmax at temperature 0,
+             after optional top-p / top-k filtering).
+2) unmask    ``origin``: every mask independently with probability 1 - s/t (all at the last step).
+             ``maskgit_plus`` (top probability), ``topk_margin`` (p1 - p2), ``entropy`` (-H):
+             rank the masks by that confidence and unmask int(masks * (1 - s/t)) of them (all at
+             the last step) - the top ones, or drawn from softmax(confidence / alg_temp).
+             With ``threshold`` (Fast-dLLM): the best one plus every other whose token has
+             probability >= threshold, until no mask is left.
+
+Dream decodes the whole response as one block; ``block_length`` (Fast-dLLM's Dream) cuts it into
+semi-autoregressive blocks, each with its own timestep schedule of steps / blocks steps.
+``use_cache`` keeps, from each block's first pass, the K/V of the prefix except its last position:
+the shifted read needs that position's logits, so every cached call recomputes it with the block
+(Fast-dLLM's Dream treats this position differently).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from refusion_cli.decoding.config import ConfigError, check_positive, check_probability
+from refusion_cli.decoding.mdm import (
+    Canvas,
+    CanvasPasses,
+    MDMStep,
+    check_blocks,
+    check_fast_options,
+    choose_positions,
+    forbid_mask,
+    sample,
+    uniform,
+)
+from refusion_cli.decoding.stats import DecodeResult, Timer
+
+ALGORITHMS = ("origin", "maskgit_plus", "topk_margin", "entropy")
+
+
+@dataclass(frozen=True)
+class DreamConfig:
+    """Dream's sampler settings; defaults are the ``diffusion_generate`` call of Dream's README."""
+
+    gen_length: int = 512  # response length in tokens (max_new_tokens)
+    steps: int = 512  # denoising steps over the whole response
+    alg: str = "entropy"  # unmasking order: "origin", "maskgit_plus", "topk_margin" or "entropy"
+    alg_temp: float = 0.0  # > 0: draw positions from softmax(confidence / alg_temp) instead of the top ones
+    eps: float = 1e-3  # last timestep of linspace(1, eps, steps + 1)
+    temperature: float = 0.2  # token sampling temperature (0 = argmax)
+    top_p: float | None = 0.95  # nucleus filtering before sampling (None or 1 = off)
+    top_k: int | None = None  # top-k filtering before sampling (None = off)
+    block_length: int | None = None  # None = one block, as Dream; else Fast-dLLM's semi-AR blocks
+    threshold: float | None = None  # Fast-dLLM parallel unmasking: keep every token with p >= threshold
+    use_cache: bool = False  # Fast-dLLM prefix KV cache (approximate for bidirectional models)
+
+    def __post_init__(self) -> None:
+        check_blocks(self.gen_length, self.steps, self.block_tokens)
+        if self.alg not in ALGORITHMS:
+            raise ConfigError(f"alg must be one of {', '.join(ALGORITHMS)}, got {self.alg!r}")
+        if self.alg_temp < 0:
+            raise ConfigError(f"alg_temp must be >= 0, got {self.alg_temp}")
+        if not 0.0 < self.eps < 1.0:
+            raise ConfigError(f"eps must be in (0, 1), got {self.eps}")
+        if self.top_p is not None:
+            check_probability("top_p", self.top_p)
+            if self.top_p == 0:
+                raise ConfigError("top_p must be > 0 (use None or 1 for no filtering)")
+        if self.top_k is not None:
+            check_positive("top_k", self.top_k)
+        check_fast_options(self.threshold, self.use_cache, self.temperature)
+        if self.threshold is not None and self.alg == "origin":
+            raise ConfigError("threshold needs a confidence ranking: use alg maskgit_plus, topk_margin or entropy")
+        if self.threshold is not None and self.alg_temp > 0:
+            raise ConfigError("threshold and alg_temp are two ways to choose positions: set only one")
+
+    @property
+    def block_tokens(self) -> int:
+        """The block size actually used (the whole response when block_length is None)."""
+        return self.gen_length if self.block_length is None else self.block_length
+
+    @property
+    def steps_per_block(self) -> int:
+        return self.steps // (self.gen_length // self.block_tokens)
+
+
+def filter_logits(logits: torch.Tensor, top_p: float | None, top_k: int | None) -> torch.Tensor:
+    """Logits [n, V] with everything outside the top-p nucleus and the top-k set made impossible."""
+    if top_p is not None and top_p < 1:
+        ordered, order = logits.sort(dim=-1, descending=True)
+        ordered_probs = ordered.softmax(-1)
+        mass_before = ordered_probs.cumsum(-1) - ordered_probs  # mass of the strictly better tokens
+        drop_sorted = mass_before > top_p  # keeps the smallest prefix whose mass exceeds top_p
+        drop_sorted[..., 0] = False
+        logits = logits.masked_fill(torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted), float("-inf"))
+    if top_k is not None:
+        kth_best = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth_best, float("-inf"))
+    return logits
+
+
+def predict_tokens(logits: torch.Tensor, config: DreamConfig,
+                   generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """1) Sample a token for each row of ``logits`` [n, V]; return (tokens, their probabilities, confidence)."""
+    if logits.shape[0] == 0:  # nothing to predict (origin: no mask goes this step)
+        empty = logits.new_zeros(0)
+        return empty.long(), empty, empty
+    if config.temperature > 0:
+        logits = logits / config.temperature
+    probs = filter_logits(logits, config.top_p, config.top_k).softmax(-1)  # [n, V]
+    if config.temperature > 0:
+        tokens = sample(probs, 1, generator).squeeze(-1)
+        token_prob = probs.gather(-1, tokens[:, None]).squeeze(-1)
+    else:
+        token_prob, tokens = probs.max(-1)
+    if config.alg == "topk_margin":
+        best_two = probs.topk(2, dim=-1).values
+        confidence = best_two[:, 0] - best_two[:, 1]
+    elif config.alg == "entropy":
+        confidence = (probs * torch.log(probs + 1e-10)).sum(-1)  # -H
+    else:
+        confidence = token_prob
+    return tokens, token_prob, confidence
+
+
+def transfer_count(n_masked: int, step: int, timesteps: torch.Tensor) -> int:
+    """2) How many masks go at ``step`` (t -> s): int(n * (1 - s/t)), all of them at the last step."""
+    if step == timesteps.numel() - 2:
+        return n_masked
+    t, s = timesteps[step], timesteps[step + 1]
+    return int(n_masked * (1 - s / t))
+
+
+def origin_transfers(n_masked: int, step: int, timesteps: torch.Tensor, generator: torch.Generator | None,
+                     device: torch.device) -> torch.Tensor:
+    """2) ``origin``: indices of the masks that go at ``step``, each with probability 1 - s/t (1 at the last)."""
+    if step == timesteps.numel() - 2:
+        return torch.arange(n_masked, device=device)
+    t, s = timesteps[step], timesteps[step + 1]
+    draws = uniform((n_masked,), generator, device)
+    return (draws < float(1 - s / t)).nonzero().flatten()
+
+
+@torch.no_grad()
+def decode_dream(
+    model: torch.nn.Module,
+    prompt_ids: Sequence[int] | torch.Tensor,
+    config: DreamConfig,
+    *,
+    mask_token_id: int,
+    eos_token_id: int | None,
+    generator: torch.Generator | None = None,
+    on_step: Callable[[MDMStep], None] | None = None,
+) -> DecodeResult:
+    """Decode one response with Dream's sampler; ``result.trace`` lists what every step unmasked."""
+    canvas = Canvas(model, prompt_ids, config.gen_length, mask_token_id=mask_token_id,
+                    eos_token_id=eos_token_id, on_step=on_step)
+    passes = CanvasPasses(model, canvas.stats, config.use_cache)
+    timesteps = torch.linspace(1, config.eps, config.steps_per_block + 1)  # float32, as the reference
+    with Timer(canvas.device) as timer:
+        for block in canvas.blocks(config.block_tokens):
+            passes.start_block(block.start - 1)  # shifted: row j of the logits predicts block position j
+            for step in canvas.steps(block, config.steps_per_block, config.threshold):
+                logits = forbid_mask(passes(canvas.ids)[: block.length], mask_token_id)  # [B, V]
+                masked = canvas.masked(block)  # [B]
+                where = masked.nonzero().flatten()  # block offsets of the masks, ascending
+                if config.alg == "origin":
+                    # 2) each mask goes with probability 1 - s/t; 1) only those get a token
+                    picked = where[origin_transfers(where.numel(), step, timesteps, generator, canvas.device)]
+                    tokens = predict_tokens(logits[picked], config, generator)[0]
+                else:
+                    # 1) predict every mask (as the reference), 2) unmask the best ranked
+                    tokens, token_prob, confidence = predict_tokens(logits[where], config, generator)
+                    count = 0 if config.threshold is not None else transfer_count(where.numel(), step, timesteps)
+                    rows = choose_positions(confidence, token_prob, torch.ones_like(where, dtype=torch.bool),
+                                            count=count, threshold=config.threshold,
+                                            alg_temp=config.alg_temp, generator=generator)
+                    picked, tokens = where[rows], tokens[rows]
+                canvas.unmask(block, step, picked, tokens)
+    return canvas.result(timer.seconds)

@@ -1,0 +1,126 @@
+"""LLaDA's sampler: semi-autoregressive blocks of masks, a fixed number of unmaskings per step.
+
+Token ids in, token ids out. The response starts all masked and is decoded in blocks of
+``block_length`` tokens, left to right; ``steps`` are split evenly over the blocks. Each step:
+
+1) predict   one full pass (two with classifier-free guidance) predicts every position of the
+             block, logits read *unshifted* (position i's logits give position i's token);
+             argmax, or argmax with Gumbel noise at ``temperature`` > 0 (float64).
+2) rank      confidence = softmax probability of the prediction (``low_confidence``) or a
+             uniform draw (``random``); positions right of the block are never candidates.
+3) unmask    the top-n masked positions, n from the even schedule (masks // steps, the remainder
+             spread over the first steps); with ``threshold`` (Fast-dLLM) the best position plus
+             every other whose prediction has probability >= threshold, until the block is done.
+
+``use_cache`` keeps the prompt + finished blocks' K/V from each block's first pass (Fast-dLLM's
+prefix cache; exact for causal models, approximate for bidirectional ones). The model should be
+bidirectional (see ``families.check_decoder_fits``); it is not checked here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from refusion_cli.decoding.config import ConfigError
+from refusion_cli.decoding.mdm import (
+    Block,
+    Canvas,
+    CanvasPasses,
+    MDMStep,
+    check_blocks,
+    check_fast_options,
+    choose_positions,
+    forbid_mask,
+    uniform,
+)
+from refusion_cli.decoding.refusion import gumbel_argmax, token_probs
+from refusion_cli.decoding.stats import DecodeResult, Timer
+
+REMASKING = ("low_confidence", "random")
+
+
+@dataclass(frozen=True)
+class LLaDAConfig:
+    """LLaDA's sampler settings; defaults are those of LLaDA's reference ``generate.py`` demo."""
+
+    gen_length: int = 128  # response length in tokens (the whole budget is decoded, then cut after EOS)
+    steps: int = 128  # denoising steps over the whole response, split evenly over the blocks
+    block_length: int = 32  # semi-autoregressive block size; must divide gen_length
+    remasking: str = "low_confidence"  # how masked positions are ranked: "low_confidence" or "random"
+    temperature: float = 0.0  # Gumbel noise on the predictions (0 = argmax)
+    cfg_scale: float = 0.0  # classifier-free guidance: logits = un + (cfg_scale + 1)(cond - un); 0 = off
+    threshold: float | None = None  # Fast-dLLM parallel unmasking: keep every token with p >= threshold
+    use_cache: bool = False  # Fast-dLLM prefix KV cache (approximate for bidirectional models)
+
+    def __post_init__(self) -> None:
+        check_blocks(self.gen_length, self.steps, self.block_length)
+        if self.remasking not in REMASKING:
+            raise ConfigError(f"remasking must be one of {', '.join(REMASKING)}, got {self.remasking!r}")
+        if self.cfg_scale < 0:
+            raise ConfigError(f"cfg_scale must be >= 0, got {self.cfg_scale}")
+        check_fast_options(self.threshold, self.use_cache, self.temperature)
+
+    @property
+    def steps_per_block(self) -> int:
+        return self.steps // (self.gen_length // self.block_length)
+
+
+def even_schedule(n_masked: int, steps: int) -> list[int]:
+    """Tokens to unmask at each of ``steps`` steps: n // steps each, the remainder on the first steps."""
+    base, remainder = divmod(n_masked, steps)
+    return [base + 1 if step < remainder else base for step in range(steps)]
+
+
+def guided_logits(cond: CanvasPasses, uncond: CanvasPasses | None, canvas: Canvas, block: Block,
+                  cfg_scale: float) -> torch.Tensor:
+    """1) The block's logits [B, V]; with guidance, a second pass with the prompt replaced by masks."""
+    logits = cond(canvas.ids)[: block.length]
+    if uncond is None:
+        return logits
+    unprompted = canvas.ids.clone()
+    unprompted[: canvas.prompt_length] = canvas.mask_token_id
+    unconditional = uncond(unprompted)[: block.length]
+    return unconditional + (cfg_scale + 1) * (logits - unconditional)
+
+
+@torch.no_grad()
+def decode_llada(
+    model: torch.nn.Module,
+    prompt_ids: Sequence[int] | torch.Tensor,
+    config: LLaDAConfig,
+    *,
+    mask_token_id: int,
+    eos_token_id: int | None,
+    generator: torch.Generator | None = None,
+    on_step: Callable[[MDMStep], None] | None = None,
+) -> DecodeResult:
+    """Decode one response with LLaDA's sampler; ``result.trace`` lists what every step unmasked."""
+    canvas = Canvas(model, prompt_ids, config.gen_length, mask_token_id=mask_token_id,
+                    eos_token_id=eos_token_id, on_step=on_step)
+    cond = CanvasPasses(model, canvas.stats, config.use_cache)
+    uncond = CanvasPasses(model, canvas.stats, config.use_cache) if config.cfg_scale > 0 else None
+    with Timer(canvas.device) as timer:
+        for block in canvas.blocks(config.block_length):
+            for passes in (cond, uncond):
+                if passes is not None:
+                    passes.start_block(block.start)  # logits are read unshifted, from the block on
+            schedule = even_schedule(int(canvas.masked(block).sum()), config.steps_per_block)
+            for step in canvas.steps(block, config.steps_per_block, config.threshold):
+                # 1) predict
+                logits = forbid_mask(guided_logits(cond, uncond, canvas, block, config.cfg_scale), mask_token_id)
+                predicted = gumbel_argmax(logits, config.temperature, generator)  # [B]
+                token_prob = token_probs(logits, predicted)  # [B]
+                # 2) rank
+                if config.remasking == "low_confidence":
+                    confidence = token_prob
+                else:
+                    confidence = uniform((block.length,), generator, canvas.device)
+                # 3) unmask
+                count = schedule[step] if config.threshold is None else 0
+                offsets = choose_positions(confidence, token_prob, canvas.masked(block),
+                                           count=count, threshold=config.threshold)
+                canvas.unmask(block, step, offsets, predicted[offsets])
+    return canvas.result(timer.seconds)

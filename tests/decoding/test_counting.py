@@ -1,0 +1,126 @@
+"""One counting rule for AR, ReFusion, LLaDA and Dream, and the decoder <-> model family check.
+
+The rule (decoding/stats.py): tokens = response tokens up to and including the first EOS,
+forwards = every model call, TPF = tokens / forwards, TPS = tokens / seconds. The forwards are
+checked against a counter hooked onto the model itself, not against the decoder's own count.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import pytest
+
+from refusion_cli.decoding import (
+    DecodeResult,
+    DreamConfig,
+    LLaDAConfig,
+    ReFusionConfig,
+    check_decoder_fits,
+    decode_ar,
+    decode_dream,
+    decode_llada,
+    decode_refusion,
+)
+from refusion_cli.errors import UserError
+from tests.tiny import MASK_ID
+
+LLADA = LLaDAConfig(gen_length=16, steps=8, block_length=8)
+DREAM = DreamConfig(gen_length=16, steps=8, alg="entropy", temperature=0.0, top_p=None)
+
+# name -> (needs a bidirectional model, decode(model, prompt, eos_token_id) -> result)
+DECODERS: dict[str, tuple[bool, Callable[..., DecodeResult]]] = {
+    "ar": (False, lambda model, prompt, eos: decode_ar(model, prompt, max_new_tokens=16, eos_token_id=eos)),
+    "refusion": (False, lambda model, prompt, eos: decode_refusion(
+        model, prompt, ReFusionConfig(gen_length=16, slot_size=4, block_size=8, slot_threshold=0.3,
+                                      token_threshold=0.3), mask_token_id=MASK_ID, eos_token_id=eos)),
+    "llada": (True, lambda model, prompt, eos: decode_llada(model, prompt, LLADA, mask_token_id=MASK_ID,
+                                                            eos_token_id=eos)),
+    "dream": (True, lambda model, prompt, eos: decode_dream(model, prompt, DREAM, mask_token_id=MASK_ID,
+                                                            eos_token_id=eos)),
+}
+
+
+def test_one_table_one_counting_rule(causal_model, bidirectional_model, prompt, record_calls):
+    """Each decoder runs once without EOS; a token from the middle of that answer then plays EOS."""
+    table: dict[str, dict[str, float | int]] = {}
+    calls_of = {True: record_calls(bidirectional_model), False: record_calls(causal_model)}
+    for name, (bidirectional, decode) in DECODERS.items():
+        model, calls = (bidirectional_model if bidirectional else causal_model), calls_of[bidirectional]
+        uncut = decode(model, prompt, None).tokens
+        eos = uncut[len(uncut) // 2]
+        calls.clear()
+        result = decode(model, prompt, eos)
+        stats = result.stats
+        # tokens: up to and including the first EOS
+        assert stats.tokens == len(result.tokens)
+        assert result.tokens[-1] == eos and eos not in result.tokens[:-1], name
+        if name != "refusion":  # EOS does not steer these decoders before it is emitted
+            assert result.tokens == uncut[: uncut.index(eos) + 1], name
+        # forwards and positions: every model call, as the model itself saw them
+        assert stats.forwards == len(calls), name
+        assert stats.positions == sum(call.numel() for call in calls), name
+        assert stats.tpf == stats.tokens / stats.forwards and stats.tps == stats.tokens / stats.seconds
+        assert 0 < stats.forward_seconds <= stats.seconds
+        table[name] = stats.as_dict()
+    columns = {"forwards", "tokens", "seconds", "tps", "tpf"}
+    assert all(columns <= set(row) for row in table.values())
+    assert table["ar"]["tpf"] == 1.0  # one token per forward, EOS included
+    assert table["llada"]["forwards"] == LLADA.steps and table["dream"]["forwards"] == DREAM.steps
+
+
+@pytest.mark.parametrize(
+    "decode",
+    [
+        lambda model, prompt: decode_llada(model, prompt, dataclasses.replace(LLADA, cfg_scale=2.0),
+                                           mask_token_id=MASK_ID, eos_token_id=None),
+        lambda model, prompt: decode_llada(model, prompt, dataclasses.replace(LLADA, cfg_scale=2.0, use_cache=True),
+                                           mask_token_id=MASK_ID, eos_token_id=None),
+        lambda model, prompt: decode_llada(model, prompt, dataclasses.replace(LLADA, threshold=0.3, use_cache=True),
+                                           mask_token_id=MASK_ID, eos_token_id=None),
+        lambda model, prompt: decode_dream(model, prompt, dataclasses.replace(DREAM, threshold=0.35, use_cache=True,
+                                                                              block_length=8),
+                                           mask_token_id=MASK_ID, eos_token_id=None),
+    ],
+    ids=["llada-cfg", "llada-cfg-cache", "llada-threshold-cache", "dream-threshold-cache"],
+)
+def test_every_model_call_is_a_forward(bidirectional_model, prompt, record_calls, decode):
+    """Guidance's unconditional pass, the cache-filling pass and the cached passes all count."""
+    calls = record_calls(bidirectional_model)
+    result = decode(bidirectional_model, prompt)
+    assert result.stats.forwards == len(calls) > 0
+    assert result.stats.positions == sum(call.numel() for call in calls)
+    assert result.stats.tpf == result.stats.tokens / len(calls)
+
+
+# ---------------------------------------------------------------------------------------------
+# decoder <-> model family
+
+
+@pytest.mark.parametrize("decoder", ["llada", "dream"])
+def test_masked_diffusion_decoders_refuse_a_causal_model(decoder):
+    with pytest.raises(UserError, match=f"the {decoder} decoder needs a bidirectional"):
+        check_decoder_fits(decoder, bidirectional=False)
+    check_decoder_fits(decoder, bidirectional=True)
+    check_decoder_fits(decoder, bidirectional=False, force=True)
+
+
+@pytest.mark.parametrize("decoder", ["ar", "refusion"])
+def test_causal_decoders_refuse_a_bidirectional_model(decoder):
+    with pytest.raises(UserError, match=f"the {decoder} decoder needs a causal model"):
+        check_decoder_fits(decoder, bidirectional=True)
+    check_decoder_fits(decoder, bidirectional=False)
+    check_decoder_fits(decoder, bidirectional=True, force=True)
+
+
+def test_unknown_decoder_is_refused_even_with_force():
+    with pytest.raises(UserError, match="unknown decoder 'mdlm'; choose one of ar, refusion, llada, dream"):
+        check_decoder_fits("mdlm", bidirectional=True, force=True)
+
+
+def test_decoders_accept_any_model_the_check_is_separate(causal_model, prompt):
+    """The pairing check belongs to the CLI / harness; the sampler itself runs on a causal model."""
+    result = decode_llada(causal_model, prompt, LLADA, mask_token_id=MASK_ID, eos_token_id=None)
+    assert len(result.tokens) == 16 and MASK_ID not in result.tokens
+    assert result.stats.forwards == LLADA.steps

@@ -1,0 +1,211 @@
+"""Dream's sampler on a tiny bidirectional Qwen3: shifted reads, timestep schedule, algorithms, options."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from refusion_cli.decoding import ConfigError, DreamConfig, decode_dream
+from refusion_cli.decoding.dream import filter_logits
+from refusion_cli.errors import UserError
+from tests.tiny import MASK_ID, VOCAB
+
+GREEDY = DreamConfig(gen_length=16, steps=8, alg="maskgit_plus", temperature=0.0, top_p=None)
+
+
+def run(model, prompt, config=GREEDY, seed=0, **kwargs):
+    return decode_dream(model, prompt, config, mask_token_id=MASK_ID, eos_token_id=None,
+                        generator=torch.Generator().manual_seed(seed), **kwargs)
+
+
+def unmasked_offsets(result) -> list[int]:
+    return [offset for step in result.trace for offset in step.offsets]
+
+
+def test_readme_defaults():
+    config = DreamConfig()
+    assert (config.gen_length, config.steps, config.alg, config.alg_temp) == (512, 512, "entropy", 0.0)
+    assert (config.eps, config.temperature, config.top_p, config.top_k) == (1e-3, 0.2, 0.95, None)
+    assert config.block_length is None and config.threshold is None and config.use_cache is False
+
+
+@pytest.mark.parametrize("alg", ["origin", "maskgit_plus", "topk_margin", "entropy"])
+def test_one_forward_per_step_and_every_mask_filled_once(bidirectional_model, prompt, alg):
+    config = DreamConfig(gen_length=16, steps=8, alg=alg)  # README sampling: temperature 0.2, top_p 0.95
+    result = run(bidirectional_model, prompt, config, seed=4)
+    assert result.stats.forwards == 8 and len(result.trace) == 8
+    assert len(result.tokens) == 16 and MASK_ID not in result.tokens
+    assert sorted(unmasked_offsets(result)) == list(range(16))
+    assert {step.block for step in result.trace} == {0}  # Dream: the whole response is one block
+
+
+def test_timestep_schedule_unmasks_int_n_times_one_minus_s_over_t(bidirectional_model, prompt):
+    """Counts recomputed here from linspace(1, eps, steps + 1); the last step takes what is left."""
+    result = run(bidirectional_model, prompt)
+    steps, eps, left, expected = 8, 1e-3, 16, []
+    for step in range(steps):
+        t, s = 1 - step * (1 - eps) / steps, 1 - (step + 1) * (1 - eps) / steps
+        count = left if step == steps - 1 else int(left * (1 - s / t))
+        expected.append(count)
+        left -= count
+    assert [len(step.offsets) for step in result.trace] == expected == [1, 2, 2, 2, 2, 2, 2, 3]
+
+
+def test_logits_are_read_shifted(bidirectional_model, prompt, steer_logits, one_hot):
+    """Steer position q to predict token 10 + q: Dream must write 10 + q - 1 at position q."""
+    steer_logits(bidirectional_model, lambda positions: one_hot(10 + positions))
+    start = len(prompt)
+    for block_length, use_cache in [(None, False), (None, True), (8, True)]:
+        config = dataclasses.replace(GREEDY, block_length=block_length, use_cache=use_cache)
+        result = run(bidirectional_model, prompt, config)
+        assert result.tokens == [10 + start + offset - 1 for offset in range(16)]
+
+
+def test_the_mask_token_is_never_a_prediction(bidirectional_model, prompt, steer_logits, one_hot):
+    steer_logits(bidirectional_model, lambda positions: one_hot(torch.full_like(positions, MASK_ID)))
+    result = run(bidirectional_model, prompt, DreamConfig(gen_length=16, steps=8))
+    assert MASK_ID not in result.tokens and len(result.tokens) == 16
+
+
+@pytest.mark.parametrize("alg", ["maskgit_plus", "topk_margin", "entropy"])
+def test_first_step_takes_the_most_confident_masks(bidirectional_model, prompt, alg):
+    """Confidence by hand from one shifted pass: top prob, p1 - p2, or -H; step 0 takes 3 of 16."""
+    config = DreamConfig(gen_length=16, steps=4, alg=alg, temperature=0.0, top_p=None)
+    n_prompt = len(prompt)
+    logits = bidirectional_model(input_ids=torch.tensor([prompt + [MASK_ID] * 16])).logits[0]
+    logits = logits[n_prompt - 1: n_prompt + 15]  # row j predicts response offset j
+    logits[:, MASK_ID] = float("-inf")
+    probs = logits.softmax(-1)
+    top_two = probs.topk(2, dim=-1).values
+    confidence = {
+        "maskgit_plus": top_two[:, 0],
+        "topk_margin": top_two[:, 0] - top_two[:, 1],
+        "entropy": (probs * torch.log(probs + 1e-10)).sum(-1),
+    }[alg]
+    result = run(bidirectional_model, prompt, config)
+    assert len(result.trace[0].offsets) == 3  # int(16 * (1 - s/t)) with t = 1, s = 1 - 0.999 / 4
+    assert set(result.trace[0].offsets) == set(confidence.topk(3).indices.tolist())
+    assert result.trace[0].tokens == probs.argmax(-1)[result.trace[0].offsets].tolist()
+
+
+def test_algorithms_differ(bidirectional_model, prompt):
+    orders = {alg: unmasked_offsets(run(bidirectional_model, prompt, dataclasses.replace(GREEDY, alg=alg)))
+              for alg in ("maskgit_plus", "topk_margin", "entropy")}
+    assert len({tuple(order) for order in orders.values()}) > 1
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        DreamConfig(gen_length=16, steps=8, alg="origin", temperature=0.7),
+        DreamConfig(gen_length=16, steps=8, alg="entropy", alg_temp=0.5),
+        DreamConfig(gen_length=16, steps=8, alg="maskgit_plus", temperature=1.0, top_p=None, top_k=8),
+    ],
+    ids=["origin", "alg_temp", "top_k"],
+)
+def test_sampling_follows_the_explicit_generator(bidirectional_model, prompt, config):
+    first, again = run(bidirectional_model, prompt, config, seed=5), run(bidirectional_model, prompt, config, seed=5)
+    other = run(bidirectional_model, prompt, config, seed=6)
+    assert first.tokens == again.tokens and first.trace == again.trace
+    assert (first.tokens, unmasked_offsets(first)) != (other.tokens, unmasked_offsets(other))
+    assert sorted(unmasked_offsets(first)) == list(range(16)) and first.stats.forwards == 8
+
+
+def test_top_p_keeps_the_smallest_nucleus_above_p_and_top_k_the_k_best():
+    logits = torch.tensor([[0.5, 0.3, 0.15, 0.05]], dtype=torch.float64).log()
+    assert torch.isfinite(filter_logits(logits, 0.7, None)).tolist() == [[True, True, False, False]]
+    assert torch.isfinite(filter_logits(logits, 0.4, None)).tolist() == [[True, False, False, False]]
+    assert torch.isfinite(filter_logits(logits, 1.0, None)).all()
+    assert torch.isfinite(filter_logits(logits, None, 3)).tolist() == [[True, True, True, False]]
+    assert torch.isfinite(filter_logits(logits, 0.9, 2)).tolist() == [[True, True, False, False]]
+
+
+# ---------------------------------------------------------------------------------------------
+# Fast-dLLM options
+
+
+def test_threshold_zero_fills_each_block_in_one_forward(bidirectional_model, prompt):
+    whole = run(bidirectional_model, prompt, dataclasses.replace(GREEDY, threshold=0.0))
+    assert whole.stats.forwards == 1 and sorted(whole.trace[0].offsets) == list(range(16))
+    blocks = run(bidirectional_model, prompt, dataclasses.replace(GREEDY, threshold=0.0, block_length=8))
+    assert blocks.stats.forwards == 2 and [step.block for step in blocks.trace] == [0, 1]
+
+
+def test_threshold_unmasks_in_parallel_with_fewer_forwards(bidirectional_model, prompt):
+    config = DreamConfig(gen_length=16, steps=16, alg="maskgit_plus", temperature=0.0, top_p=None, threshold=0.35)
+    result = run(bidirectional_model, prompt, config)
+    assert 1 < result.stats.forwards < config.steps
+    assert any(len(step.offsets) > 1 for step in result.trace)
+    assert sorted(unmasked_offsets(result)) == list(range(16)) and MASK_ID not in result.tokens
+
+
+def test_threshold_one_takes_one_token_a_step(bidirectional_model, prompt):
+    """Probabilities < 1 on a float64 model: only the always-taken best one goes each step."""
+    result = run(bidirectional_model, prompt, dataclasses.replace(GREEDY, threshold=1.0))
+    assert result.stats.forwards == 16 and all(len(step.offsets) == 1 for step in result.trace)
+
+
+def test_prefix_cache_is_exact_on_a_causal_model(causal_model, prompt):
+    """Causal: the K/V left of the block never changes, and the last prefix position (whose logits
+    predict the block's first token) is recomputed by every cached call: same output as full passes."""
+    for block_length in (None, 8):
+        config = DreamConfig(gen_length=16, steps=8, alg="entropy", temperature=0.0, top_p=None,
+                             block_length=block_length)
+        plain = run(causal_model, prompt, config)
+        cached = run(causal_model, prompt, dataclasses.replace(config, use_cache=True))
+        assert cached.tokens == plain.tokens and cached.trace == plain.trace
+        assert cached.stats.forwards == plain.stats.forwards == 8
+        assert cached.stats.positions < plain.stats.positions
+
+
+def test_prefix_cache_is_exact_when_each_block_takes_one_step(bidirectional_model, prompt):
+    """Each block's only step is the full pass that fills the cache, so nothing stale is ever read."""
+    config = dataclasses.replace(GREEDY, steps=2, block_length=8)
+    plain = run(bidirectional_model, prompt, config)
+    cached = run(bidirectional_model, prompt, dataclasses.replace(config, use_cache=True))
+    assert cached.tokens == plain.tokens and cached.stats.forwards == 2
+
+
+def test_prefix_cache_is_approximate_on_a_bidirectional_model(bidirectional_model, prompt):
+    """Approximate: the prefix K/V was computed while the block was masked and would change as it
+    fills. On this model about two thirds of the tokens still agree (bound with margin)."""
+    config = DreamConfig(gen_length=32, steps=32, alg="entropy", temperature=0.0, top_p=None, block_length=8)
+    plain = run(bidirectional_model, prompt, config)
+    cached = run(bidirectional_model, prompt, dataclasses.replace(config, use_cache=True))
+    agree = sum(a == b for a, b in zip(plain.tokens, cached.tokens)) / len(plain.tokens)
+    assert agree >= 0.5
+    assert MASK_ID not in cached.tokens and cached.stats.positions < plain.stats.positions
+
+
+# ---------------------------------------------------------------------------------------------
+# bad input
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"steps": 0}, "steps must be a positive integer"),
+        ({"gen_length": 20, "block_length": 8}, "gen_length (20) must be a multiple of block_length (8)"),
+        ({"gen_length": 32, "steps": 6, "block_length": 8}, "steps (6) must be a multiple of the number of blocks"),
+        ({"threshold": 1.01}, "threshold must be in [0, 1]"),
+        ({"threshold": -1.0}, "threshold must be in [0, 1]"),
+        ({"alg": "confidence"}, "alg must be one of origin, maskgit_plus, topk_margin, entropy"),
+        ({"alg": "origin", "threshold": 0.9}, "threshold needs a confidence ranking"),
+        ({"alg_temp": 0.5, "threshold": 0.9}, "threshold and alg_temp"),
+        ({"eps": 0.0}, "eps must be in (0, 1)"),
+        ({"top_p": 0.0}, "top_p must be > 0"),
+        ({"top_p": 1.5}, "top_p must be in [0, 1]"),
+        ({"top_k": 0}, "top_k must be a positive integer"),
+    ],
+)
+def test_impossible_settings_fail_at_config_time(options, message):
+    with pytest.raises(ConfigError) as caught:
+        DreamConfig(**options)
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_mask_id_outside_the_vocabulary_is_refused(bidirectional_model, prompt):
+    with pytest.raises(UserError, match=f"mask_token_id {VOCAB + 5} is outside the model's vocabulary"):
+        decode_dream(bidirectional_model, prompt, GREEDY, mask_token_id=VOCAB + 5, eos_token_id=None)

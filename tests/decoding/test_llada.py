@@ -1,0 +1,229 @@
+"""LLaDA's sampler on a tiny bidirectional Qwen3: schedule, blocks, guidance, Fast-dLLM options, errors."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from refusion_cli.decoding import ConfigError, LLaDAConfig, decode_llada
+from refusion_cli.decoding.llada import even_schedule
+from refusion_cli.errors import UserError
+from tests.tiny import MASK_ID, VOCAB
+
+SMALL = LLaDAConfig(gen_length=16, steps=8, block_length=8)  # 2 blocks, 4 steps each, 2 tokens a step
+
+
+def run(model, prompt, config=SMALL, seed=0, **kwargs):
+    return decode_llada(model, prompt, config, mask_token_id=MASK_ID, eos_token_id=None,
+                        generator=torch.Generator().manual_seed(seed), **kwargs)
+
+
+def unmasked_offsets(result) -> list[int]:
+    return [offset for step in result.trace for offset in step.offsets]
+
+
+def test_reference_defaults():
+    config = LLaDAConfig()
+    assert (config.gen_length, config.steps, config.block_length) == (128, 128, 32)
+    assert (config.remasking, config.temperature, config.cfg_scale) == ("low_confidence", 0.0, 0.0)
+    assert config.threshold is None and config.use_cache is False
+
+
+def test_even_schedule_spreads_the_remainder_over_the_first_steps():
+    assert even_schedule(10, 4) == [3, 3, 2, 2]
+    assert even_schedule(8, 4) == [2, 2, 2, 2]
+    assert even_schedule(3, 5) == [1, 1, 1, 0, 0]
+
+
+def test_one_forward_per_step_and_every_mask_filled_once(bidirectional_model, prompt):
+    result = run(bidirectional_model, prompt)
+    assert result.stats.forwards == SMALL.steps
+    assert len(result.tokens) == SMALL.gen_length and MASK_ID not in result.tokens
+    assert sorted(unmasked_offsets(result)) == list(range(SMALL.gen_length))  # each position exactly once
+    assert [len(step.offsets) for step in result.trace] == [2] * 8  # the even schedule, 8 tokens / 4 steps
+
+
+def test_uneven_schedule_per_block(bidirectional_model, prompt):
+    config = LLaDAConfig(gen_length=16, steps=6, block_length=8)  # 3 steps for 8 tokens: 3, 3, 2
+    result = run(bidirectional_model, prompt, config)
+    assert result.stats.forwards == 6
+    assert [len(step.offsets) for step in result.trace] == [3, 3, 2, 3, 3, 2]
+
+
+def test_blocks_are_decoded_left_to_right(bidirectional_model, prompt):
+    """Random ranking would pick positions anywhere; nothing right of the current block may go early."""
+    config = LLaDAConfig(gen_length=24, steps=12, block_length=8, remasking="random", temperature=1.0)
+    result = run(bidirectional_model, prompt, config, seed=3)
+    done: set[int] = set()
+    for step in result.trace:
+        first, last = step.block * 8, step.block * 8 + 8
+        assert all(first <= offset < last for offset in step.offsets)
+        assert set(range(first)) <= done  # every earlier block is finished
+        assert not any(offset >= last for offset in done)  # nothing right of this block is unmasked
+        done.update(step.offsets)
+    assert [step.block for step in result.trace] == [0] * 4 + [1] * 4 + [2] * 4
+
+
+def test_logits_are_read_unshifted(bidirectional_model, prompt, steer_logits, one_hot):
+    """Steer position q to predict token 10 + q: LLaDA must write 10 + q at position q (no shift)."""
+    steer_logits(bidirectional_model, lambda positions: one_hot(10 + positions))
+    for use_cache in (False, True):
+        result = run(bidirectional_model, prompt, dataclasses.replace(SMALL, use_cache=use_cache))
+        assert result.tokens == [10 + len(prompt) + offset for offset in range(16)]
+
+
+def test_the_mask_token_is_never_a_prediction(bidirectional_model, prompt, steer_logits, one_hot):
+    steer_logits(bidirectional_model, lambda positions: one_hot(torch.full_like(positions, MASK_ID)))
+    raw = bidirectional_model(input_ids=torch.tensor([prompt + [MASK_ID] * 16])).logits
+    assert bool((raw[0, len(prompt):].argmax(-1) == MASK_ID).all())  # the model itself wants masks
+    result = run(bidirectional_model, prompt)
+    assert MASK_ID not in result.tokens and len(result.tokens) == 16
+
+
+def test_sampling_follows_the_explicit_generator(bidirectional_model, prompt):
+    config = LLaDAConfig(gen_length=16, steps=8, block_length=8, remasking="random", temperature=1.0)
+    first, again = run(bidirectional_model, prompt, config, seed=7), run(bidirectional_model, prompt, config, seed=7)
+    other = run(bidirectional_model, prompt, config, seed=8)
+    assert first.tokens == again.tokens and first.trace == again.trace
+    assert (first.tokens, unmasked_offsets(first)) != (other.tokens, unmasked_offsets(other))
+
+
+def test_on_step_streams_the_trace(bidirectional_model, prompt):
+    seen = []
+    result = run(bidirectional_model, prompt, on_step=seen.append)
+    assert seen == result.trace and len(seen) == SMALL.steps
+
+
+# ---------------------------------------------------------------------------------------------
+# classifier-free guidance
+
+
+def test_guidance_adds_an_unconditional_pass_per_step(bidirectional_model, prompt, record_calls):
+    calls = record_calls(bidirectional_model)
+    result = run(bidirectional_model, prompt, dataclasses.replace(SMALL, cfg_scale=1.5))
+    assert result.stats.forwards == len(calls) == 2 * SMALL.steps
+    n_prompt = len(prompt)
+    for cond, uncond in zip(calls[0::2], calls[1::2]):
+        assert cond[0, :n_prompt].tolist() == prompt
+        assert bool((uncond[0, :n_prompt] == MASK_ID).all())  # the prompt replaced by masks
+        assert torch.equal(uncond[0, n_prompt:], cond[0, n_prompt:])  # the same response state
+    assert MASK_ID not in result.tokens
+
+
+def test_guidance_combines_logits_as_the_reference(bidirectional_model, prompt):
+    """First step, one token: the winner of un + (s + 1)(cond - un), computed here by hand."""
+    config = LLaDAConfig(gen_length=8, steps=8, block_length=8, cfg_scale=1.5)
+    n_prompt = len(prompt)
+    canvas = torch.tensor([prompt + [MASK_ID] * 8])
+    unprompted = torch.full_like(canvas, MASK_ID)
+    cond = bidirectional_model(input_ids=canvas).logits[0, n_prompt:]
+    uncond = bidirectional_model(input_ids=unprompted).logits[0, n_prompt:]
+    guided = uncond + 2.5 * (cond - uncond)
+    guided[:, MASK_ID] = float("-inf")
+    best_prob, best_token = guided.softmax(-1).max(-1)
+    offset = int(best_prob.argmax())
+    result = run(bidirectional_model, prompt, config)
+    assert result.trace[0].offsets == [offset]
+    assert result.trace[0].tokens == [int(best_token[offset])]
+    plain = run(bidirectional_model, prompt, dataclasses.replace(config, cfg_scale=0.0))
+    assert plain.tokens != result.tokens  # guidance changes the answer on this model
+
+
+def test_guidance_with_the_prefix_cache(causal_model, prompt):
+    """Two cached streams (with and without the prompt); exact on a causal model, as below."""
+    config = dataclasses.replace(SMALL, cfg_scale=1.0)
+    plain = run(causal_model, prompt, config)
+    cached = run(causal_model, prompt, dataclasses.replace(config, use_cache=True))
+    assert cached.tokens == plain.tokens and cached.trace == plain.trace
+    assert cached.stats.forwards == plain.stats.forwards == 2 * SMALL.steps
+
+
+# ---------------------------------------------------------------------------------------------
+# Fast-dLLM options
+
+
+def test_threshold_zero_fills_each_block_in_one_forward(bidirectional_model, prompt):
+    result = run(bidirectional_model, prompt, dataclasses.replace(SMALL, threshold=0.0))
+    assert result.stats.forwards == 2  # one per block
+    assert [sorted(step.offsets) for step in result.trace] == [list(range(8)), list(range(8, 16))]
+    assert MASK_ID not in result.tokens
+
+
+def test_threshold_unmasks_in_parallel_with_fewer_forwards(bidirectional_model, prompt):
+    config = LLaDAConfig(gen_length=16, steps=16, block_length=8, threshold=0.3)
+    result = run(bidirectional_model, prompt, config)
+    assert 2 < result.stats.forwards < config.steps  # some steps took several tokens, not all
+    assert any(len(step.offsets) > 1 for step in result.trace)
+    assert sorted(unmasked_offsets(result)) == list(range(16)) and MASK_ID not in result.tokens
+
+
+def test_threshold_one_is_the_one_token_schedule(bidirectional_model, prompt):
+    """With steps == gen_length the schedule takes 1 token a step, the most confident one; threshold
+    1.0 takes the best one plus those with probability >= 1, i.e. none on a float64 model."""
+    config = LLaDAConfig(gen_length=16, steps=16, block_length=8)
+    plain = run(bidirectional_model, prompt, config)
+    strict = run(bidirectional_model, prompt, dataclasses.replace(config, threshold=1.0))
+    assert strict.tokens == plain.tokens and strict.trace == plain.trace
+    assert strict.stats.forwards == plain.stats.forwards == 16
+
+
+def test_prefix_cache_is_exact_on_a_causal_model(causal_model, prompt):
+    """A causal token's K/V depends only on tokens left of it, so the prefix K/V kept from the block's
+    first pass is what a full pass would compute at every later step: same output, fewer positions."""
+    config = LLaDAConfig(gen_length=24, steps=12, block_length=8)
+    plain = run(causal_model, prompt, config)
+    cached = run(causal_model, prompt, dataclasses.replace(config, use_cache=True))
+    assert cached.tokens == plain.tokens and cached.trace == plain.trace
+    assert cached.stats.forwards == plain.stats.forwards == 12
+    assert cached.stats.positions < plain.stats.positions
+
+
+def test_prefix_cache_is_exact_when_each_block_takes_one_step(bidirectional_model, prompt):
+    """Each block's only step is the full pass that fills the cache, so nothing stale is ever read."""
+    config = LLaDAConfig(gen_length=16, steps=2, block_length=8)
+    plain = run(bidirectional_model, prompt, config)
+    cached = run(bidirectional_model, prompt, dataclasses.replace(config, use_cache=True))
+    assert cached.tokens == plain.tokens and cached.stats.forwards == 2
+
+
+def test_prefix_cache_is_approximate_on_a_bidirectional_model(bidirectional_model, prompt):
+    """Approximate: the prefix K/V was computed while the block was masked and would change as it
+    fills. On this model most tokens still agree (the bound is what it shows, with margin)."""
+    config = LLaDAConfig(gen_length=32, steps=32, block_length=8)
+    plain = run(bidirectional_model, prompt, config)
+    cached = run(bidirectional_model, prompt, dataclasses.replace(config, use_cache=True))
+    agree = sum(a == b for a, b in zip(plain.tokens, cached.tokens)) / len(plain.tokens)
+    assert agree >= 0.6
+    assert MASK_ID not in cached.tokens and cached.stats.forwards == 32
+    assert cached.stats.positions < plain.stats.positions
+
+
+# ---------------------------------------------------------------------------------------------
+# bad input
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"gen_length": 20, "block_length": 8}, "gen_length (20) must be a multiple of block_length (8)"),
+        ({"gen_length": 32, "block_length": 8, "steps": 6}, "steps (6) must be a multiple of the number of blocks"),
+        ({"steps": 0}, "steps must be a positive integer"),
+        ({"steps": -4}, "steps must be a positive integer"),
+        ({"threshold": 1.5}, "threshold must be in [0, 1]"),
+        ({"threshold": -0.1}, "threshold must be in [0, 1]"),
+        ({"remasking": "lowest"}, "remasking must be one of low_confidence, random"),
+        ({"cfg_scale": -1.0}, "cfg_scale must be >= 0"),
+        ({"temperature": -0.5}, "temperature must be >= 0"),
+    ],
+)
+def test_impossible_settings_fail_at_config_time(options, message):
+    with pytest.raises(ConfigError) as caught:
+        LLaDAConfig(**options)
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_mask_id_outside_the_vocabulary_is_refused(bidirectional_model, prompt):
+    with pytest.raises(UserError, match=f"mask_token_id {VOCAB} is outside the model's vocabulary"):
+        decode_llada(bidirectional_model, prompt, SMALL, mask_token_id=VOCAB, eos_token_id=None)
