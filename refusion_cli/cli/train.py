@@ -1,8 +1,144 @@
-"""`refusion train`: not available yet."""
+"""`refusion train`: fine-tune (or pretrain) with the ReFusion, AR or LLaDA objective.
 
-from refusion_cli.errors import UserError
+A thin wrapper over :func:`refusion_cli.training.loop.train_model`: parses options, renders
+progress with Rich on the main process, and reports the result.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from refusion_cli.cli.output import console
+from refusion_cli.training.modeling import TINY_CONFIGS, parse_model_config
+from refusion_cli.training.objectives import OBJECTIVES
+
+if TYPE_CHECKING:
+    from refusion_cli.training.loop import RunInfo, StepRecord
+
+ObjectiveName = Enum("ObjectiveName", {name: name for name in OBJECTIVES}, type=str)
+PrecisionName = Enum("PrecisionName", {name: name for name in ("no", "bf16", "fp16")}, type=str)
+
+SOURCE = "Model"
+SCHEDULE = "Optimisation"
+RUN = "Run"
 
 
-def train() -> None:
-    """Not available yet in this version of the toolkit."""
-    raise UserError("'refusion train' is not available yet in this version of the toolkit")
+def train(
+    data: Annotated[Path, typer.Option("--data", help="JSONL of {query, response}, {prompt, completion} or "
+                                       "{question, answer} records", rich_help_panel=RUN)],
+    output: Annotated[Path, typer.Option("--output", help="directory for checkpoints, the final model and "
+                                         "loss_log.jsonl", rich_help_panel=RUN)],
+    model: Annotated[str | None, typer.Option("--model", help="checkpoint to start from: embedded name, local "
+                                              "directory or hub id", rich_help_panel=SOURCE)] = None,
+    init: Annotated[str | None, typer.Option("--init", help=f"start from a fresh model with a named config "
+                                             f"({', '.join(TINY_CONFIGS)})", rich_help_panel=SOURCE)] = None,
+    tokenizer: Annotated[str | None, typer.Option("--tokenizer", help="tokenizer directory for --init",
+                                                  rich_help_panel=SOURCE)] = None,
+    model_config: Annotated[str | None, typer.Option("--model-config", help="JSON object of Qwen3Config overrides "
+                                                     "for --init, e.g. '{\"num_hidden_layers\": 2}'",
+                                                     rich_help_panel=SOURCE)] = None,
+    objective: Annotated[ObjectiveName, typer.Option("--objective", help="refusion (hybrid slot objective), ar, "
+                                                     "or llada (masked diffusion, bidirectional)",
+                                                     rich_help_panel=SCHEDULE)] = ObjectiveName.refusion,
+    steps: Annotated[int, typer.Option("--steps", help="optimizer steps in total", rich_help_panel=SCHEDULE)] = 1000,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="global batch: examples per optimizer step over "
+                                            "all processes", rich_help_panel=SCHEDULE)] = 8,
+    lr: Annotated[float, typer.Option("--lr", help="peak learning rate (AdamW, warmup then cosine)",
+                                      rich_help_panel=SCHEDULE)] = 2e-5,
+    max_length: Annotated[int, typer.Option("--max-length", help="longer records (prompt + response tokens) are "
+                                            "skipped", rich_help_panel=SCHEDULE)] = 1024,
+    warmup_ratio: Annotated[float, typer.Option("--warmup-ratio", help="fraction of --steps spent warming up",
+                                                rich_help_panel=SCHEDULE)] = 0.03,
+    weight_decay: Annotated[float, typer.Option("--weight-decay", rich_help_panel=SCHEDULE)] = 0.0,
+    max_grad_norm: Annotated[float, typer.Option("--max-grad-norm", help="gradient clipping (0: off)",
+                                                 rich_help_panel=SCHEDULE)] = 1.0,
+    grad_accum: Annotated[int, typer.Option("--grad-accum", help="micro-batches per optimizer step on each process",
+                                            rich_help_panel=SCHEDULE)] = 1,
+    mixed_precision: Annotated[PrecisionName | None, typer.Option("--mixed-precision", help="no, bf16 or fp16 "
+                                                                  "(default: Accelerate's config)",
+                                                                  rich_help_panel=SCHEDULE)] = None,
+    gradient_checkpointing: Annotated[bool, typer.Option("--gradient-checkpointing", help="recompute activations "
+                                                         "in the backward pass to save memory",
+                                                         rich_help_panel=SCHEDULE)] = False,
+    save_every: Annotated[int, typer.Option("--save-every", help="checkpoint every N steps",
+                                            rich_help_panel=RUN)] = 500,
+    seed: Annotated[int, typer.Option("--seed", help="data order, masking draws and --init weights",
+                                      rich_help_panel=RUN)] = 0,
+    resume: Annotated[bool, typer.Option("--resume", help="continue from the last checkpoint in --output",
+                                         rich_help_panel=RUN)] = False,
+) -> None:
+    """Train with the ReFusion objective (or the AR / LLaDA baselines); runs under `accelerate launch` too."""
+    from refusion_cli.training.loop import TrainConfig, train_model
+
+    quiet_library_output()
+    config = TrainConfig(
+        data=data, output=output, objective=objective.value, model=model, init=init, tokenizer=tokenizer,
+        model_config=parse_model_config(model_config), steps=steps, batch_size=batch_size, lr=lr,
+        max_length=max_length, save_every=save_every, seed=seed, resume=resume, grad_accum=grad_accum,
+        mixed_precision=mixed_precision.value if mixed_precision is not None else None, warmup_ratio=warmup_ratio,
+        weight_decay=weight_decay, max_grad_norm=max_grad_norm, gradient_checkpointing=gradient_checkpointing,
+    )
+    with ProgressView() as view:
+        result = train_model(config, view)
+    if view.active:
+        if result.interrupted:
+            console.print(f"stopped at step {result.step}; checkpoint saved to {result.checkpoint}")
+            console.print("continue with the same command plus --resume")
+            raise KeyboardInterrupt
+        tps = result.tokens / result.seconds if result.seconds > 0 else 0.0
+        console.print(f"done: {result.step} steps, {tps:,.0f} tokens/s; final model in {result.final}")
+
+
+def quiet_library_output() -> None:
+    """Keep the terminal to our progress bar: no per-save tqdm bars, no notice about tied weights."""
+    import logging
+
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
+    logging.getLogger("accelerate.utils.other").setLevel(logging.ERROR)  # "Removed shared tensor ..." on each save
+
+
+class ProgressView:
+    """Rich rendering of the loop's reports, a TrainObserver (the loop only reports on the main process)."""
+
+    def __init__(self) -> None:
+        self.active = False  # True on the main process, once the run has started
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[tps]} tok/s"),
+            TimeElapsedColumn(), TimeRemainingColumn(), console=console,
+        )
+        self.task = None
+
+    def __enter__(self) -> ProgressView:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.task is not None:
+            self.progress.stop()
+
+    def on_start(self, info: RunInfo) -> None:
+        self.active = True
+        where = f"resuming {info.resumed_from} at step {info.start_step}" if info.resumed_from else "fresh run"
+        console.print(f"[bold]{info.objective}[/] training, {where}: {info.parameters:,} parameters, "
+                      f"{info.processes} process(es) on {info.device}, precision {info.mixed_precision}")
+        console.print(f"data: {info.examples:,} examples of {info.records:,} records; global batch "
+                      f"{info.global_batch} = {info.processes} × {info.grad_accum} × {info.micro_batch}")
+        if info.skipped_too_long:
+            console.print(f"[yellow]skipped {info.skipped_too_long:,} record(s) longer than --max-length[/]")
+        self.task = self.progress.add_task("train", total=info.total_steps, completed=info.start_step,
+                                           loss="-", tps="-")
+        self.progress.start()
+
+    def on_step(self, record: StepRecord) -> None:
+        self.progress.update(self.task, completed=record.step, loss=f"{record.loss:.4f}",
+                             tps=f"{record.tokens_per_second:,.0f}")
+
+    def on_save(self, path: Path, step: int) -> None:
+        self.progress.console.print(f"saved checkpoint {path} (step {step})")

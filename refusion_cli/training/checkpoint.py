@@ -1,0 +1,102 @@
+"""Checkpoints: ordinary transformers directories plus what a resumed run needs.
+
+Layout of ``--output DIR``::
+
+    DIR/checkpoint-<step>/            periodic, on Ctrl-C, and at the end
+        config.json, model.safetensors, tokenizer files   (loads with from_pretrained / refusion chat)
+        trainer_state.json            step, data position, the run's settings, the RNG scheme
+        accelerate_state/             optimizer, LR scheduler, RNG states (Accelerator.save_state)
+    DIR/config.json, model.safetensors, ...   the final model (when the run finishes)
+    DIR/loss_log.jsonl                one JSON line per optimizer step
+
+A checkpoint is written to ``checkpoint-<step>.partial`` and renamed when complete, so a run killed
+while saving never leaves a checkpoint that ``--resume`` would pick up half-written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+from refusion_cli.errors import UserError
+
+CHECKPOINT_PREFIX = "checkpoint-"
+STATE_FILE = "trainer_state.json"
+ACCELERATE_DIR = "accelerate_state"
+LOSS_LOG = "loss_log.jsonl"
+STATE_VERSION = 1
+
+
+def checkpoint_path(output: Path, step: int) -> Path:
+    return output / f"{CHECKPOINT_PREFIX}{step}"
+
+
+def list_checkpoints(output: Path) -> list[tuple[int, Path]]:
+    """Complete checkpoints under ``output``, oldest first."""
+    found = []
+    if output.is_dir():
+        for child in output.iterdir():
+            match = re.fullmatch(rf"{CHECKPOINT_PREFIX}(\d+)", child.name)
+            if match and (child / STATE_FILE).is_file() and (child / ACCELERATE_DIR).is_dir():
+                found.append((int(match.group(1)), child))
+    return sorted(found)
+
+
+def latest_checkpoint(output: Path) -> Path | None:
+    checkpoints = list_checkpoints(output)
+    return checkpoints[-1][1] if checkpoints else None
+
+
+def check_output_dir(output: Path, resume: bool) -> Path | None:
+    """Fail early when ``output`` is not writable or would be overwritten; return the checkpoint to resume."""
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+        probe = output / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise UserError(f"cannot write checkpoints to '{output}': {reason}",
+                        hint="choose an --output directory you can write to") from None
+    latest = latest_checkpoint(output)
+    if resume:
+        if latest is None:
+            raise UserError(f"--resume: '{output}' holds no checkpoint to resume from",
+                            hint="start without --resume, or point --output at the interrupted run")
+        return latest
+    if latest is not None or (output / STATE_FILE).exists():
+        raise UserError(f"'{output}' already holds a training run",
+                        hint="pass --resume to continue it, or choose another --output")
+    return None
+
+
+def read_trainer_state(checkpoint: Path) -> dict:
+    try:
+        state = json.loads((checkpoint / STATE_FILE).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UserError(f"cannot read {checkpoint / STATE_FILE}: {exc}") from exc
+    if state.get("version") != STATE_VERSION:
+        raise UserError(f"{checkpoint / STATE_FILE} was written by an incompatible version of the trainer")
+    return state
+
+
+def write_json(path: Path, value: dict) -> None:
+    path.write_text(json.dumps(value, indent=2, sort_keys=True) + "\n")
+
+
+def replace_dir(source: Path, target: Path) -> None:
+    """Move the completed ``source`` into place as ``target`` (an older ``target`` is removed)."""
+    if target.exists():
+        shutil.rmtree(target)
+    source.rename(target)
+
+
+def truncate_loss_log(path: Path, last_step: int) -> None:
+    """Keep the log lines of steps up to ``last_step`` (a resumed run rewrites the rest)."""
+    if not path.exists():
+        return
+    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= last_step]
+    path.write_text("".join(line + "\n" for line in kept))

@@ -1,0 +1,173 @@
+"""Training data: JSONL records -> tokenized examples -> a deterministic, resumable stream of samples.
+
+A record is ``{"query": ..., "response": ...}`` (the reference format), ``{"prompt": ...,
+"completion": ...}``, or GSM8K's ``{"question": ..., "answer": ...}`` (the layout of
+``refusion_cli.tasks.synthetic``); other fields are ignored. It is formatted with the tokenizer's
+chat template: the prompt ids are the user turn plus the assistant header
+(``add_generation_prompt=True``); the response ids are the response text's tokens followed by the
+tokenizer's EOS (``<|im_end|>`` for Qwen3 chat models).
+
+The order of the data is a fresh permutation per epoch, drawn from the seed; the stream position is
+counted in examples, so a resumed run skips exactly the examples already consumed, whatever the
+number of processes. The random choices of an objective for an example are drawn from a generator
+seeded by (seed, epoch, example index): the same sample on every process and after a resume.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch.utils.data import Dataset, Sampler
+
+from refusion_cli.errors import UserError
+from refusion_cli.training.objectives import Example, Objective, Sample
+
+RECORD_FORMATS = (("query", "response"), ("prompt", "completion"), ("question", "answer"))
+
+
+@dataclass(frozen=True)
+class Record:
+    line: int  # 1-based line number in the file
+    prompt: str
+    response: str
+
+
+@dataclass(frozen=True)
+class TrainingData:
+    examples: list[Example]
+    records: int  # records read from the file
+    skipped_too_long: int  # records longer than max_length, left out
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(e.prompt_ids) + len(e.response_ids) for e in self.examples)
+
+
+def read_records(path: Path) -> list[Record]:
+    """Parse a JSONL file; blank lines are skipped, anything else malformed names the file and line."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError(f"no such data file: {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"cannot read the data file {path}: {exc}") from exc
+    records = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{path}:{number}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+        records.append(_record(value, path, number))
+    return records
+
+
+def _record(value: object, path: Path, number: int) -> Record:
+    if isinstance(value, dict):
+        for prompt_key, response_key in RECORD_FORMATS:
+            if prompt_key in value and response_key in value:
+                prompt, response = value[prompt_key], value[response_key]
+                if not isinstance(prompt, str) or not isinstance(response, str):
+                    raise UserError(f"{path}:{number}: '{prompt_key}' and '{response_key}' must be strings")
+                return Record(number, prompt, response)
+    formats = " or ".join("{" + f'"{a}", "{b}"' + "}" for a, b in RECORD_FORMATS)
+    raise UserError(f"{path}:{number}: expected a JSON object with {formats}")
+
+
+def chat_prompt_text(tokenizer, prompt: str) -> str:
+    """The user turn and the assistant header, as the chat template renders them."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise UserError("the tokenizer has no chat template; training formats every record as a chat turn")
+    return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                         tokenize=False)
+
+
+def tokenize_records(tokenizer, records: list[Record], eos_id: int, chunk: int = 1024) -> list[Example]:
+    """Prompt ids (chat template) and response ids + EOS for each record, tokenized in chunks."""
+    examples = []
+    for begin in range(0, len(records), chunk):
+        part = records[begin:begin + chunk]
+        prompts = tokenizer([chat_prompt_text(tokenizer, r.prompt) for r in part], add_special_tokens=False)
+        responses = tokenizer([r.response for r in part], add_special_tokens=False)
+        for prompt_ids, response_ids in zip(prompts["input_ids"], responses["input_ids"], strict=True):
+            examples.append(Example(tuple(prompt_ids), (*response_ids, eos_id)))
+    return examples
+
+
+def load_training_data(path: Path, tokenizer, max_length: int) -> TrainingData:
+    """Read and tokenize every record; records longer than ``max_length`` tokens are skipped and counted."""
+    eos_id = tokenizer.eos_token_id
+    if eos_id is None:
+        raise UserError("the tokenizer defines no EOS token to end each response with")
+    records = read_records(path)
+    if not records:
+        raise UserError(f"the data file {path} holds no records")
+    examples, skipped = [], 0
+    for example in tokenize_records(tokenizer, records, int(eos_id)):
+        if len(example.prompt_ids) + len(example.response_ids) > max_length:
+            skipped += 1
+        else:
+            examples.append(example)
+    if not examples:
+        raise UserError(f"all {len(records)} records of {path} are longer than --max-length {max_length} tokens",
+                        hint="raise --max-length or shorten the records")
+    return TrainingData(examples, len(records), skipped)
+
+
+def file_digest(path: Path) -> str:
+    """sha256 of the data file: a resumed run checks it reads the same data."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def derived_seed(*parts: int | str) -> int:
+    """A 63-bit seed that depends on every part (and nothing else)."""
+    text = ":".join(str(p) for p in parts).encode()
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") >> 1
+
+
+class ShuffledStream(Sampler[tuple[int, int]]):
+    """An endless stream of (epoch, example index): every epoch is a permutation drawn from the seed.
+
+    ``start`` skips that many examples of the stream (the examples a resumed run already consumed).
+    """
+
+    def __init__(self, size: int, seed: int, start: int = 0):
+        if size <= 0:
+            raise ValueError("an empty dataset has no order")
+        self.size, self.seed, self.start = size, seed, start
+
+    def epoch_order(self, epoch: int) -> list[int]:
+        order_rng = torch.Generator().manual_seed(derived_seed(self.seed, "order", epoch))
+        return torch.randperm(self.size, generator=order_rng).tolist()
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        epoch, offset = divmod(self.start, self.size)
+        while True:
+            for index in self.epoch_order(epoch)[offset:]:
+                yield epoch, index
+            epoch, offset = epoch + 1, 0
+
+
+class ObjectiveDataset(Dataset):
+    """Builds the objective's sample for a (epoch, index) key, with a generator seeded from the key."""
+
+    def __init__(self, examples: list[Example], objective: Objective, mask_id: int, seed: int):
+        self.examples, self.objective, self.mask_id, self.seed = examples, objective, mask_id, seed
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def __getitem__(self, key: tuple[int, int]) -> Sample:
+        epoch, index = key
+        generator = torch.Generator().manual_seed(derived_seed(self.seed, "sample", epoch, index))
+        return self.objective.build(self.examples[index], self.mask_id, generator)

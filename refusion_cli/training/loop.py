@@ -1,0 +1,463 @@
+"""The training loop, on Hugging Face Accelerate: one CPU process here, DDP / FSDP / DeepSpeed elsewhere.
+
+``--batch-size`` is the *global* batch (examples per optimizer step, over all processes and
+accumulation steps): the same command trains the same way on one CPU or under ``accelerate
+launch`` on many GPUs; each process gets ``batch_size / (processes × grad_accum)`` examples per
+micro-batch. The loop does not print: it reports to a :class:`TrainObserver` on the main process.
+
+Steps of a run:
+1. check the output directory (writable; a previous run is only continued with ``--resume``);
+2. load or build the model, add ``<|mask|>`` if missing, read the data;
+3. prepare model, optimizer, data loader and scheduler with Accelerate (and load the optimizer,
+   scheduler and RNG states when resuming; the data stream restarts after the consumed examples);
+4. train, appending one line per step to ``loss_log.jsonl``; checkpoint every ``save_every``
+   steps, when Ctrl-C or SIGTERM asks to stop (after the current step), and at the end;
+5. save the final model in the output directory.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import threading
+import time
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field
+from functools import partial
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader
+
+from refusion_cli.errors import UserError
+from refusion_cli.training import checkpoint as ckpt
+from refusion_cli.training.data import ObjectiveDataset, ShuffledStream, file_digest, load_training_data
+from refusion_cli.training.modeling import (
+    TrainableModel,
+    build_tiny_model,
+    count_parameters,
+    load_checkpoint_for_training,
+    load_tokenizer,
+    prepare_for_objective,
+)
+from refusion_cli.training.objectives import collate, compute_loss, get_objective
+
+MIXED_PRECISION = ("no", "bf16", "fp16")
+# Settings that fix the data order and the optimisation: a resumed run must use the same.
+RESUME_MUST_MATCH = ("objective", "seed", "batch_size", "lr", "max_length", "warmup_ratio", "weight_decay",
+                     "data_sha256")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    data: Path  # JSONL of {"query", "response"}, {"prompt", "completion"} or {"question", "answer"}
+    output: Path  # checkpoints, final model, loss_log.jsonl
+    objective: str = "refusion"  # refusion | ar | llada
+    model: str | None = None  # checkpoint to start from (embedded name, directory or hub id)
+    init: str | None = None  # or: a named fresh config (TINY_CONFIGS) ...
+    tokenizer: str | None = None  # ... with this tokenizer
+    model_config: dict[str, object] = field(default_factory=dict)  # Qwen3Config overrides for --init
+    steps: int = 1000  # optimizer steps in total (a resumed run continues up to this)
+    batch_size: int = 8  # global batch: examples per optimizer step over all processes
+    lr: float = 2e-5  # peak learning rate (AdamW, linear warmup then cosine to 0)
+    max_length: int = 1024  # records with more tokens (prompt + response) are skipped
+    save_every: int = 500  # checkpoint every this many steps
+    seed: int = 0  # data order, masking draws, and the --init weights
+    resume: bool = False  # continue from the last checkpoint in `output`
+    grad_accum: int = 1  # micro-batches per optimizer step on each process
+    mixed_precision: str | None = None  # no | bf16 | fp16; None: Accelerate's config / environment
+    warmup_ratio: float = 0.03  # fraction of `steps` spent warming up
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0  # gradient clipping; 0 turns it off
+    gradient_checkpointing: bool = False
+
+    def __post_init__(self) -> None:
+        get_objective(self.objective)
+        positive = {"--steps": self.steps, "--batch-size": self.batch_size, "--save-every": self.save_every,
+                    "--grad-accum": self.grad_accum}
+        for option, value in positive.items():
+            if value < 1:
+                raise UserError(f"{option} must be at least 1 (got {value})")
+        if self.max_length < 2:
+            raise UserError(f"--max-length must be at least 2 (got {self.max_length})")
+        if not self.lr > 0:
+            raise UserError(f"--lr must be positive (got {self.lr})")
+        if not 0 <= self.warmup_ratio < 1:
+            raise UserError(f"--warmup-ratio must be in [0, 1) (got {self.warmup_ratio})")
+        if self.weight_decay < 0 or self.max_grad_norm < 0:
+            raise UserError("--weight-decay and --max-grad-norm cannot be negative")
+        if self.mixed_precision is not None and self.mixed_precision not in MIXED_PRECISION:
+            raise UserError(f"--mixed-precision must be one of {', '.join(MIXED_PRECISION)}")
+        self._check_source()
+
+    def _check_source(self) -> None:
+        if self.model is not None and self.init is not None:
+            raise UserError("give either --model (start from a checkpoint) or --init (a fresh model), not both")
+        if self.model is None and self.init is None and not self.resume:
+            raise UserError("nothing to train: give --model NAME_OR_PATH or --init tiny --tokenizer DIR")
+        if self.init is not None and self.tokenizer is None and not self.resume:
+            raise UserError("--init needs --tokenizer DIR (the vocabulary of the fresh model)")
+        if self.model is not None and self.tokenizer is not None:
+            raise UserError("--tokenizer goes with --init; a checkpoint given with --model brings its own")
+        if self.model_config and self.init is None:
+            raise UserError("--model-config goes with --init; a checkpoint's architecture is fixed")
+
+    @property
+    def source(self) -> str | None:
+        """What the run starts from, as recorded in trainer_state.json."""
+        if self.init is not None:
+            return f"init:{self.init}"
+        return self.model
+
+    def run_settings(self, data_sha256: str) -> dict[str, object]:
+        return {"objective": self.objective, "seed": self.seed, "batch_size": self.batch_size, "lr": self.lr,
+                "max_length": self.max_length, "warmup_ratio": self.warmup_ratio,
+                "weight_decay": self.weight_decay, "data_sha256": data_sha256, "source": self.source,
+                "model_config": self.model_config, "steps": self.steps, "grad_accum": self.grad_accum}
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What the run is about to do (reported once, before the first step)."""
+
+    objective: str
+    start_step: int
+    total_steps: int
+    records: int
+    examples: int
+    skipped_too_long: int
+    global_batch: int
+    micro_batch: int
+    grad_accum: int
+    processes: int
+    parameters: int
+    device: str
+    mixed_precision: str
+    output: Path
+    resumed_from: Path | None
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One optimizer step, as written to loss_log.jsonl."""
+
+    step: int
+    loss: float  # mean over the global batch
+    ar_loss: float
+    mdm_loss: float
+    lr: float  # the learning rate this step used
+    tokens: int  # real (unpadded) tokens in the global batch
+    seconds: float  # wall time of this step
+    elapsed: float  # wall time since this process started training
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    step: int  # optimizer steps done in total
+    interrupted: bool  # stopped by Ctrl-C / SIGTERM (a checkpoint was saved)
+    checkpoint: Path | None  # the last checkpoint written
+    final: Path | None  # the output directory holding the final model, when the run finished
+    tokens: int  # tokens trained on by this invocation
+    seconds: float  # wall time of its optimizer steps (checkpoint saving excluded)
+
+
+class TrainObserver:
+    """Receives progress on the main process; the CLI renders it. The default ignores everything."""
+
+    def on_start(self, info: RunInfo) -> None:
+        pass
+
+    def on_step(self, record: StepRecord) -> None:
+        pass
+
+    def on_save(self, path: Path, step: int) -> None:
+        pass
+
+
+class StopRequest:
+    """Ctrl-C or SIGTERM asks the loop to stop after the current step; a second Ctrl-C stops at once."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: dict[int, object] = {}
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __enter__(self) -> StopRequest:
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def cosine_with_warmup(warmup_steps: int, total_steps: int):
+    """LR factor for optimizer step s (0-based): linear warmup to 1, then cosine decay towards 0."""
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+        return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+
+    return factor
+
+
+def launched_processes() -> int:
+    """The number of processes a launcher (torchrun, accelerate launch, mpirun) started, from its environment."""
+    for name in ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE"):
+        if os.environ.get(name, "").isdigit():
+            return int(os.environ[name])
+    return 1
+
+
+def make_accelerator(config: TrainConfig):
+    try:
+        from accelerate import Accelerator
+    except ImportError:
+        raise UserError("training needs Hugging Face Accelerate", hint="pip install accelerate") from None
+
+    launched = launched_processes()
+    # Accelerate only joins CPU processes into one group (gloo) when told it runs on CPU.
+    cpu_group = launched > 1 and not torch.cuda.is_available()
+    try:
+        accelerator = Accelerator(mixed_precision=config.mixed_precision, gradient_accumulation_steps=config.grad_accum,
+                                  step_scheduler_with_optimizer=False, cpu=cpu_group)
+    except ValueError as exc:
+        raise UserError(f"cannot set up training: {str(exc).splitlines()[0]}") from exc
+    check_accumulation(accelerator, config)
+    if accelerator.mixed_precision == "fp16" and accelerator.device.type == "cpu":  # Accelerate would run fp32
+        raise UserError("fp16 mixed precision needs a GPU; on CPU use --mixed-precision bf16 or no")
+    if accelerator.num_processes != launched:
+        raise UserError(f"{launched} processes were launched but Accelerate set up {accelerator.num_processes}; "
+                        "they would train independently", hint="launch with `accelerate launch` or torchrun")
+    return accelerator
+
+
+def check_accumulation(accelerator, config: TrainConfig) -> None:
+    """An Accelerate or DeepSpeed config may set its own accumulation; it must agree with --grad-accum."""
+    if accelerator.gradient_accumulation_steps != config.grad_accum:
+        raise UserError(f"the Accelerate/DeepSpeed config accumulates {accelerator.gradient_accumulation_steps} "
+                        f"micro-batches per step but --grad-accum is {config.grad_accum}",
+                        hint="set gradient_accumulation_steps to 'auto' (or the same number) in that config")
+
+
+def enable_activation_checkpointing(model: torch.nn.Module) -> None:
+    """Recompute each layer's activations in the backward pass (named `gradient_checkpointing` before 5.x)."""
+    kwargs = {"use_reentrant": False}  # works with DDP and with frozen inputs
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def micro_batch_size(global_batch: int, processes: int, grad_accum: int) -> int:
+    per_step = processes * grad_accum
+    if global_batch % per_step:
+        raise UserError(f"--batch-size {global_batch} is not divisible by {processes} process(es) × "
+                        f"{grad_accum} accumulation step(s)",
+                        hint="the global batch is split evenly over processes and accumulation steps")
+    return global_batch // per_step
+
+
+def check_resume_settings(recorded: dict, current: dict, config: TrainConfig) -> None:
+    for key in RESUME_MUST_MATCH:
+        if recorded.get(key) != current[key]:
+            what = "the data file changed" if key == "data_sha256" else \
+                f"{key} is {current[key]!r} but the checkpoint was trained with {recorded.get(key)!r}"
+            raise UserError(f"cannot resume: {what}", hint="resume with the settings of the interrupted run")
+    if config.source is not None and recorded.get("source") != config.source:
+        raise UserError(f"cannot resume: the run started from {recorded.get('source')!r}, not {config.source!r}")
+
+
+def load_trainable(config: TrainConfig, resume_from: Path | None) -> TrainableModel:
+    if resume_from is not None:
+        return load_checkpoint_for_training(str(resume_from))
+    if config.init is not None:
+        return build_tiny_model(config.init, load_tokenizer(config.tokenizer), config.model_config, config.seed)
+    return load_checkpoint_for_training(config.model)
+
+
+def train_model(config: TrainConfig, observer: TrainObserver | None = None) -> TrainResult:
+    """Run (or resume) training as configured; see the module docstring for the steps."""
+    observer = observer or TrainObserver()
+    objective = get_objective(config.objective)
+    accelerator = make_accelerator(config)
+    main = accelerator.is_main_process
+
+    # 1) output directory and data file, before anything slow
+    resume_from = ckpt.check_output_dir(config.output, config.resume)
+    if not Path(config.data).is_file():
+        raise UserError(f"no such data file: {config.data}")
+    settings = config.run_settings(file_digest(config.data))
+    state = ckpt.read_trainer_state(resume_from) if resume_from is not None else None
+    if state is not None:
+        check_resume_settings(state["run"], settings, config)
+    micro = micro_batch_size(config.batch_size, accelerator.num_processes, config.grad_accum)
+
+    # 2) model and data
+    trainable = load_trainable(config, resume_from)
+    model, tokenizer = trainable.model, trainable.tokenizer
+    prepare_for_objective(model, objective.bidirectional)
+    if config.gradient_checkpointing:
+        enable_activation_checkpointing(model)
+    data = load_training_data(config.data, tokenizer, config.max_length)
+
+    # 3) Accelerate
+    start_step = state["step"] if state is not None else 0
+    stream = ShuffledStream(len(data.examples), config.seed, start=start_step * config.batch_size)
+    dataset = ObjectiveDataset(data.examples, objective, trainable.mask_token_id, config.seed)
+    loader = DataLoader(dataset, sampler=stream, batch_size=micro,
+                        collate_fn=partial(collate, pad_id=trainable.pad_token_id))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    warmup = round(config.warmup_ratio * config.steps)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, cosine_with_warmup(warmup, config.steps))
+    model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
+    check_accumulation(accelerator, config)  # DeepSpeed settles its value in prepare()
+    if resume_from is not None:
+        accelerator.load_state(str(resume_from / ckpt.ACCELERATE_DIR))
+
+    info = RunInfo(
+        objective=objective.name, start_step=start_step, total_steps=config.steps, records=data.records,
+        examples=len(data.examples), skipped_too_long=data.skipped_too_long, global_batch=config.batch_size,
+        micro_batch=micro, grad_accum=config.grad_accum, processes=accelerator.num_processes,
+        parameters=count_parameters(accelerator.unwrap_model(model)), device=str(accelerator.device),
+        mixed_precision=accelerator.mixed_precision, output=config.output, resumed_from=resume_from)
+    if main:
+        observer.on_start(info)
+
+    def save(step: int) -> Path:
+        path = ckpt.checkpoint_path(config.output, step)
+        state = trainer_state(step, config, settings, len(data.examples), accelerator.num_processes)
+        save_checkpoint(accelerator, model, tokenizer, path, state)
+        if main:
+            observer.on_save(path, step)
+        return path
+
+    # 4) train
+    log_path = config.output / ckpt.LOSS_LOG
+    if main:
+        if state is not None:
+            ckpt.truncate_loss_log(log_path, start_step)
+        else:
+            log_path.unlink(missing_ok=True)
+    model.train()
+    batches = iter(loader)
+    step, last_saved, trained_tokens, trained_seconds = start_step, resume_from, 0, 0.0
+    started = time.perf_counter()
+    with StopRequest() as stop, (open(log_path, "a") if main else nullcontext()) as log:
+        while step < config.steps:
+            step_start = time.perf_counter()
+            lr = scheduler.get_last_lr()[0]
+            totals = optimizer_step(accelerator, model, optimizer, batches, objective, config)
+            scheduler.step()
+            step += 1
+            totals[4] = float(stop.requested)
+            totals = accelerator.reduce(totals, reduction="sum")  # every process agrees on when to stop
+            micro_batches = config.grad_accum * accelerator.num_processes
+            now = time.perf_counter()
+            record = StepRecord(step=step, loss=totals[0].item() / micro_batches,
+                                ar_loss=totals[1].item() / micro_batches, mdm_loss=totals[2].item() / micro_batches,
+                                lr=lr, tokens=int(totals[3].item()), seconds=now - step_start, elapsed=now - started)
+            trained_tokens += record.tokens
+            trained_seconds += record.seconds
+            if main:
+                log.write(json.dumps(asdict(record)) + "\n")
+                log.flush()
+                observer.on_step(record)
+            if totals[4].item() > 0:
+                path = save(step)
+                return TrainResult(step, True, path, None, trained_tokens, trained_seconds)
+            if step % config.save_every == 0 or step == config.steps:
+                last_saved = save(step)
+
+    # 5) final model
+    if last_saved is None or last_saved != ckpt.checkpoint_path(config.output, step):
+        last_saved = save(step)
+    save_final(accelerator, model, tokenizer, config.output, last_saved)
+    return TrainResult(step, False, last_saved, config.output, trained_tokens, trained_seconds)
+
+
+def trainer_state(step: int, config: TrainConfig, settings: dict, examples: int, processes: int) -> dict:
+    """What trainer_state.json records; optimizer, scheduler and RNG states live in accelerate_state/."""
+    consumed = step * config.batch_size
+    return {"version": ckpt.STATE_VERSION, "step": step, "examples_consumed": consumed,
+            "epoch": consumed // examples, "run": settings, "processes": processes,
+            "rng": {"seed": config.seed, "data_order": "a permutation per epoch, seeded by (seed, epoch)",
+                    "samples": "a torch.Generator per example, seeded by (seed, epoch, example index)",
+                    "process_states": f"{ckpt.ACCELERATE_DIR}/random_states_<process>.pkl"},
+            "accelerate_state": ckpt.ACCELERATE_DIR}
+
+
+def optimizer_step(accelerator, model, optimizer, batches, objective, config: TrainConfig) -> torch.Tensor:
+    """One optimizer step over ``grad_accum`` micro-batches of this process.
+
+    Returns [5] float64 sums over the micro-batches: loss, ar part, mdm part, real tokens, and a 0
+    slot for the stop flag.
+    """
+    totals = torch.zeros(5, dtype=torch.float64, device=accelerator.device)
+    for _ in range(config.grad_accum):
+        batch = next(batches)
+        with accelerator.accumulate(model):  # no gradient sync, optimizer step or zero_grad until the last one
+            parts = compute_loss(model, batch, objective)
+            accelerator.backward(parts.loss)  # scaled by 1 / grad_accum
+            if accelerator.sync_gradients and config.max_grad_norm > 0:
+                accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+            optimizer.step()
+            optimizer.zero_grad()
+        totals[:4] += torch.stack([parts.loss.detach().double(), parts.ar_loss.double(), parts.mdm_loss.double(),
+                                   batch["lengths"].sum().double()])
+    if not accelerator.sync_gradients:
+        raise RuntimeError("the optimizer step did not happen at the end of the accumulation")
+    return totals
+
+
+def save_model_files(accelerator, model, tokenizer, directory: Path) -> None:
+    """config.json + weights + tokenizer, as ``from_pretrained`` reads them (weights gathered from all shards)."""
+    state_dict = accelerator.get_state_dict(model)  # collective under FSDP / DeepSpeed: every process calls it
+    accelerator.unwrap_model(model).save_pretrained(directory, is_main_process=accelerator.is_main_process,
+                                                    state_dict=state_dict)
+    if accelerator.is_main_process:
+        tokenizer.save_pretrained(directory)
+
+
+def save_checkpoint(accelerator, model, tokenizer, path: Path, trainer_state: dict) -> None:
+    """Write a complete checkpoint to ``path`` (via ``path.partial``, renamed once complete)."""
+    partial_path = path.with_name(path.name + ".partial")
+    if accelerator.is_main_process:
+        if partial_path.exists():
+            shutil.rmtree(partial_path)
+        partial_path.mkdir(parents=True)
+    accelerator.wait_for_everyone()
+    save_model_files(accelerator, model, tokenizer, partial_path)
+    accelerator.save_state(str(partial_path / ckpt.ACCELERATE_DIR))
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        ckpt.write_json(partial_path / ckpt.STATE_FILE, trainer_state)
+        ckpt.replace_dir(partial_path, path)
+    accelerator.wait_for_everyone()
+
+
+def save_final(accelerator, model, tokenizer, output: Path, checkpoint: Path) -> None:
+    """The finished model at the top of the output directory (no optimizer state)."""
+    save_model_files(accelerator, model, tokenizer, output)
+    if accelerator.is_main_process:
+        state = json.loads((checkpoint / ckpt.STATE_FILE).read_text())
+        ckpt.write_json(output / ckpt.STATE_FILE, {**state, "checkpoint": checkpoint.name})
+    accelerator.wait_for_everyone()
+

@@ -1,0 +1,144 @@
+"""The model to train: a checkpoint made ready for the objectives, or a fresh tiny Qwen3.
+
+Either way the result carries a ``<|mask|>`` token: it is added to the tokenizer (and the
+embeddings resized) when missing, and its id is stored as ``config.mask_token_id``, as the
+reference does when it turns Qwen3 into ReFusion. ``config.is_causal`` records the attention the
+objective trains (False for ``llada``), so the saved checkpoint loads with the right attention.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import torch
+
+from refusion_cli.errors import UserError
+from refusion_cli.models.loading import MASK_TOKEN, find_mask_id, load_model
+
+# Named configs for --init; every field can be overridden with --model-config.
+TINY_CONFIGS: dict[str, dict[str, int | float | bool]] = {
+    "tiny": {
+        "hidden_size": 256,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "intermediate_size": 768,
+        "max_position_embeddings": 1024,
+        "tie_word_embeddings": True,
+    },
+}
+TOKENIZER_FIELDS = ("eos_token_id", "pad_token_id", "mask_token_id")  # --init takes these from the tokenizer
+SUPPORTED_ATTENTION = ("sdpa", "eager")  # the backends that take an explicit 4-D mask
+
+
+@dataclass
+class TrainableModel:
+    model: torch.nn.Module  # float32, train mode, gradients on
+    tokenizer: object
+    mask_token_id: int
+    pad_token_id: int
+
+
+def parse_model_config(text: str | None) -> dict[str, object]:
+    """--model-config: a JSON object of Qwen3Config fields; unknown fields are an error."""
+    from transformers import Qwen3Config
+
+    if not text:
+        return {}
+    try:
+        overrides = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"--model-config is not valid JSON: {exc.msg} at column {exc.colno}") from None
+    if not isinstance(overrides, dict):
+        raise UserError('--model-config must be a JSON object, e.g. \'{"hidden_size": 128, "num_hidden_layers": 2}\'')
+    reserved = sorted(set(overrides) & set(TOKENIZER_FIELDS))
+    if reserved:
+        raise UserError(f"--model-config: {', '.join(reserved)} come(s) from the tokenizer and cannot be set")
+    unknown = sorted(set(overrides) - set(Qwen3Config().to_dict()))
+    if unknown:
+        raise UserError(f"--model-config: unknown Qwen3Config field(s): {', '.join(unknown)}",
+                        hint="use field names of transformers.Qwen3Config, such as hidden_size or num_hidden_layers")
+    return overrides
+
+
+def ensure_mask_token(model: torch.nn.Module, tokenizer) -> int:
+    """Add ``<|mask|>`` (tokenizer, embeddings, config.mask_token_id) when missing; return its id."""
+    mask_id = find_mask_id(model.config, tokenizer)
+    if mask_id is None:
+        tokenizer.add_special_tokens({"mask_token": MASK_TOKEN})
+        mask_id = int(tokenizer.convert_tokens_to_ids(MASK_TOKEN))
+    rows = model.get_input_embeddings().weight.shape[0]
+    if mask_id >= rows:
+        model.resize_token_embeddings(max(len(tokenizer), mask_id + 1))
+    model.config.mask_token_id = mask_id
+    return mask_id
+
+
+def pad_id_of(tokenizer) -> int:
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if pad is None:
+        raise UserError("the tokenizer defines neither a pad nor an EOS token")
+    return int(pad)
+
+
+def load_tokenizer(path: str):
+    """The tokenizer for --init (a local directory, or anything AutoTokenizer finds offline)."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError, TypeError) as exc:
+        raise UserError(f"cannot load a tokenizer from '{path}': {str(exc).splitlines()[0]}") from exc
+
+
+def build_tiny_model(name: str, tokenizer, overrides: dict[str, object], seed: int) -> TrainableModel:
+    """A freshly initialised Qwen3 from a named config, sized to the tokenizer's vocabulary."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    if name not in TINY_CONFIGS:
+        raise UserError(f"unknown --init config '{name}'; choose one of {', '.join(TINY_CONFIGS)}")
+    if tokenizer.eos_token_id is None:
+        raise UserError("the tokenizer defines no EOS token")
+    if find_mask_id(None, tokenizer) is None:
+        tokenizer.add_special_tokens({"mask_token": MASK_TOKEN})
+    mask_id = find_mask_id(None, tokenizer)
+    fields = {**TINY_CONFIGS[name], "vocab_size": len(tokenizer), **overrides}
+    if int(fields["vocab_size"]) < len(tokenizer):
+        raise UserError(f"--model-config vocab_size {fields['vocab_size']} is smaller than the tokenizer's "
+                        f"{len(tokenizer)} tokens")
+    fields.update(mask_token_id=mask_id, eos_token_id=int(tokenizer.eos_token_id), pad_token_id=pad_id_of(tokenizer))
+    try:
+        config = Qwen3Config(**fields)
+        with torch.random.fork_rng(devices=[]):  # the seed decides the init without touching the global RNG
+            torch.manual_seed(seed)
+            model = Qwen3ForCausalLM(config)
+    except (ValueError, TypeError) as exc:
+        raise UserError(f"cannot build the '{name}' model with these fields: {str(exc).splitlines()[0]}") from exc
+    return TrainableModel(model.float().train(), tokenizer, int(mask_id), pad_id_of(tokenizer))
+
+
+def load_checkpoint_for_training(name_or_path: str) -> TrainableModel:
+    """A checkpoint (embedded name, local directory or hub id) in float32 with gradients on."""
+    loaded = load_model(name_or_path, device="cpu", dtype=torch.float32, require_mask=False)
+    model = loaded.model.train().requires_grad_(True)
+    mask_id = ensure_mask_token(model, loaded.tokenizer)
+    return TrainableModel(model, loaded.tokenizer, mask_id, pad_id_of(loaded.tokenizer))
+
+
+def prepare_for_objective(model: torch.nn.Module, bidirectional: bool) -> None:
+    """Record the attention the objective trains; refuse backends and layouts the explicit masks cannot drive."""
+    config = model.config
+    config.is_causal = not bidirectional
+    if config._attn_implementation not in SUPPORTED_ATTENTION:
+        raise UserError(f"training passes explicit 4-D attention masks, which the "
+                        f"'{config._attn_implementation}' attention backend does not take",
+                        hint=f"load the model with one of: {', '.join(SUPPORTED_ATTENTION)}")
+    layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
+    if layer_types != {"full_attention"}:
+        raise UserError("training supports full-attention layers only (this model uses sliding-window layers)")
+
+
+def count_parameters(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

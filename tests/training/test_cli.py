@@ -1,0 +1,131 @@
+"""`refusion train` from the command line: bad input gives one error line and a non-zero exit."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+import torch
+
+from refusion_cli.cli.app import main
+from refusion_cli.models.loading import load_model
+from tests.training.training_helpers import MICRO_CONFIG, arithmetic_records, save_tokenizer, write_jsonl
+
+
+def run_cli(args: list[str], capsys, monkeypatch) -> tuple[int, str, str]:
+    """Run `refusion <args>` in this process; return (exit code, stdout, stderr)."""
+    monkeypatch.setenv("COLUMNS", "500")  # keep Rich from wrapping the one-line messages
+    monkeypatch.setattr(sys, "argv", ["refusion", *args])
+    try:
+        main()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def fresh(tmp_path) -> list[str]:
+    """Arguments for a tiny fresh run (data and tokenizer written to tmp_path)."""
+    write_jsonl(tmp_path / "data.jsonl", arithmetic_records(8))
+    save_tokenizer(tmp_path / "tokenizer")
+    return ["train", "--data", str(tmp_path / "data.jsonl"), "--output", str(tmp_path / "run"), "--init", "tiny",
+            "--tokenizer", str(tmp_path / "tokenizer"), "--model-config", json.dumps(MICRO_CONFIG),
+            "--steps", "2", "--batch-size", "2", "--lr", "1e-3", "--max-length", "48", "--save-every", "1"]
+
+
+def error_line(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def test_a_tiny_run_trains_reports_skipped_records_and_saves_a_loadable_model(fresh, tmp_path, capsys, monkeypatch):
+    records = arithmetic_records(8) + [{"query": "what is one ?", "response": " ".join(["one"] * 60)}]
+    write_jsonl(tmp_path / "data.jsonl", records)
+    code, out, err = run_cli(fresh, capsys, monkeypatch)
+    assert code == 0, err
+    assert "skipped 1 record(s) longer than --max-length" in out
+    assert "saved checkpoint" in out and "done: 2 steps" in out
+    assert [json.loads(line)["step"] for line in (tmp_path / "run" / "loss_log.jsonl").read_text().splitlines()] == [
+        1, 2]
+    loaded = load_model(str(tmp_path / "run"), device="cpu")
+    assert loaded.mask_token_id is not None and not loaded.bidirectional
+
+
+def test_malformed_jsonl_line_is_named(fresh, tmp_path, capsys, monkeypatch):
+    (tmp_path / "data.jsonl").write_text('{"query": "a", "response": "b"}\n{"query": oops}\n')
+    code, _, err = run_cli(fresh, capsys, monkeypatch)
+    assert code == 2
+    assert error_line(err).startswith(f"error: {tmp_path / 'data.jsonl'}:2: not valid JSON")
+
+
+def test_empty_dataset_is_an_error(fresh, tmp_path, capsys, monkeypatch):
+    (tmp_path / "data.jsonl").write_text("")
+    code, _, err = run_cli(fresh, capsys, monkeypatch)
+    assert code == 2 and error_line(err) == f"error: the data file {tmp_path / 'data.jsonl'} holds no records"
+
+
+def test_unwritable_output_fails_before_training(fresh, tmp_path, capsys, monkeypatch):
+    (tmp_path / "a-file").write_text("")
+    args = [*fresh]
+    args[args.index("--output") + 1] = str(tmp_path / "a-file" / "run")
+    code, _, err = run_cli(args, capsys, monkeypatch)
+    assert code == 2
+    assert error_line(err) == f"error: cannot write checkpoints to '{tmp_path / 'a-file' / 'run'}': Not a directory"
+
+
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root writes into read-only directories")
+def test_read_only_output_fails_before_training(fresh, tmp_path, capsys, monkeypatch):
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o555)
+    args = [*fresh]
+    args[args.index("--output") + 1] = str(locked)
+    code, _, err = run_cli(args, capsys, monkeypatch)
+    assert code == 2 and "Permission denied" in error_line(err)
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--model", "refusion-tiny"], "give either --model (start from a checkpoint) or --init (a fresh model), not both"),
+    (["--model-config", '{"hidden_sise": 8}'], "--model-config: unknown Qwen3Config field(s): hidden_sise"),
+    (["--model-config", "[1]"], "--model-config must be a JSON object"),
+    (["--model-config", '{"eos_token_id": 5}'], "--model-config: eos_token_id come(s) from the tokenizer"),
+    (["--grad-accum", "3"], "--batch-size 2 is not divisible by 1 process(es) × 3 accumulation step(s)"),
+    (["--steps", "0"], "--steps must be at least 1 (got 0)"),
+    pytest.param(["--mixed-precision", "fp16"], "fp16 mixed precision needs a GPU; on CPU use --mixed-precision bf16",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="fp16 runs on a GPU")),
+    (["--resume"], "--resume: '{output}' holds no checkpoint to resume from"),
+])
+def test_bad_options_give_one_error_line(fresh, tmp_path, capsys, monkeypatch, extra, message):
+    code, out, err = run_cli([*fresh, *extra], capsys, monkeypatch)
+    assert code == 2
+    assert error_line(err).startswith("error: " + message.format(output=tmp_path / "run"))
+    assert not (tmp_path / "run" / "loss_log.jsonl").exists()
+
+
+def test_init_needs_a_tokenizer_and_unknown_options_are_rejected(fresh, capsys, monkeypatch):
+    args = [*fresh]
+    del args[args.index("--tokenizer"):args.index("--tokenizer") + 2]
+    code, _, err = run_cli(args, capsys, monkeypatch)
+    assert code == 2 and error_line(err) == "error: --init needs --tokenizer DIR (the vocabulary of the fresh model)"
+    code, _, err = run_cli([*fresh, "--learning-rate", "1"], capsys, monkeypatch)
+    assert code == 2 and "No such option: --learning-rate" in err
+    code, _, err = run_cli([*fresh, "--objective", "bert"], capsys, monkeypatch)
+    assert code == 2 and "'bert' is not one of" in err
+
+
+def test_existing_run_needs_resume_and_resume_needs_the_same_settings(fresh, tmp_path, capsys, monkeypatch):
+    assert run_cli(fresh, capsys, monkeypatch)[0] == 0
+    code, _, err = run_cli(fresh, capsys, monkeypatch)
+    assert code == 2 and error_line(err) == f"error: '{tmp_path / 'run'}' already holds a training run"
+    args = [*fresh, "--resume"]
+    args[args.index("--steps") + 1] = "3"
+    code, _, err = run_cli([*args, "--seed", "5"], capsys, monkeypatch)
+    assert code == 2
+    assert error_line(err) == "error: cannot resume: seed is 5 but the checkpoint was trained with 0"
+    code, out, err = run_cli(args, capsys, monkeypatch)  # same settings, more steps: continues at step 2
+    assert code == 0, err
+    assert "resuming" in out and "checkpoint-2 at step 2" in out and "done: 3 steps" in out
