@@ -46,6 +46,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--vocab", type=int, default=512)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--recompute", action="store_true", help="also time kv_reuse=False (slow: quadratic)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -65,7 +66,7 @@ def main() -> None:
     print("| decoder | tokens/forward | forwards | ms/decode | time inside model.forward |")
     print("|---|---|---|---|---|")
     for name, config in settings.items():
-        for reuse in (True, False):
+        for reuse in (True, False) if args.recompute else (True,):
             runs = []
             for repeat in range(args.repeats + 1):
                 result = decode_refusion(model, prompt, config, mask_token_id=mask_id, eos_token_id=None,
