@@ -2,3 +2,21 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def causal_checkpoint(tmp_path_factory):
+    """A random tiny causal Qwen3 checkpoint directory with the synthetic task's tokenizer."""
+    from tests.checkpoints import make_checkpoint
+
+    return make_checkpoint(tmp_path_factory.mktemp("causal-ckpt"), causal=True)
+
+
+@pytest.fixture(scope="session")
+def bidirectional_checkpoint(tmp_path_factory):
+    """The same, with bidirectional attention (config.is_causal = False), for the MDM decoders."""
+    from tests.checkpoints import make_checkpoint
+
+    return make_checkpoint(tmp_path_factory.mktemp("mdm-ckpt"), causal=False, seed=1)

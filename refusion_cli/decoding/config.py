@@ -64,6 +64,14 @@ class ReFusionConfig:
         return half_slots * self.slot_size
 
 
+@dataclass(frozen=True)
+class ARConfig:
+    gen_length: int = 512  # max new tokens (greedy, one token per forward)
+
+    def __post_init__(self) -> None:
+        check_positive("gen_length", self.gen_length)
+
+
 # The paper's per-benchmark settings (zero-shot, gen_length 512): k, b, τ_slot, τ_token.
 PRESETS: dict[str, ReFusionConfig] = {
     "mmlu_pro": ReFusionConfig(slot_size=16, block_size=128, slot_threshold=0.9, token_threshold=0.4),

@@ -1,0 +1,94 @@
+"""One table of the decoders: name -> config class, decode call, the embedded model it suits.
+
+The CLI (eval, bench, chat) and the lm-eval adapters look decoders up here, so every front end
+builds configs the same way (``build_config``: preset, then overrides; unknown keys are an error)
+and calls every decoder the same way (``run_decoder``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+
+from refusion_cli.decoding.ar import decode_ar
+from refusion_cli.decoding.config import ARConfig, ReFusionConfig, config_from_dict
+from refusion_cli.decoding.dream import DreamConfig, decode_dream
+from refusion_cli.decoding.families import check_decoder_fits
+from refusion_cli.decoding.llada import LLaDAConfig, decode_llada
+from refusion_cli.decoding.refusion import decode_refusion
+from refusion_cli.decoding.stats import DecodeResult
+from refusion_cli.errors import UserError
+
+
+@dataclass(frozen=True)
+class DecoderSpec:
+    name: str
+    config_class: type
+    default_model: str | None  # the embedded model it runs on when no --model is given
+    needs_mask: bool  # diffusion decoders need the model's mask token
+    summary: str
+
+
+DECODERS: dict[str, DecoderSpec] = {
+    "refusion": DecoderSpec("refusion", ReFusionConfig, "refusion-tiny", True,
+                            "ReFusion: slot planning + causal verification, KV reuse"),
+    "ar": DecoderSpec("ar", ARConfig, "ar-tiny", False, "greedy autoregressive decoding with a KV cache"),
+    "llada": DecoderSpec("llada", LLaDAConfig, "mdm-tiny", True, "LLaDA: semi-autoregressive masked diffusion"),
+    "dream": DecoderSpec("dream", DreamConfig, None, True,
+                         "Dream: masked diffusion with shifted logits (needs a Dream-style model)"),
+}
+
+
+def decoder_spec(name: str) -> DecoderSpec:
+    if name not in DECODERS:
+        raise UserError(f"unknown decoder '{name}'; choose one of {', '.join(DECODERS)}")
+    return DECODERS[name]
+
+
+def build_config(decoder: str, overrides: dict[str, Any] | None = None, base: Any | None = None) -> Any:
+    """The decoder's config: ``base`` (a preset) or the defaults, then ``overrides`` (strings allowed)."""
+    spec = decoder_spec(decoder)
+    if base is not None and not isinstance(base, spec.config_class):
+        raise UserError(f"a {type(base).__name__} preset does not fit the {decoder} decoder")
+    return config_from_dict(spec.config_class, overrides or {}, base=base)
+
+
+def default_model(decoder: str) -> str:
+    spec = decoder_spec(decoder)
+    if spec.default_model is None:
+        raise UserError(f"the {decoder} decoder has no embedded model", hint="pass --model with a checkpoint for it")
+    return spec.default_model
+
+
+def run_decoder(
+    decoder: str,
+    model: torch.nn.Module,
+    prompt_ids: Sequence[int] | torch.Tensor,
+    config: Any,
+    *,
+    mask_token_id: int | None,
+    eos_token_id: int | None,
+    generator: torch.Generator | None = None,
+    on_step: Callable[[Any], None] | None = None,
+    kv_reuse: bool = True,
+) -> DecodeResult:
+    """Decode one prompt with the named decoder (batch of one)."""
+    spec = decoder_spec(decoder)
+    if not isinstance(config, spec.config_class):
+        raise UserError(f"the {decoder} decoder takes a {spec.config_class.__name__}, not {type(config).__name__}")
+    if spec.needs_mask and mask_token_id is None:
+        raise UserError(f"the {decoder} decoder needs a model with a mask token")
+    if decoder == "ar":
+        return decode_ar(model, prompt_ids, max_new_tokens=config.gen_length, eos_token_id=eos_token_id)
+    if decoder == "refusion":
+        return decode_refusion(model, prompt_ids, config, mask_token_id=mask_token_id, eos_token_id=eos_token_id,
+                               generator=generator, kv_reuse=kv_reuse, on_step=on_step)
+    decode = decode_llada if decoder == "llada" else decode_dream
+    return decode(model, prompt_ids, config, mask_token_id=mask_token_id, eos_token_id=eos_token_id,
+                  generator=generator, on_step=on_step)
+
+
+__all__ = ["DECODERS", "DecoderSpec", "build_config", "check_decoder_fits", "decoder_spec", "default_model",
+           "run_decoder"]

@@ -1,0 +1,19 @@
+"""Prompts through the tokenizer's chat template, as token ids (the form every decoder takes)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def chat_prompt_ids(tokenizer: Any, messages: list[dict[str, str]], **template_options: Any) -> list[int]:
+    """Render ``messages`` with the chat template plus the generation prompt, then tokenize the text.
+
+    ``template_options`` reach the template (e.g. ``enable_thinking=False`` for Qwen3's).
+    """
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **template_options)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def user_prompt_ids(tokenizer: Any, question: str, **template_options: Any) -> list[int]:
+    """A single user turn, ready for the assistant's answer."""
+    return chat_prompt_ids(tokenizer, [{"role": "user", "content": question}], **template_options)

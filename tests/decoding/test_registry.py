@@ -1,0 +1,42 @@
+"""The decoder table every front end uses."""
+
+import pytest
+
+from refusion_cli.decoding.registry import DECODERS, build_config, default_model, run_decoder
+from refusion_cli.errors import UserError
+from refusion_cli.models import load_model
+from refusion_cli.models.chat import user_prompt_ids
+
+
+def test_every_decoder_builds_its_config_from_strings():
+    assert build_config("refusion", {"slot_size": "16", "block_size": "64"}).slot_size == 16
+    assert build_config("ar", {"gen_length": "64"}).gen_length == 64
+    assert build_config("llada", {"steps": "64", "gen_length": "64", "block_length": "32"}).steps == 64
+    assert build_config("dream", {"alg": "maskgit_plus"}).alg == "maskgit_plus"
+    with pytest.raises(UserError, match="unknown LLaDAConfig option"):
+        build_config("llada", {"slot_size": "8"})
+    with pytest.raises(UserError, match="unknown decoder 'beam'"):
+        build_config("beam")
+
+
+def test_default_models_follow_the_embedded_ones():
+    assert [default_model(name) for name in ("refusion", "ar", "llada")] == ["refusion-tiny", "ar-tiny", "mdm-tiny"]
+    with pytest.raises(UserError, match="no embedded model"):
+        default_model("dream")
+
+
+def test_run_decoder_on_a_checkpoint_directory(causal_checkpoint, bidirectional_checkpoint):
+    causal = load_model(str(causal_checkpoint), device="cpu")
+    mdm = load_model(str(bidirectional_checkpoint), device="cpu")
+    assert not causal.bidirectional and mdm.bidirectional
+    prompt = user_prompt_ids(causal.tokenizer, "Mia has 3 apples. She buys 4 more. How many apples does she have?")
+    assert prompt[0] == causal.tokenizer.convert_tokens_to_ids("<|im_start|>")
+    for name, loaded, overrides in [("refusion", causal, {"gen_length": "16", "slot_size": "4"}),
+                                    ("ar", causal, {"gen_length": "16"}),
+                                    ("llada", mdm, {"gen_length": "16", "steps": "16", "block_length": "8"}),
+                                    ("dream", mdm, {"gen_length": "16", "steps": "16"})]:
+        result = run_decoder(name, loaded.model, prompt, build_config(name, overrides),
+                             mask_token_id=loaded.mask_token_id, eos_token_id=loaded.eos_token_id)
+        assert 1 <= result.stats.tokens <= 16 and result.stats.forwards >= 1
+        assert loaded.mask_token_id not in result.tokens
+    assert set(DECODERS) == {"refusion", "ar", "llada", "dream"}
