@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 
-.PHONY: test venv clean
+.PHONY: test venv clean models
 
 # The venv is (re)built only when pyproject.toml changes; torch first, from the CPU wheel.
 $(VENV)/.installed: pyproject.toml
@@ -16,6 +16,10 @@ venv: $(VENV)/.installed
 
 test: venv
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
+
+# Rebuild the embedded tiny models (about 75 minutes on 2 CPU cores); see results/models/README.md.
+models: venv
+	$(PY) -m refusion_cli.models.build --parallel
 
 clean:
 	rm -rf $(VENV) .pytest_cache

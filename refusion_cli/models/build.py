@@ -87,6 +87,89 @@ def export(source: Path, name: str) -> int:
     return size
 
 
+def read_log(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def write_card(work: Path, results: Path, settings: dict) -> None:
+    """The model card: data, steps, tokens, time and final losses of every run, and the loss curves."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = {name: read_log(work / name / "loss_log.jsonl") for name in ("base-tiny", *FINETUNES)
+            if (work / name / "loss_log.jsonl").is_file()}
+    results.mkdir(parents=True, exist_ok=True)
+    figure, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for name, log in runs.items():
+        axis = axes[0] if name == "base-tiny" else axes[1]
+        steps = [r["step"] for r in log]
+        window = 20
+        smooth = [sum(r["loss"] for r in log[max(0, i - window + 1):i + 1]) / len(log[max(0, i - window + 1):i + 1])
+                  for i in range(len(log))]
+        axis.plot(steps, smooth, label=f"{name} ({FINETUNES.get(name, 'ar')} objective)")
+    for axis, title in zip(axes, ("AR pretraining from scratch", "fine-tuning from base-tiny")):
+        axis.set_title(title)
+        axis.set_xlabel("optimizer step")
+        axis.set_ylabel("training loss (20-step mean)")
+        axis.set_yscale("log")
+        axis.grid(alpha=0.3)
+        axis.legend()
+    figure.tight_layout()
+    figure.savefig(results / "loss_curves.png", dpi=120)
+    rows = []
+    for name, log in runs.items():
+        last = log[-20:]
+        tokens = sum(r["tokens"] for r in log)
+        seconds = log[-1]["elapsed"]
+        size = (work / name / "model.safetensors").stat().st_size / 1e6 if (work / name / "model.safetensors").exists() else 0
+        rows.append(f"| {name} | {FINETUNES.get(name, 'ar')} | {log[-1]['step']} | {tokens:,} | {seconds / 60:.1f} | "
+                    f"{sum(r['loss'] for r in last) / len(last):.4f} | {size:.1f} |")
+    config = json.loads((work / "base-tiny" / "config.json").read_text())
+    from safetensors import safe_open
+
+    with safe_open(str(work / "base-tiny" / "model.safetensors"), "pt") as weights:
+        n_params = sum(_numel(weights.get_slice(key).get_shape()) for key in weights.keys())
+    text = f"""# Embedded models: model card
+
+Three tiny Qwen3 models trained by `make models` (`python -m refusion_cli.models.build {settings['argv']}`),
+the paper's controlled comparison (its Table 2) in miniature: one AR-pretrained base, fine-tuned three
+times with the same data, steps, batch and data order, once per objective.
+
+- **Architecture**: Qwen3, {config['num_hidden_layers']} layers, hidden size {config['hidden_size']},
+  {config['num_attention_heads']} heads ({config['num_key_value_heads']} KV heads), MLP {config['intermediate_size']},
+  vocabulary {config['vocab_size']}, tied embeddings; {n_params / 1e6:.2f} M parameters; float32 safetensors.
+- **Tokenizer**: byte-level BPE trained on the training split (digits split one per token), with Qwen3's
+  special tokens `<|endoftext|>`, `<|im_start|>`, `<|im_end|>` (EOS), `<|mask|>` and a Qwen3-style chat template.
+- **Data**: the synthetic GSM8K-format task (`refusion_cli/tasks/synthetic.py`): {settings['n_train']:,} training problems
+  (seed {settings['seed']}), never overlapping the 500 held-out problems in `evals/synthetic/test.jsonl`.
+- **Schedule**: AdamW, warmup 5 % then cosine, global batch {settings['batch_size']}; pretraining lr {settings['base_lr']},
+  fine-tuning lr {settings['finetune_lr']}; max length 256.
+- **Objectives**: `ar-tiny` next-token CE; `mdm-tiny` LLaDA masked diffusion (bidirectional attention, CE/p);
+  `refusion-tiny` ReFusion's hybrid objective (slot size from {{4, 8, 16, 32}}, clean slots shuffled and scored
+  autoregressively, masked slots scored with CE/p).
+
+| run | objective | steps | tokens seen | minutes (2 CPU cores) | final loss (mean of last 20 steps) | size (MB) |
+|---|---|---|---|---|---|---|
+{chr(10).join(rows)}
+
+The fine-tunes ran side by side, one thread each, so their minutes are not comparable with the
+pretraining's. Losses of different objectives are not comparable with each other (the masked
+parts are weighted by 1/p).
+
+![loss curves](loss_curves.png)
+"""
+    (results / "README.md").write_text(text)
+
+
+def _numel(shape: list[int]) -> int:
+    total = 1
+    for dim in shape:
+        total *= dim
+    return total
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Rebuild the embedded tiny models (ar-tiny, mdm-tiny, refusion-tiny).")
     parser.add_argument("--work", type=Path, default=REPO / "build" / "models", help="scratch directory")
@@ -135,6 +218,9 @@ def main(argv: list[str] | None = None) -> None:
     # 5) export
     sizes = {name: export(work / name, name) for name in FINETUNES if (work / name / "model.safetensors").is_file()}
     print("exported:", ", ".join(f"{n} ({s / 1e6:.1f} MB)" for n, s in sizes.items()))
+    # 6) model card
+    settings = dict(vars(args), argv=" ".join(argv if argv is not None else sys.argv[1:]))
+    write_card(work, REPO / "results" / "models", settings)
 
 
 if __name__ == "__main__":
