@@ -23,3 +23,14 @@ def fail(message: str, hint: str | None = None, code: int = 2) -> None:
     if hint:
         err_console.print(f"[dim]hint:[/] {hint}", highlight=False)
     sys.exit(code)
+
+
+def quiet_library_output() -> None:
+    """Keep the terminal to our own lines: no transformers progress bars or notices, no Accelerate save notices."""
+    import logging
+
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.set_verbosity_error()
+    transformers_logging.disable_progress_bar()
+    logging.getLogger("accelerate.utils.other").setLevel(logging.ERROR)  # "Removed shared tensor ..." on each save

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from refusion_cli.cli.output import console
+from refusion_cli.cli.output import console, quiet_library_output
 from refusion_cli.training.modeling import TINY_CONFIGS, parse_model_config
 from refusion_cli.training.objectives import OBJECTIVES
 
@@ -69,6 +69,8 @@ def train(
                                             rich_help_panel=RUN)] = 500,
     seed: Annotated[int, typer.Option("--seed", help="data order, masking draws and --init weights",
                                       rich_help_panel=RUN)] = 0,
+    stop_at: Annotated[int | None, typer.Option("--stop-at", help="end this run after this step (the LR schedule "
+                                                "still spans --steps); --resume continues it", rich_help_panel=RUN)] = None,
     resume: Annotated[bool, typer.Option("--resume", help="continue from the last checkpoint in --output",
                                          rich_help_panel=RUN)] = False,
 ) -> None:
@@ -82,6 +84,7 @@ def train(
         max_length=max_length, save_every=save_every, seed=seed, resume=resume, grad_accum=grad_accum,
         mixed_precision=mixed_precision.value if mixed_precision is not None else None, warmup_ratio=warmup_ratio,
         weight_decay=weight_decay, max_grad_norm=max_grad_norm, gradient_checkpointing=gradient_checkpointing,
+        stop_at=stop_at,
     )
     with ProgressView() as view:
         result = train_model(config, view)
@@ -92,16 +95,6 @@ def train(
             raise KeyboardInterrupt
         tps = result.tokens / result.seconds if result.seconds > 0 else 0.0
         console.print(f"done: {result.step} steps, {tps:,.0f} tokens/s; final model in {result.final}")
-
-
-def quiet_library_output() -> None:
-    """Keep the terminal to our progress bar: no per-save tqdm bars, no notice about tied weights."""
-    import logging
-
-    from transformers.utils import logging as transformers_logging
-
-    transformers_logging.disable_progress_bar()
-    logging.getLogger("accelerate.utils.other").setLevel(logging.ERROR)  # "Removed shared tensor ..." on each save
 
 
 class ProgressView:

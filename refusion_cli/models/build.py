@@ -174,7 +174,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Rebuild the embedded tiny models (ar-tiny, mdm-tiny, refusion-tiny).")
     parser.add_argument("--work", type=Path, default=REPO / "build" / "models", help="scratch directory")
     parser.add_argument("--n-train", type=int, default=50000)
-    parser.add_argument("--base-steps", type=int, default=2000)
+    parser.add_argument("--base-steps", type=int, default=2000, help="length of the pretraining LR schedule")
+    parser.add_argument("--base-stop-at", type=int, default=600,
+                        help="end pretraining at this step of the schedule (0: run the whole schedule)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads of sequential stages")
     parser.add_argument("--finetune-steps", type=int, default=600)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--base-lr", type=float, default=2e-3)
@@ -204,8 +207,11 @@ def main(argv: list[str] | None = None) -> None:
     source = ["--init", "tiny", "--tokenizer", str(tokenizer_dir)]
     if args.model_config:
         source += ["--model-config", args.model_config]
-    run_stages({"base-tiny": train_command(work / "base-tiny", train_path, "ar", args.base_steps, args.batch_size,
-                                           args.base_lr, args.seed, source)}, work, threads=None)
+    base = train_command(work / "base-tiny", train_path, "ar", args.base_steps, args.batch_size, args.base_lr,
+                         args.seed, source)
+    if args.base_stop_at:
+        base += ["--stop-at", str(args.base_stop_at)]
+    run_stages({"base-tiny": base}, work, threads=args.threads)
     # 4) the three fine-tunes: same data order, steps and batch; side by side, one thread each
     finetunes = {name: train_command(work / name, train_path, objective, args.finetune_steps, args.batch_size,
                                      args.finetune_lr, args.seed + 1, ["--model", str(work / "base-tiny")])
@@ -214,7 +220,7 @@ def main(argv: list[str] | None = None) -> None:
         run_stages(finetunes, work, threads=1)
     else:
         for name, command in finetunes.items():
-            run_stages({name: command}, work, threads=None)
+            run_stages({name: command}, work, threads=args.threads)
     # 5) export
     sizes = {name: export(work / name, name) for name in FINETUNES if (work / name / "model.safetensors").is_file()}
     print("exported:", ", ".join(f"{n} ({s / 1e6:.1f} MB)" for n, s in sizes.items()))

@@ -73,9 +73,12 @@ class TrainConfig:
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0  # gradient clipping; 0 turns it off
     gradient_checkpointing: bool = False
+    stop_at: int | None = None  # end this run after this step; the schedule still spans `steps`
 
     def __post_init__(self) -> None:
         get_objective(self.objective)
+        if self.stop_at is not None and not 1 <= self.stop_at <= self.steps:
+            raise UserError(f"--stop-at must be between 1 and --steps ({self.steps}), got {self.stop_at}")
         positive = {"--steps": self.steps, "--batch-size": self.batch_size, "--save-every": self.save_every,
                     "--grad-accum": self.grad_accum}
         for option, value in positive.items():
@@ -361,7 +364,8 @@ def train_model(config: TrainConfig, observer: TrainObserver | None = None) -> T
     step, last_saved, trained_tokens, trained_seconds = start_step, resume_from, 0, 0.0
     started = time.perf_counter()
     with StopRequest() as stop, (open(log_path, "a") if main else nullcontext()) as log:
-        while step < config.steps:
+        last_step = config.stop_at or config.steps
+        while step < last_step:
             step_start = time.perf_counter()
             lr = scheduler.get_last_lr()[0]
             totals = optimizer_step(accelerator, model, optimizer, batches, objective, config)
@@ -383,7 +387,7 @@ def train_model(config: TrainConfig, observer: TrainObserver | None = None) -> T
             if totals[4].item() > 0:
                 path = save(step)
                 return TrainResult(step, True, path, None, trained_tokens, trained_seconds)
-            if step % config.save_every == 0 or step == config.steps:
+            if step % config.save_every == 0 or step == last_step:
                 last_saved = save(step)
 
     # 5) final model
