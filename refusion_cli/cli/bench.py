@@ -1,8 +1,315 @@
-"""`refusion bench`: not available yet."""
+"""`refusion bench --tps`: decoding speed of several decoders on the same prompts, batch 1.
 
+A thin wrapper over :mod:`refusion_cli.bench`: parses the options, shows progress and the result
+table with Rich, and writes the files (CSV rows as they are measured; Markdown and plots at the
+end, also after an interruption or an error, from the rows that finished).
+
+Options that take several values accept them space-separated (``--decoder refusion ar llada``),
+comma-separated (``--decoder refusion,ar``) or repeated (``--decoder refusion --decoder ar``).
+Click gives an option one value, so the values after it arrive as stray arguments; each is
+given back to the option its shape belongs to (see :func:`route_stray_values`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated
+
+import torch
+import typer
+from rich import box
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from refusion_cli.bench.machine import Machine, describe_machine
+from refusion_cli.bench.plots import FRONTIER_FILE, LENGTH_FILE, plot_frontier, plot_length_sweep, plotting_available
+from refusion_cli.bench.prompts import SYNTHETIC_TEST, BenchPrompt, load_prompts
+from refusion_cli.bench.report import (
+    MACHINE_FILE,
+    REPORT_FILE,
+    ROW_FIELDS,
+    ROWS_FILE,
+    SAMPLE_FIELDS,
+    SAMPLES_FILE,
+    CsvRows,
+    fmt,
+    machine_line,
+    percent,
+    write_machine,
+    write_markdown,
+)
+from refusion_cli.bench.runner import (
+    DEFAULT_DECODERS,
+    DEFAULT_GEN_LENGTH,
+    RECOMPUTE,
+    BenchEntry,
+    BenchRow,
+    BenchSample,
+    BenchSettings,
+    plan_entries,
+    run_bench,
+)
+from refusion_cli.cli.output import console, quiet_library_output
+from refusion_cli.decoding.registry import DECODERS
 from refusion_cli.errors import UserError
+from refusion_cli.models.loading import LoadedModel, default_device, default_dtype
+
+RUN = "What to run"
+MEASURE = "How to measure"
+MACHINE = "Machine"
 
 
-def bench() -> None:
-    """Not available yet in this version of the toolkit."""
-    raise UserError("'refusion bench' is not available yet in this version of the toolkit")
+def bench(
+    tps: Annotated[bool, typer.Option("--tps", help="measure decoding speed (tokens per second); the default and, "
+                                      "for now, the only benchmark", rich_help_panel=RUN)] = True,
+    decoder: Annotated[list[str] | None, typer.Option("--decoder", "-d", help=f"decoders to compare "
+                                                      f"({', '.join(DECODERS)}); default: "
+                                                      f"{' '.join(DEFAULT_DECODERS)}", rich_help_panel=RUN)] = None,
+    model: Annotated[list[str] | None, typer.Option("--model", help="DECODER=CHECKPOINT (embedded name, directory "
+                                                    "or hub id); default: each decoder's embedded model",
+                                                    rich_help_panel=RUN)] = None,
+    prompts: Annotated[Path | None, typer.Option("--prompts", help="JSONL with a 'prompt' or 'question' field and "
+                                                 "an optional 'target'; default: the synthetic task",
+                                                 rich_help_panel=RUN)] = None,
+    limit: Annotated[int | None, typer.Option("--limit", help="use the first N prompts (synthetic task: 20)",
+                                              rich_help_panel=RUN)] = None,
+    gen_length: Annotated[list[str] | None, typer.Option("--gen-length", help=f"response length budget(s); several "
+                                                         f"give a sweep (default {DEFAULT_GEN_LENGTH})",
+                                                         rich_help_panel=RUN)] = None,
+    set_options: Annotated[list[str] | None, typer.Option("--set", help="DECODER.OPTION=VALUE decoder config "
+                                                          "override, e.g. refusion.slot_size=16",
+                                                          rich_help_panel=RUN)] = None,
+    preset: Annotated[str | None, typer.Option("--preset", help="the paper's ReFusion settings for a benchmark "
+                                               "(gsm8k, math, ...), under --set", rich_help_panel=RUN)] = None,
+    ablation: Annotated[bool, typer.Option("--ablation/--no-ablation", help="also time ReFusion recomputing the "
+                                           "KV cache (kv_reuse=False), the paper's ablation",
+                                           rich_help_panel=RUN)] = True,
+    warmup: Annotated[int, typer.Option("--warmup", help="untimed decodes before each row",
+                                        rich_help_panel=MEASURE)] = 1,
+    repeats: Annotated[int, typer.Option("--repeats", help="timed decodes of every prompt",
+                                         rich_help_panel=MEASURE)] = 1,
+    seed: Annotated[int, typer.Option("--seed", help="seed of the sampling noise (prompt i uses seed + i)",
+                                      rich_help_panel=MEASURE)] = 0,
+    output: Annotated[Path, typer.Option("--output", help="directory for bench.csv, samples.csv, bench.md and "
+                                         "the plots", rich_help_panel=MEASURE)] = Path("results/bench"),
+    device: Annotated[str | None, typer.Option("--device", help="cpu, cuda, cuda:1, ... (default: cuda when "
+                                               "available)", rich_help_panel=MACHINE)] = None,
+    dtype: Annotated[str | None, typer.Option("--dtype", help="float32, bfloat16, float16 (default: bf16 on "
+                                              "CUDA, float32 on CPU)", rich_help_panel=MACHINE)] = None,
+    threads: Annotated[int | None, typer.Option("--threads", help="torch CPU threads",
+                                                rich_help_panel=MACHINE)] = None,
+    trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code", help="allow LLaDA / Dream checkpoints "
+                                                    "that ship their own modelling code",
+                                                    rich_help_panel=MACHINE)] = False,
+    stray: Annotated[list[str] | None, typer.Argument(
+        hidden=True, show_default=False, metavar="VALUES",
+        help="more values of --decoder, --gen-length, --model, --set")] = None,
+) -> None:
+    """Compare decoders' speed (TPS, tokens per forward, latency, memory) and accuracy on the same prompts."""
+    # --tps names the measurement; it is the only one so far, so it is on whether given or not
+    values = route_stray_values(stray or [], MultiValues(split_commas(decoder), split_commas(gen_length),
+                                                         list(model or []), list(set_options or [])))
+    decoders = tuple(values.decoders or DEFAULT_DECODERS)
+    settings = BenchSettings(
+        decoders=decoders, gen_lengths=tuple(parse_lengths(values.gen_lengths) or (DEFAULT_GEN_LENGTH,)),
+        models=parse_models(values.models, decoders), overrides=parse_overrides(values.overrides),
+        preset=preset, ablation=ablation, warmup=warmup, repeats=repeats, seed=seed, device=device, dtype=dtype,
+        trust_remote_code=trust_remote_code,
+    )
+    prompt_list = load_prompts(prompts, limit)
+    entries = plan_entries(settings)
+    if threads is not None:
+        if threads < 1:
+            raise UserError(f"--threads must be >= 1, got {threads}")
+        torch.set_num_threads(threads)
+    quiet_library_output()
+    source = (f"{len(prompt_list)} prompts from {prompts}" if prompts is not None
+              else f"the first {len(prompt_list)} problems of the synthetic task "
+                   f"(evals/synthetic/{SYNTHETIC_TEST.name})")
+    run = BenchRun(settings, entries, len(prompt_list), output, source)
+    run.execute(prompt_list)
+    console.print(result_table(run.rows))
+    console.print(models_line(run.rows), highlight=False, soft_wrap=True)
+    if run.machine is not None:
+        console.print(machine_line(run.machine), highlight=False, soft_wrap=True)
+    console.print(f"[dim]wrote {', '.join(run.written)} to {output}[/]", highlight=False, soft_wrap=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# options with several values
+
+
+@dataclass
+class MultiValues:
+    decoders: list[str] = field(default_factory=list)
+    gen_lengths: list[str] = field(default_factory=list)
+    models: list[str] = field(default_factory=list)  # DECODER=CHECKPOINT
+    overrides: list[str] = field(default_factory=list)  # DECODER.OPTION=VALUE
+
+
+def split_commas(values: list[str] | None) -> list[str]:
+    return [part for value in values or [] for part in value.split(",") if part]
+
+
+def route_stray_values(stray: list[str], values: MultiValues) -> MultiValues:
+    """Give each stray argument to the multi-value option its shape belongs to, if that option was used.
+
+    ``DECODER.OPTION=VALUE`` -> --set; ``DECODER=PATH`` -> --model; a whole number -> --gen-length;
+    any other word -> --decoder. A value whose option was not given is an error.
+    """
+    for value in split_commas(stray):
+        key = value.split("=", 1)[0]
+        if "=" in value and "." in key and values.overrides:
+            values.overrides.append(value)
+        elif "=" in value and "." not in key and values.models:
+            values.models.append(value)
+        elif value.isdigit() and values.gen_lengths:
+            values.gen_lengths.append(value)
+        elif "=" not in value and not value.isdigit() and values.decoders:
+            values.decoders.append(value)
+        else:
+            raise UserError(f"unexpected argument '{value}'", hint="see refusion bench --help")
+    return values
+
+
+def parse_lengths(values: list[str]) -> list[int]:
+    lengths = []
+    for value in values:
+        try:
+            lengths.append(int(value))
+        except ValueError:
+            raise UserError(f"--gen-length must be a positive integer, got '{value}'") from None
+    return lengths
+
+
+def parse_models(values: list[str], decoders: tuple[str, ...]) -> dict[str, str]:
+    """``DECODER=CHECKPOINT`` pairs; a bare checkpoint is allowed when one decoder is benchmarked."""
+    models: dict[str, str] = {}
+    for value in values:
+        name, sep, checkpoint = value.partition("=")
+        if not sep:
+            if len(dict.fromkeys(decoders)) != 1:
+                raise UserError(f"--model takes DECODER=CHECKPOINT when several decoders run, got '{value}'",
+                                hint="e.g. --model refusion=path/to/ckpt ar=ar-tiny")
+            name, checkpoint = decoders[0], value
+        if not checkpoint:
+            raise UserError(f"--model {value}: no checkpoint after '='")
+        models[name] = checkpoint
+    return models
+
+
+def parse_overrides(values: list[str]) -> dict[str, dict[str, str]]:
+    overrides: dict[str, dict[str, str]] = {}
+    for value in values:
+        key, sep, setting = value.partition("=")
+        name, dot, option = key.partition(".")
+        if not sep or not dot or not name or not option:
+            raise UserError(f"--set takes DECODER.OPTION=VALUE, got '{value}'", hint="e.g. --set refusion.slot_size=16")
+        overrides.setdefault(name, {})[option] = setting
+    return overrides
+
+
+# ---------------------------------------------------------------------------------------------
+# the run
+
+
+class BenchRun:
+    """One run: progress on the terminal, rows to the CSV files, the report and plots at the end."""
+
+    def __init__(self, settings: BenchSettings, entries: list[BenchEntry], n_prompts: int, output: Path,
+                 prompts_source: str):
+        self.settings = settings
+        self.entries = entries
+        self.n_prompts = n_prompts
+        self.output = output
+        self.prompts_source = prompts_source
+        self.rows: list[BenchRow] = []
+        self.machine: Machine | None = None
+        self.written: list[str] = []
+        self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), console=console, transient=True)
+        self.task: TaskID | None = None
+
+    def execute(self, prompts: list[BenchPrompt]) -> None:
+        self.output.mkdir(parents=True, exist_ok=True)
+        finished = False
+        with CsvRows(self.output / ROWS_FILE, ROW_FIELDS) as rows_csv, \
+                CsvRows(self.output / SAMPLES_FILE, SAMPLE_FIELDS) as samples_csv:
+            self.written = [ROWS_FILE, SAMPLES_FILE]
+            try:
+                with self.progress:
+                    for row in run_bench(self.settings, prompts, entries=self.entries, on_entry=self.start_entry,
+                                         on_sample=lambda sample: self.sample_done(sample, samples_csv)):
+                        rows_csv.write(row.as_dict())
+                        self.rows.append(row)
+                        self.progress.console.print(row_line(row), highlight=False, soft_wrap=True)
+                finished = True
+            finally:
+                self.write_report(interrupted=not finished)
+
+    def start_entry(self, entry: BenchEntry, loaded: LoadedModel) -> None:
+        if self.machine is None:
+            self.machine = describe_machine(next(loaded.model.parameters()).device, loaded.model.dtype)
+        if self.task is not None:
+            self.progress.remove_task(self.task)
+        total = self.n_prompts * self.settings.repeats
+        self.task = self.progress.add_task(f"{entry.label} @ {entry.gen_length}", total=total)
+
+    def sample_done(self, sample: BenchSample, samples_csv: CsvRows) -> None:
+        samples_csv.write(dataclasses.asdict(sample))
+        if self.task is not None:
+            self.progress.advance(self.task)
+
+    def write_report(self, interrupted: bool) -> None:
+        machine = self.machine or self.requested_machine()
+        write_machine(self.output / MACHINE_FILE, machine)
+        plots = []
+        if plotting_available():
+            if plot_frontier(self.rows, self.output / FRONTIER_FILE):
+                plots.append(FRONTIER_FILE)
+            if plot_length_sweep(self.rows, self.output / LENGTH_FILE):
+                plots.append(LENGTH_FILE)
+        elif self.rows:
+            console.print("[yellow]matplotlib is not installed: no plots[/] (pip install matplotlib)")
+        write_markdown(self.output / REPORT_FILE, self.rows, machine, prompts=self.prompts_source,
+                       warmup=self.settings.warmup, repeats=self.settings.repeats, seed=self.settings.seed,
+                       plots=plots, interrupted=interrupted)
+        self.written += [REPORT_FILE, MACHINE_FILE, *plots]
+        if interrupted:
+            console.print(f"[yellow]stopped:[/] {len(self.rows)} finished row(s) kept in {self.output}",
+                          highlight=False)
+
+    def requested_machine(self) -> Machine:
+        """The machine as asked for, when no model was loaded."""
+        device = torch.device(self.settings.device) if self.settings.device else default_device()
+        return describe_machine(device, default_dtype(device))
+
+
+def row_line(row: BenchRow) -> str:
+    speedup = f", {row.speedup_vs_ar:.2f}× AR" if row.speedup_vs_ar is not None else ""
+    accuracy = f", accuracy {row.accuracy * 100:.1f}%" if row.accuracy is not None else ""
+    return (f"{row.decoder} @ {row.gen_length}: {row.tps:.1f} tok/s{speedup}, {row.tpf:.2f} tokens/forward, "
+            f"p50 {row.latency_p50_ms:.0f} ms{accuracy}")
+
+
+TERMINAL_HEADER = ["decoder", "len", "TPS", "× AR", "TPF", "fwd", "tok", "p50 ms", "p95 ms", "MiB", "acc"]
+
+
+def result_table(rows: list[BenchRow]) -> Table:
+    """The terminal table, narrower than the Markdown one: no model column (see :func:`models_line`),
+    whole numbers for counts and milliseconds."""
+    table = Table(title="Decoding speed (batch 1)", title_justify="left", box=box.SIMPLE_HEAD, padding=0,
+                  show_edge=False)
+    for index, name in enumerate(TERMINAL_HEADER):
+        table.add_column(name, justify="left" if index == 0 else "right", no_wrap=True)
+    for row in rows:
+        table.add_row(row.decoder, str(row.gen_length), fmt(row.tps, 1), fmt(row.speedup_vs_ar, 2, "×"),
+                      fmt(row.tpf), fmt(row.forwards, 0), fmt(row.tokens, 0), fmt(row.latency_p50_ms, 0),
+                      fmt(row.latency_p95_ms, 0), fmt(row.peak_mem_mib, 1), percent(row.accuracy))
+    return table
+
+
+def models_line(rows: list[BenchRow]) -> str:
+    return "models: " + ", ".join(dict.fromkeys(f"{row.decoder.removesuffix(RECOMPUTE)}={row.model}" for row in rows))

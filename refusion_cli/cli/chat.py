@@ -1,8 +1,91 @@
-"""`refusion chat`: not available yet."""
+"""`refusion chat`: a terminal chat with a ReFusion (or baseline) model.
 
+A thin wrapper over :mod:`refusion_cli.chat`: checks the options, loads the model, then runs one
+of three modes:
+
+- ``--prompt "..."``: answer that one question and exit (errors exit non-zero);
+- stdin is a terminal: the interactive chat (live view when stdout is a terminal too);
+- stdin is a pipe or a file: answer each line in turn (one conversation; slash commands work)
+  and exit at the end of the input.
+"""
+
+from __future__ import annotations
+
+import sys
+from contextlib import nullcontext
+from typing import Annotated
+
+import typer
+
+from refusion_cli.chat import ChatApp, ChatSession
+from refusion_cli.cli.output import console, err_console, quiet_library_output
+from refusion_cli.decoding.registry import DECODERS, build_config, decoder_spec, default_model
 from refusion_cli.errors import UserError
+from refusion_cli.models.loading import load_model
+
+MODEL = "Model"
+DECODING = "Decoding"
 
 
-def chat() -> None:
-    """Not available yet in this version of the toolkit."""
-    raise UserError("'refusion chat' is not available yet in this version of the toolkit")
+def chat(
+    model: Annotated[str | None, typer.Option("--model", help="checkpoint: embedded name, local directory or hub "
+                                              "id (default: the decoder's embedded model, refusion-tiny for "
+                                              "refusion)", rich_help_panel=MODEL)] = None,
+    decoder: Annotated[str, typer.Option("--decoder", "-d", help=f"{', '.join(DECODERS)}",
+                                         rich_help_panel=DECODING)] = "refusion",
+    set_options: Annotated[list[str] | None, typer.Option("--set", help="NAME=VALUE decoder setting, e.g. "
+                                                          "slot_threshold=0.8 (repeatable; /set in the chat)",
+                                                          rich_help_panel=DECODING)] = None,
+    prompt: Annotated[str | None, typer.Option("--prompt", "-p", help="answer this one question and exit",
+                                               rich_help_panel=DECODING)] = None,
+    seed: Annotated[int, typer.Option("--seed", help="seed of the sampling noise (temperature > 0)",
+                                      rich_help_panel=DECODING)] = 0,
+    device: Annotated[str | None, typer.Option("--device", help="cpu, cuda, ... (default: cuda when available)",
+                                               rich_help_panel=MODEL)] = None,
+    dtype: Annotated[str | None, typer.Option("--dtype", help="float32, bfloat16, float16",
+                                              rich_help_panel=MODEL)] = None,
+    trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code", help="allow LLaDA / Dream checkpoints "
+                                                    "that ship their own modelling code",
+                                                    rich_help_panel=MODEL)] = False,
+) -> None:
+    """Chat with a model; answers fill in slot by slot as the decoder commits them.
+
+    In the chat: /set NAME VALUE, /stats, /reset, /help, /quit. Ctrl-C stops an answer, Ctrl-D leaves.
+    """
+    spec = decoder_spec(decoder)
+    overrides = parse_settings(set_options or [])
+    build_config(decoder, overrides)  # refuse bad settings before loading anything
+    if prompt is not None and not prompt.strip():
+        raise UserError("--prompt is empty")
+    name = model or default_model(decoder)
+    quiet_library_output()
+    interactive = prompt is None and sys.stdin.isatty()
+    with console.status(f"loading {name} …") if interactive and console.is_terminal else nullcontext():
+        loaded = load_model(name, device, dtype, trust_remote_code=trust_remote_code, require_mask=spec.needs_mask)
+    session = ChatSession(loaded, decoder, overrides, model_name=name, seed=seed)
+    app = ChatApp(session, console, err_console, strict=prompt is not None)
+    if prompt is not None:
+        app.handle(prompt)
+    elif interactive:
+        _line_editing()
+        app.run_interactive()
+    else:
+        app.run_lines(sys.stdin)
+
+
+def parse_settings(values: list[str]) -> dict[str, str]:
+    settings: dict[str, str] = {}
+    for value in values:
+        name, sep, setting = value.partition("=")
+        if not sep or not name.strip():
+            raise UserError(f"--set takes NAME=VALUE, got '{value}'", hint="e.g. --set slot_threshold=0.8")
+        settings[name.strip()] = setting.strip()
+    return settings
+
+
+def _line_editing() -> None:
+    """Arrow keys and history at the prompt, where the platform has readline."""
+    try:
+        import readline  # noqa: F401  (importing it is what enables it for input())
+    except ImportError:
+        pass

@@ -1,0 +1,16 @@
+"""The speed benchmark behind ``refusion bench --tps``.
+
+prompts.py  which prompts are decoded (the synthetic task, or a JSONL file)
+runner.py   what is measured and how: settings, the rows to run, the timed decodes, the means
+machine.py  what it ran on, and the peak-memory measurement
+report.py   the CSV rows (written as they are measured), the Markdown report
+plots.py    accuracy-vs-TPS frontier, TPS and latency against the response length
+
+Nothing here prints; ``refusion_cli.cli.bench`` drives it and owns the terminal.
+"""
+
+from refusion_cli.bench.prompts import BenchPrompt, load_prompts
+from refusion_cli.bench.runner import BenchEntry, BenchRow, BenchSample, BenchSettings, plan_entries, run_bench
+
+__all__ = ["BenchEntry", "BenchPrompt", "BenchRow", "BenchSample", "BenchSettings", "load_prompts", "plan_entries",
+           "run_bench"]

@@ -1,0 +1,105 @@
+"""The benchmark's plots (matplotlib's object API, no pyplot state; PNG files).
+
+- :func:`plot_frontier`: accuracy against TPS, one point per decoder and length, the
+  accuracy/speed Pareto frontier drawn through the points no other point beats on both axes.
+- :func:`plot_length_sweep`: TPS and median latency against the response length, one line per
+  decoder: how the cost of each decoder grows with the length it is asked for.
+
+matplotlib is imported when a plot is drawn; :func:`plotting_available` says whether it can be.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Sequence
+from pathlib import Path
+
+from refusion_cli.bench.runner import BenchRow
+
+FRONTIER_FILE = "frontier.png"
+LENGTH_FILE = "tps_vs_gen_length.png"
+MARKERS = "os^Dv<>ph*"
+
+
+def plotting_available() -> bool:
+    return importlib.util.find_spec("matplotlib") is not None
+
+
+def pareto_frontier(points: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The (tps, accuracy) points that no other point beats on both, by increasing TPS."""
+    frontier: list[tuple[float, float]] = []
+    best = float("-inf")
+    for tps, accuracy in sorted(points, key=lambda point: (-point[0], -point[1])):
+        if accuracy > best:
+            frontier.append((tps, accuracy))
+            best = accuracy
+    return frontier[::-1]
+
+
+def _figure(width: float, height: float, columns: int = 1):
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(width, height), layout="constrained")
+    return figure, figure.subplots(1, columns, squeeze=False)[0]
+
+
+def _labels(rows: Sequence[BenchRow]) -> list[str]:
+    return list(dict.fromkeys(row.decoder for row in rows))
+
+
+def plot_frontier(rows: Sequence[BenchRow], path: Path) -> bool:
+    """Accuracy (%) against TPS; False (and no file) when no row has an accuracy."""
+    scored = [row for row in rows if row.accuracy is not None]
+    if not scored:
+        return False
+    figure, (axes,) = _figure(6.5, 4.5)
+    lengths = sorted({row.gen_length for row in scored})
+    for color, label in enumerate(_labels(scored)):
+        mine = [row for row in scored if row.decoder == label]
+        for row in mine:
+            marker = MARKERS[lengths.index(row.gen_length) % len(MARKERS)]
+            axes.scatter(row.tps, row.accuracy * 100, color=f"C{color}", marker=marker, s=60, zorder=3,
+                         label=label if row is mine[0] else None)
+    if len(lengths) > 1:  # one marker per length, explained in the legend
+        for index, length in enumerate(lengths):
+            axes.scatter([], [], color="grey", marker=MARKERS[index % len(MARKERS)], label=f"gen_length {length}")
+    frontier = pareto_frontier([(row.tps, row.accuracy * 100) for row in scored])
+    axes.plot([tps for tps, _ in frontier], [acc for _, acc in frontier], color="grey", linestyle="--",
+              linewidth=1, zorder=2, label="frontier")
+    accuracies = [row.accuracy * 100 for row in scored]
+    axes.set_ylim(max(0.0, min(accuracies) - 5), min(100.0, max(accuracies) + 5) if max(accuracies) > 0 else 5)
+    tps_values = [row.tps for row in scored if row.tps > 0]
+    if tps_values and max(tps_values) / min(tps_values) > 10:
+        axes.set_xscale("log")
+    axes.set_xlabel("tokens per second (batch 1)")
+    axes.set_ylabel("accuracy (%)")
+    axes.set_title("Accuracy against decoding speed")
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=8)
+    figure.savefig(path, dpi=120)
+    return True
+
+
+def plot_length_sweep(rows: Sequence[BenchRow], path: Path) -> bool:
+    """TPS and p50 latency against gen_length, one line per decoder; False when there are no rows."""
+    if not rows:
+        return False
+    figure, (tps_axes, latency_axes) = _figure(10, 4, columns=2)
+    lengths = sorted({row.gen_length for row in rows})
+    for color, label in enumerate(_labels(rows)):
+        mine = sorted((row for row in rows if row.decoder == label), key=lambda row: row.gen_length)
+        x = [row.gen_length for row in mine]
+        tps_axes.plot(x, [row.tps for row in mine], marker="o", color=f"C{color}", label=label)
+        latency_axes.plot(x, [row.latency_p50_ms for row in mine], marker="o", color=f"C{color}", label=label)
+    for axes, ylabel in ((tps_axes, "tokens per second"), (latency_axes, "median latency per decode (ms)")):
+        if len(lengths) > 1:
+            axes.set_xscale("log", base=2)
+        axes.set_xticks(lengths, [str(length) for length in lengths])
+        axes.set_xlabel("response length budget (gen_length)")
+        axes.set_ylabel(ylabel)
+        axes.grid(alpha=0.3)
+    tps_axes.set_title("Speed against response length")
+    latency_axes.set_title("Latency against response length")
+    tps_axes.legend(fontsize=8)
+    figure.savefig(path, dpi=120)
+    return True

@@ -1,0 +1,80 @@
+"""The prompts a benchmark decodes: the embedded synthetic task, or a JSONL file of the user's.
+
+Contract of :func:`load_prompts`:
+
+- No file: the first ``limit`` problems of the synthetic task's held-out split
+  (``evals/synthetic/test.jsonl``; regenerated identically from its seed when the package is
+  installed without the repository), each with its ``target`` answer.
+- A file: one JSON object per line with a ``prompt`` or ``question`` field (the user turn) and
+  an optional ``target`` (the expected final answer, scored with the synthetic task's
+  ``is_correct``); blank lines are skipped; ``limit`` keeps the first N.
+- An empty file, a missing file, a line that is not a JSON object with a text field, or a
+  ``limit`` below 1 is a :class:`UserError` naming the file and line.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from refusion_cli.errors import UserError
+from refusion_cli.tasks.synthetic import TEST_SEED_OFFSET, generate_problems, read_jsonl
+
+SYNTHETIC_TEST = Path(__file__).resolve().parents[2] / "evals" / "synthetic" / "test.jsonl"
+SYNTHETIC_SEED = 0  # the seed evals/synthetic/test.jsonl was written with
+TEXT_FIELDS = ("prompt", "question")
+
+
+@dataclass(frozen=True)
+class BenchPrompt:
+    text: str  # the user turn, rendered with each model's chat template before decoding
+    target: str | None  # the expected final answer, or None when the prompt is not scored
+
+
+def load_prompts(path: Path | None = None, limit: int | None = None) -> list[BenchPrompt]:
+    """The benchmark's prompts: ``path`` (JSONL) or the synthetic task; the first ``limit`` of them."""
+    if limit is not None and limit < 1:
+        raise UserError(f"--limit must be at least 1, got {limit}")
+    if path is None:
+        return synthetic_prompts(limit if limit is not None else 20)
+    prompts = read_prompt_file(path)
+    return prompts[:limit] if limit is not None else prompts
+
+
+def synthetic_prompts(limit: int) -> list[BenchPrompt]:
+    """The first ``limit`` held-out synthetic problems (question + target)."""
+    if SYNTHETIC_TEST.is_file():
+        problems = read_jsonl(SYNTHETIC_TEST)[:limit]
+    else:  # an installed package: the split is deterministic, regenerate it
+        problems = generate_problems(limit, SYNTHETIC_SEED + TEST_SEED_OFFSET)
+    return [BenchPrompt(problem["question"], problem["target"]) for problem in problems]
+
+
+def read_prompt_file(path: Path) -> list[BenchPrompt]:
+    if not path.is_file():
+        raise UserError(f"no such prompts file: {path}")
+    prompts: list[BenchPrompt] = []
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if line.strip():
+                prompts.append(parse_prompt_line(line, path, number))
+    if not prompts:
+        raise UserError(f"the prompts file {path} is empty",
+                        hint="give one JSON object per line with a 'prompt' or 'question' field")
+    return prompts
+
+
+def parse_prompt_line(line: str, path: Path, number: int) -> BenchPrompt:
+    where = f"{path}, line {number}"
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{where} is not JSON: {exc.msg}") from None
+    if not isinstance(record, dict):
+        raise UserError(f"{where} is not a JSON object")
+    text = next((record[name] for name in TEXT_FIELDS if name in record), None)
+    if not isinstance(text, str) or not text.strip():
+        raise UserError(f"{where} has no 'prompt' or 'question' text")
+    target = record.get("target")
+    return BenchPrompt(text, None if target is None else str(target))

@@ -1,0 +1,325 @@
+"""The speed benchmark: the same prompts through several decoders, batch 1, one counting rule.
+
+Contract:
+
+- :class:`BenchSettings` holds what to run; :func:`plan_entries` checks all of it (decoder names,
+  lengths, ``--set`` options through ``build_config``, checkpoint paths) before any model loads,
+  and returns the rows to measure: one per decoder and response length, plus "refusion
+  (recompute)" (``kv_reuse=False``, the paper's ablation) after each ReFusion row. AR's rows come
+  first, so every later row knows AR's TPS at its length (the speed-up column).
+- :func:`run_bench` measures the entries in that order and yields one :class:`BenchRow` as soon as
+  each is done; ``on_sample`` sees every measured decode as it finishes. One model is held at a
+  time (loaded for the first entry that needs it, released when the next entry needs another).
+- A row: ``warmup`` decodes (prompts in order, not recorded), then every prompt ``repeats``
+  times. Each decode is timed by the decoder itself (``DecodeStats.seconds``: the wall time of
+  the decode call, the device synchronised at both ends) and counted the same way for every
+  decoder (``tokens`` up to and including EOS, ``forwards`` = every model call). A row's
+  ``tps``, ``tpf``, ``tokens`` and ``forwards`` are means over its decodes of the per-decode
+  values (TPS "averaged over the benchmark", as the paper reports it); latency p50 / p95 are
+  percentiles (linear interpolation) of the decode wall times; ``accuracy`` is the share of
+  decodes of prompts with a target whose text ``is_correct``.
+- Every decode of prompt i draws from its own ``torch.Generator`` seeded ``seed + i``, so
+  repeats (and reruns) decode the same tokens; only the timings vary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from refusion_cli.bench.machine import PeakMemory
+from refusion_cli.bench.prompts import BenchPrompt
+from refusion_cli.decoding.config import PRESETS
+from refusion_cli.decoding.registry import (
+    DECODERS,
+    build_config,
+    check_decoder_fits,
+    decoder_spec,
+    default_model,
+    run_decoder,
+)
+from refusion_cli.decoding.stats import DecodeResult
+from refusion_cli.errors import UserError
+from refusion_cli.models.chat import user_prompt_ids
+from refusion_cli.models.loading import LoadedModel, load_model, resolve_source
+from refusion_cli.tasks.synthetic import is_correct
+
+DEFAULT_DECODERS = ("refusion", "ar", "llada")
+DEFAULT_GEN_LENGTH = 256
+LLADA_BLOCK_LENGTH = 32  # LLaDA's block when it divides the length (else one block of the whole length)
+RECOMPUTE = " (recompute)"  # label suffix of the kv_reuse=False ablation
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    decoders: tuple[str, ...] = DEFAULT_DECODERS
+    gen_lengths: tuple[int, ...] = (DEFAULT_GEN_LENGTH,)
+    models: dict[str, str] = field(default_factory=dict)  # decoder -> checkpoint (default: its embedded model)
+    overrides: dict[str, dict[str, str]] = field(default_factory=dict)  # decoder -> {config option: value}
+    preset: str | None = None  # a paper preset for ReFusion (config.PRESETS), under the overrides
+    ablation: bool = True  # also time ReFusion with kv_reuse=False
+    warmup: int = 1  # untimed decodes before each row
+    repeats: int = 1  # timed decodes of every prompt
+    seed: int = 0
+    device: str | None = None  # None: CUDA when available
+    dtype: str | None = None  # None: bf16 on CUDA, float32 on CPU
+    trust_remote_code: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.decoders:
+            raise UserError("give at least one decoder")
+        for name in self.decoders:
+            decoder_spec(name)
+        for length in self.gen_lengths:
+            if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+                raise UserError(f"--gen-length must be a positive integer, got {length}")
+        if not self.gen_lengths:
+            raise UserError("give at least one --gen-length")
+        for option, names in (("--model", self.models), ("--set", self.overrides)):
+            stray = [name for name in names if name not in self.decoders]
+            if stray:
+                raise UserError(f"{option} names {', '.join(stray)}, which is not among the decoders benchmarked "
+                                f"({', '.join(self.decoders)})")
+        if self.preset is not None and self.preset not in PRESETS:
+            raise UserError(f"unknown preset '{self.preset}'; choose one of {', '.join(PRESETS)}")
+        if self.warmup < 0:
+            raise UserError(f"--warmup must be >= 0, got {self.warmup}")
+        if self.repeats < 1:
+            raise UserError(f"--repeats must be >= 1, got {self.repeats}")
+
+
+@dataclass(frozen=True)
+class BenchEntry:
+    """One row to measure: a decoder with its config, on its model, at one response length."""
+
+    label: str  # "refusion", "refusion (recompute)", "ar", ...
+    decoder: str
+    model: str  # the checkpoint as given (embedded name, directory or hub id)
+    gen_length: int
+    config: Any
+    kv_reuse: bool = True
+
+
+@dataclass
+class BenchSample:
+    """One measured decode."""
+
+    decoder: str  # the entry's label
+    gen_length: int
+    prompt: int  # index into the prompts
+    repeat: int
+    tokens: int
+    forwards: int
+    seconds: float
+    tps: float
+    tpf: float
+    correct: bool | None  # None when the prompt has no target
+    output: str  # the decoded text (special tokens dropped)
+
+
+@dataclass
+class BenchRow:
+    """One decoder at one length: means over its measured decodes."""
+
+    decoder: str  # the entry's label
+    model: str
+    gen_length: int
+    prompts: int
+    decodes: int
+    tps: float  # mean of tokens / seconds per decode
+    speedup_vs_ar: float | None  # tps / AR's tps at the same length (1 for AR; None without an AR row)
+    tpf: float  # mean tokens per forward
+    forwards: float  # mean model calls per decode
+    tokens: float  # mean response tokens (up to and including EOS) per decode
+    latency_p50_ms: float
+    latency_p95_ms: float
+    peak_mem_mib: float  # peak memory above the level before the row's decodes (method in the report)
+    accuracy: float | None  # share of scored decodes that are correct (None when no prompt has a target)
+    scored: int  # decodes with a target
+    config: str  # the decoder config, "name=value ..."
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# ---------------------------------------------------------------------------------------------
+# planning
+
+
+def decoder_config(decoder: str, gen_length: int, overrides: dict[str, str] | None = None,
+                   preset: str | None = None) -> Any:
+    """The config a decoder is benchmarked with at ``gen_length``: its defaults (LLaDA and Dream:
+    one token per step; LLaDA: blocks of 32 when 32 divides the length), a ReFusion preset, then
+    ``overrides`` (validated by ``build_config``)."""
+    overrides = dict(overrides or {})
+    if "gen_length" in overrides:
+        raise UserError(f"set the response length with --gen-length, not --set {decoder}.gen_length")
+    values: dict[str, Any] = {"gen_length": gen_length}
+    if decoder in ("llada", "dream"):
+        values["steps"] = gen_length
+    if decoder == "llada":
+        values["block_length"] = LLADA_BLOCK_LENGTH if gen_length % LLADA_BLOCK_LENGTH == 0 else gen_length
+    values.update(overrides)
+    base = PRESETS[preset] if preset is not None and decoder == "refusion" else None
+    return build_config(decoder, values, base=base)
+
+
+def plan_entries(settings: BenchSettings) -> list[BenchEntry]:
+    """Every row of the run, in measuring order (AR first); everything is checked here."""
+    decoders = sorted(dict.fromkeys(settings.decoders), key=lambda name: name != "ar")  # stable: AR first
+    configs = {(decoder, length): decoder_config(decoder, length, settings.overrides.get(decoder), settings.preset)
+               for decoder in decoders for length in settings.gen_lengths}
+    models = {decoder: settings.models.get(decoder) or default_model(decoder) for decoder in decoders}
+    for model in models.values():
+        resolve_source(model)  # a missing checkpoint fails now, not after the other decoders ran
+    entries: list[BenchEntry] = []
+    for decoder in decoders:
+        for length in settings.gen_lengths:
+            config = configs[decoder, length]
+            entries.append(BenchEntry(decoder, decoder, models[decoder], length, config))
+            if decoder == "refusion" and settings.ablation:
+                entries.append(BenchEntry(decoder + RECOMPUTE, decoder, models[decoder], length, config,
+                                          kv_reuse=False))
+    return entries
+
+
+# ---------------------------------------------------------------------------------------------
+# measuring
+
+
+class ModelSlot:
+    """Holds one loaded model at a time, keyed by (checkpoint, whether a mask token is required)."""
+
+    def __init__(self, settings: BenchSettings):
+        self.settings = settings
+        self.key: tuple[str, bool] | None = None
+        self.loaded: LoadedModel | None = None
+
+    def get(self, model: str, decoder: str) -> LoadedModel:
+        key = (model, DECODERS[decoder].needs_mask)
+        if key != self.key:
+            self.release()
+            self.loaded = load_model(model, self.settings.device, self.settings.dtype,
+                                     trust_remote_code=self.settings.trust_remote_code, require_mask=key[1])
+            self.key = key
+        assert self.loaded is not None
+        check_decoder_fits(decoder, self.loaded.bidirectional)
+        return self.loaded
+
+    def release(self) -> None:
+        if self.loaded is None:
+            return
+        device = next(self.loaded.model.parameters()).device
+        self.loaded, self.key = None, None
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def run_bench(
+    settings: BenchSettings,
+    prompts: Sequence[BenchPrompt],
+    *,
+    entries: Sequence[BenchEntry] | None = None,
+    on_entry: Callable[[BenchEntry, LoadedModel], None] | None = None,
+    on_sample: Callable[[BenchSample], None] | None = None,
+) -> Iterator[BenchRow]:
+    """Measure every entry (``plan_entries(settings)`` unless given); yield each row when it is done."""
+    if not prompts:
+        raise UserError("there are no prompts to benchmark")
+    entries = plan_entries(settings) if entries is None else entries
+    slot = ModelSlot(settings)
+    ar_tps: dict[int, float] = {}
+    ids_key: tuple[str, bool] | None = None
+    prompt_ids: list[list[int]] = []
+    try:
+        for entry in entries:
+            loaded = slot.get(entry.model, entry.decoder)
+            if slot.key != ids_key:  # each checkpoint renders the prompts with its own chat template
+                prompt_ids = [user_prompt_ids(loaded.tokenizer, prompt.text) for prompt in prompts]
+                ids_key = slot.key
+            if on_entry is not None:
+                on_entry(entry, loaded)
+            row = measure_entry(entry, loaded, prompt_ids, prompts, settings, ar_tps.get(entry.gen_length), on_sample)
+            if entry.decoder == "ar":
+                ar_tps[entry.gen_length] = row.tps
+                row.speedup_vs_ar = 1.0 if row.tps > 0 else None
+            yield row
+    finally:
+        slot.release()
+
+
+def measure_entry(
+    entry: BenchEntry,
+    loaded: LoadedModel,
+    prompt_ids: Sequence[list[int]],
+    prompts: Sequence[BenchPrompt],
+    settings: BenchSettings,
+    ar_tps: float | None,
+    on_sample: Callable[[BenchSample], None] | None = None,
+) -> BenchRow:
+    """Warm up, then decode every prompt ``repeats`` times inside one peak-memory window."""
+    device = next(loaded.model.parameters()).device
+
+    def decode(index: int) -> DecodeResult:
+        generator = torch.Generator().manual_seed(settings.seed + index)
+        return run_decoder(entry.decoder, loaded.model, prompt_ids[index], entry.config,
+                           mask_token_id=loaded.mask_token_id, eos_token_id=loaded.eos_token_id,
+                           generator=generator, kv_reuse=entry.kv_reuse)
+
+    for warm in range(settings.warmup):
+        decode(warm % len(prompt_ids))
+    samples: list[BenchSample] = []
+    with PeakMemory(device) as memory:
+        for index, prompt in enumerate(prompts):
+            for repeat in range(settings.repeats):
+                result = decode(index)
+                text = loaded.tokenizer.decode(result.tokens, skip_special_tokens=True)
+                stats = result.stats
+                sample = BenchSample(entry.label, entry.gen_length, index, repeat, stats.tokens, stats.forwards,
+                                     stats.seconds, stats.tps, stats.tpf,
+                                     None if prompt.target is None else is_correct(text, prompt.target), text)
+                samples.append(sample)
+                if on_sample is not None:
+                    on_sample(sample)
+    return summarise(entry, samples, len(prompts), memory.delta_mib, ar_tps)
+
+
+def summarise(entry: BenchEntry, samples: Sequence[BenchSample], n_prompts: int, peak_mem_mib: float,
+              ar_tps: float | None) -> BenchRow:
+    scored = [sample.correct for sample in samples if sample.correct is not None]
+    tps = mean([sample.tps for sample in samples])
+    latencies_ms = [sample.seconds * 1000 for sample in samples]
+    return BenchRow(
+        decoder=entry.label, model=entry.model, gen_length=entry.gen_length, prompts=n_prompts,
+        decodes=len(samples), tps=tps, speedup_vs_ar=tps / ar_tps if ar_tps else None,
+        tpf=mean([sample.tpf for sample in samples]), forwards=mean([sample.forwards for sample in samples]),
+        tokens=mean([sample.tokens for sample in samples]),
+        latency_p50_ms=percentile(latencies_ms, 50), latency_p95_ms=percentile(latencies_ms, 95),
+        peak_mem_mib=peak_mem_mib, accuracy=mean(scored) if scored else None, scored=len(scored),
+        config=describe_config(entry.config),
+    )
+
+
+def describe_config(config: Any) -> str:
+    return " ".join(f"{key}={value}" for key, value in dataclasses.asdict(config).items())
+
+
+def mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100) with linear interpolation between order statistics (numpy's default)."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)

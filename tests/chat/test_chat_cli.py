@@ -1,0 +1,169 @@
+"""`refusion chat` through a real pseudo-terminal (pexpect), with --prompt, and with piped stdin.
+
+The tiny checkpoint is random, so its answers are noise; what is checked is the chat's behaviour:
+a live view then an answer and a stats line, /set refusing bad values, /reset, /quit, Ctrl-C
+stopping an answer without leaving, Ctrl-D leaving. The last tests ask the embedded refusion-tiny
+a question of the synthetic task and check its answer.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pexpect
+import pytest
+
+from refusion_cli.models.loading import embedded_path
+from refusion_cli.tasks.synthetic import is_correct, read_jsonl
+
+REPO = Path(__file__).resolve().parents[2]
+QUESTION = "Mia has 3 apples. She buys 4 more apples. How many apples does Mia have now?"
+STATS = r"\d+ tokens · [\d.]+ tokens/s · [\d.]+ tokens/forward · \d+ forwards · [\d.]+ s"
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+# The held-out problem asked of the embedded model (index into evals/synthetic/test.jsonl):
+# one that refusion-tiny answers correctly.
+EMBEDDED_QUESTION_INDEX = 0
+EMBEDDED_MISSING = not (embedded_path("refusion-tiny") / "config.json").is_file()
+EMBEDDED_SKIP = "the embedded refusion-tiny is not built in this checkout (refusion_cli/assets/refusion-tiny/" \
+                "config.json is missing; build it with `make models`)"
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+            "TOKENIZERS_PARALLELISM": "false", **extra}
+
+
+def spawn_chat(*args: str) -> pexpect.spawn:
+    """The chat on a 40 x 120 pseudo-terminal, colours off (the live view and the layout stay)."""
+    return pexpect.spawn(sys.executable, ["-m", "refusion_cli", "chat", *args], cwd=str(REPO),
+                         env=cli_env(TERM="xterm-256color", NO_COLOR="1"), encoding="utf-8", timeout=120,
+                         dimensions=(40, 120))
+
+
+def run_chat(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "refusion_cli", "chat", *args], input=stdin, capture_output=True,
+                          text=True, env=cli_env(), cwd=REPO, timeout=300,
+                          stdin=subprocess.DEVNULL if stdin is None else None)
+
+
+def test_interactive_chat_answers_and_obeys_commands(causal_checkpoint):
+    child = spawn_chat("--model", str(causal_checkpoint), "--set", "gen_length=48")
+    child.expect("you › ")
+    child.sendline(QUESTION)
+    child.expect(STATS)
+    shown = child.before
+    assert "░" in shown  # the live view showed still-masked positions while slots were committed
+    child.expect("you › ")
+    child.sendline("/set slot_threshold 2")
+    child.expect(re.escape("refused: slot_threshold must be in [0, 1], got 2.0; nothing changed"))
+    child.expect("you › ")
+    child.sendline("/stats")
+    child.expect(r"slot_threshold=0\.9 ")  # unchanged
+    child.expect(r"last answer: " + STATS)
+    child.expect("you › ")
+    child.sendline("/set slot_threshold 0.5")
+    child.expect(re.escape("slot_threshold = 0.5"))
+    child.expect("you › ")
+    child.sendline("/stats")
+    child.expect(r"1 turn\(s\) in the conversation")
+    child.expect(r"slot_threshold=0\.5 ")
+    child.expect("you › ")
+    child.sendline("/reset")
+    child.expect("conversation cleared")
+    child.expect("you › ")
+    child.sendline("/stats")
+    child.expect(r"0 turn\(s\) in the conversation")
+    child.expect("you › ")
+    child.sendline("/quit")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+
+
+def test_ctrl_c_stops_an_answer_and_ctrl_d_leaves(causal_checkpoint):
+    # a long budget, so the answer is still being decoded when Ctrl-C arrives
+    child = spawn_chat("--model", str(causal_checkpoint), "--set", "gen_length=960", "--set", "slot_size=4")
+    child.expect("you › ")
+    child.sendline(QUESTION)
+    child.expect("░")  # the live view is up: decoding has started
+    child.sendintr()
+    child.expect("answer interrupted")
+    child.expect("you › ")
+    child.sendline("/stats")
+    child.expect(r"0 turn\(s\) in the conversation")  # the interrupted answer did not join the history
+    child.expect("last answer: none yet")
+    child.expect("you › ")
+    child.sendintr()  # at the prompt: a hint, the chat goes on
+    child.expect(re.escape("(/quit or Ctrl-D leaves)"))
+    child.expect("you › ")
+    child.sendeof()
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+
+
+def test_prompt_mode_prints_the_answer_and_exits(causal_checkpoint):
+    out = run_chat("--model", str(causal_checkpoint), "--set", "gen_length=32", "--prompt", QUESTION)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip()  # the answer, alone on stdout
+    assert re.search(STATS, out.stderr) and "░" not in out.stdout + out.stderr  # no live view off a terminal
+
+
+def test_piped_stdin_answers_each_line_and_exits_at_eof(causal_checkpoint):
+    lines = f"{QUESTION}\n\n/set slot_threshold 7\nHow many apples does Mia have?\n"
+    out = run_chat("--model", str(causal_checkpoint), "--set", "gen_length=32", stdin=lines)
+    assert out.returncode == 0, out.stderr
+    assert len(re.findall(STATS, out.stderr)) == 2  # two questions, two answers; the blank line is skipped
+    assert "refused: slot_threshold must be in [0, 1], got 7.0" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--set", "slot_threshold=2"], "slot_threshold must be in [0, 1]"),
+    (["--decoder", "beam"], "unknown decoder 'beam'"),
+    (["--decoder", "llada"], "needs a bidirectional (masked-diffusion) model"),
+])
+def test_bad_options_are_one_line_and_exit_2(args, message, causal_checkpoint, monkeypatch, capsys):
+    """Through the real entry point (in-process, for speed)."""
+    from refusion_cli.cli.app import main
+
+    monkeypatch.setattr(sys, "argv", ["refusion", "chat", "--model", str(causal_checkpoint), *args,
+                                      "--prompt", QUESTION])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    out = capsys.readouterr()
+    assert exit_info.value.code == 2 and message in " ".join(out.err.split())
+    assert len([line for line in out.err.splitlines() if line.startswith("error:")]) == 1
+    assert "Traceback" not in out.err and out.out == ""
+
+
+@pytest.fixture(scope="module")
+def embedded_problem() -> dict[str, str]:
+    return read_jsonl(REPO / "evals" / "synthetic" / "test.jsonl")[EMBEDDED_QUESTION_INDEX]
+
+
+@pytest.mark.skipif(EMBEDDED_MISSING, reason=EMBEDDED_SKIP)
+def test_embedded_refusion_tiny_answers_a_synthetic_question_in_the_terminal(embedded_problem):
+    child = spawn_chat()  # the default model: refusion-tiny
+    child.expect("you › ")
+    child.sendline(embedded_problem["question"])
+    child.expect(STATS)
+    final = ANSI.sub("", child.before.split("\x1b[2K")[-1])  # what is left once the live view is cleared
+    assert is_correct(final, embedded_problem["target"]), final
+    assert f"#### {embedded_problem['target']}" in final
+    child.sendline("/quit")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+
+
+@pytest.mark.skipif(EMBEDDED_MISSING, reason=EMBEDDED_SKIP)
+def test_embedded_refusion_tiny_answers_with_prompt(embedded_problem):
+    out = run_chat("--prompt", embedded_problem["question"])
+    assert out.returncode == 0, out.stderr
+    assert is_correct(out.stdout, embedded_problem["target"]), out.stdout

@@ -1,0 +1,94 @@
+"""The chat's parts, in-process: the slot canvas, the session's history and settings, output routing."""
+
+from __future__ import annotations
+
+import io
+from types import SimpleNamespace
+
+import pytest
+from rich.console import Console
+
+from refusion_cli.chat import AnswerInterrupted, ChatApp, ChatSession, SlotCanvas
+from refusion_cli.chat.view import MASKED, PALETTE
+from refusion_cli.errors import UserError
+from refusion_cli.models import load_model
+
+QUESTION = "Mia has 3 apples. She buys 4 more apples. How many apples does Mia have now?"
+
+
+@pytest.fixture(scope="module")
+def loaded(causal_checkpoint):
+    return load_model(str(causal_checkpoint), device="cpu")
+
+
+def step(offsets: list[int], tokens: list[int]) -> SimpleNamespace:
+    return SimpleNamespace(offsets=offsets, tokens=tokens)
+
+
+def test_canvas_shows_slots_filling_out_of_order():
+    canvas = SlotCanvas(piece=lambda token: chr(ord("a") + token))
+    assert canvas.render().plain == MASKED * 8  # nothing committed yet
+    canvas.add(step([4, 5, 6, 7], [0, 1, 2, 3]))  # the second slot first
+    text = canvas.render()
+    assert text.plain == MASKED * 4 + "abcd"
+    canvas.add(step([0, 1, 2, 3], [4, 5, 6, 7]))
+    text = canvas.render()
+    assert text.plain == "efghabcd"
+    styles = {text.plain[span.start:span.end]: span.style for span in text.spans}
+    assert styles["e"] == PALETTE[1] + " bold" and styles["a"] == PALETTE[0]  # coloured by iteration, newest bold
+
+
+def test_session_keeps_the_history_and_interrupted_answers_change_nothing(loaded):
+    session = ChatSession(loaded, "refusion", {"gen_length": "16"}, model_name="ckpt")
+    steps = []
+    first = session.ask(QUESTION, on_step=steps.append)
+    assert steps and sum(len(s.tokens) for s in steps) >= first.stats.tokens
+    assert [m["role"] for m in session.history] == ["user", "assistant"] and session.turns == 1
+    second = session.ask("And then?")
+    assert second.prompt_tokens > first.prompt_tokens  # the first turn is in the second prompt
+    assert session.turns == 2
+
+    def stop(_step):
+        raise AnswerInterrupted
+
+    with pytest.raises(AnswerInterrupted):
+        session.ask("A third question", on_step=stop)
+    assert session.turns == 2 and session.last is second
+    session.reset()
+    assert session.history == [] and session.last is second
+
+
+def test_set_refuses_bad_values_and_changes_nothing(loaded):
+    session = ChatSession(loaded, "refusion", model_name="ckpt")
+    before = session.config
+    with pytest.raises(UserError, match=r"slot_threshold must be in \[0, 1\]"):
+        session.set_option("slot_threshold", "2")
+    with pytest.raises(UserError, match="unknown ReFusionConfig option"):
+        session.set_option("threshold", "0.5")
+    assert session.config is before
+    assert session.set_option("slot_threshold", "0.5").slot_threshold == 0.5
+    assert session.config.token_threshold == before.token_threshold
+
+
+def test_when_stdout_is_not_a_terminal_only_answers_go_there(loaded):
+    out, err = io.StringIO(), io.StringIO()
+    app = ChatApp(ChatSession(loaded, "refusion", {"gen_length": "16"}, model_name="ckpt"),
+                  Console(file=out, force_terminal=False, width=200), Console(file=err, width=200))
+    for line in (QUESTION, "/set slot_threshold 2", "/stats", "/help"):
+        assert app.handle(line)
+    assert not app.handle("/quit")
+    answer = app.session.last
+    assert out.getvalue() == answer.text + "\n"
+    notes = err.getvalue()
+    assert f"{answer.stats.tokens} tokens · " in notes and "tokens/forward" in notes
+    assert "refused: slot_threshold must be in [0, 1], got 2.0; nothing changed" in notes
+    assert "1 turn(s)" in notes and "/reset" in notes
+
+
+def test_a_masked_diffusion_session_streams_its_steps_to_the_canvas(bidirectional_checkpoint):
+    mdm = load_model(str(bidirectional_checkpoint), device="cpu")
+    session = ChatSession(mdm, "llada", {"gen_length": "16", "steps": "8", "block_length": "8"}, model_name="mdm")
+    canvas = SlotCanvas(piece=lambda token: "x")
+    answer = session.ask(QUESTION, on_step=canvas.add)
+    assert canvas.iterations == 8 and len(canvas.pieces) == 16  # two tokens a step fill the whole budget
+    assert answer.stats.forwards == 8
