@@ -15,6 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from refusion_cli.errors import UserError
 from refusion_cli.models.loading import load_model
 from refusion_cli.training.loop import TrainConfig, TrainObserver, train_model
 from refusion_cli.training.modeling import ensure_mask_token
@@ -79,6 +80,19 @@ def test_ctrl_c_saves_a_checkpoint_and_resume_continues_exactly(setup, tmp_path)
     assert losses(tmp_path / "split") == losses(tmp_path / "straight")  # identical, not just close
     a, b = load_file(tmp_path / "straight" / "model.safetensors"), load_file(tmp_path / "split" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_stop_at_ends_inside_the_schedule_and_resume_finishes_it(setup, tmp_path):
+    straight = train_model(replace(setup, output=tmp_path / "straight"))
+    early = train_model(replace(setup, output=tmp_path / "split", stop_at=3))
+    assert early.step == 3 and not early.interrupted
+    assert (tmp_path / "split" / "model.safetensors").exists()  # a usable model at step 3 of 4
+    assert [r[0] for r in losses(tmp_path / "split")] == [1, 2, 3]
+    finished = train_model(replace(setup, output=tmp_path / "split", resume=True))
+    assert finished.step == straight.step == 4
+    assert losses(tmp_path / "split") == losses(tmp_path / "straight")
+    with pytest.raises(UserError, match="--stop-at must be between 1 and --steps"):
+        replace(setup, stop_at=5)
 
 
 def test_gradient_accumulation_and_checkpointing_match_the_whole_batch(setup, tmp_path):
