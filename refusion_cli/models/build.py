@@ -122,7 +122,7 @@ def write_card(work: Path, results: Path, settings: dict) -> None:
     for name, log in runs.items():
         last = log[-20:]
         tokens = sum(r["tokens"] for r in log)
-        seconds = log[-1]["elapsed"]
+        seconds = sum(r["seconds"] for r in log)
         size = (work / name / "model.safetensors").stat().st_size / 1e6 if (work / name / "model.safetensors").exists() else 0
         rows.append(f"| {name} | {FINETUNES.get(name, 'ar')} | {log[-1]['step']} | {tokens:,} | {seconds / 60:.1f} | "
                     f"{sum(r['loss'] for r in last) / len(last):.4f} | {size:.1f} |")
@@ -131,6 +131,9 @@ def write_card(work: Path, results: Path, settings: dict) -> None:
 
     with safe_open(str(work / "base-tiny" / "model.safetensors"), "pt") as weights:
         n_params = sum(_numel(weights.get_slice(key).get_shape()) for key in weights.keys())
+    stop = settings.get("base_stop_at")
+    stop_note = (f"ended at step {stop} of a {settings['base_steps']}-step schedule (`--stop-at {stop}`)" if stop
+                 else f"{settings['base_steps']} steps")
     text = f"""# Embedded models: model card
 
 Three tiny Qwen3 models trained by `make models` (`python -m refusion_cli.models.build {settings['argv']}`),
@@ -144,13 +147,14 @@ times with the same data, steps, batch and data order, once per objective.
   special tokens `<|endoftext|>`, `<|im_start|>`, `<|im_end|>` (EOS), `<|mask|>` and a Qwen3-style chat template.
 - **Data**: the synthetic GSM8K-format task (`refusion_cli/tasks/synthetic.py`): {settings['n_train']:,} training problems
   (seed {settings['seed']}), never overlapping the 500 held-out problems in `evals/synthetic/test.jsonl`.
-- **Schedule**: AdamW, warmup 5 % then cosine, global batch {settings['batch_size']}; pretraining lr {settings['base_lr']},
-  fine-tuning lr {settings['finetune_lr']}; max length 256.
+- **Schedule**: AdamW, warmup 5 % then cosine, global batch {settings['batch_size']}, max length 256. Pretraining:
+  lr {settings['base_lr']}, {stop_note}. Fine-tuning: lr {settings['finetune_lr']}, {settings['finetune_steps']} steps,
+  a full cosine schedule each.
 - **Objectives**: `ar-tiny` next-token CE; `mdm-tiny` LLaDA masked diffusion (bidirectional attention, CE/p);
   `refusion-tiny` ReFusion's hybrid objective (slot size from {{4, 8, 16, 32}}, clean slots shuffled and scored
   autoregressively, masked slots scored with CE/p).
 
-| run | objective | steps | tokens seen | minutes (2 CPU cores) | final loss (mean of last 20 steps) | size (MB) |
+| run | objective | steps | tokens seen | training minutes (sum of step times) | final loss (mean of last 20 steps) | size (MB) |
 |---|---|---|---|---|---|---|
 {chr(10).join(rows)}
 
