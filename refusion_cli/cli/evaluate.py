@@ -1,8 +1,192 @@
-"""`refusion eval`: not available yet."""
+"""`refusion eval`: run benchmarks through lm-eval with one or more decoders; accuracy and TPS side by side.
 
+A thin wrapper over :func:`refusion_cli.harness.runner.run_eval`: parses options, shows a progress
+bar per benchmark and decoder, prints the summary tables. Library chatter (lm-eval, datasets,
+transformers progress bars and warnings) goes to ``<output>/eval.log``, not the terminal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from refusion_cli.cli.output import console, debug_enabled
 from refusion_cli.errors import UserError
 
+if TYPE_CHECKING:
+    from refusion_cli.harness.runner import RunResult
+    from refusion_cli.harness.suite import Benchmark
 
-def evaluate() -> None:
-    """Not available yet in this version of the toolkit."""
-    raise UserError("'refusion eval' is not available yet in this version of the toolkit")
+WHAT = "What to run"
+HOW = "Decoder settings"
+WHERE = "Data and output"
+
+LIST_HELP = "; several: repeat the option, separate with commas, or list them after it"
+
+
+def evaluate(
+    task: Annotated[list[str], typer.Option("--task", "-t", help="benchmark: mmlu_pro, arc_challenge, gsm8k, math, gpqa, "
+                                            "humaneval, mbpp, synthetic (or its lm-eval name), paper (the seven), all"
+                                            + LIST_HELP, rich_help_panel=WHAT)],
+    decoder: Annotated[list[str], typer.Option("--decoder", "-d", help="refusion, ar, llada, dream" + LIST_HELP,
+                                               rich_help_panel=WHAT)] = ["refusion"],  # noqa: B006
+    model: Annotated[list[str] | None, typer.Option("--model", "-m", help="checkpoint for every decoder, or "
+                                                    "DECODER=PATH for one (default: the decoder's embedded model)",
+                                                    rich_help_panel=WHAT)] = None,
+    limit: Annotated[int | None, typer.Option("--limit", help="first N documents of each lm-eval task",
+                                              rich_help_panel=WHAT)] = None,
+    preset: Annotated[str | None, typer.Option("--preset", help="ReFusion preset for every task (default: the "
+                                               "task's paper preset from evals/suite.yaml)", rich_help_panel=HOW)] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="decoder option KEY=VALUE for every decoder that has "
+                                                   "it, or DECODER.KEY=VALUE for one (e.g. slot_size=16)",
+                                                   rich_help_panel=HOW)] = None,
+    seed: Annotated[int, typer.Option("--seed", help="per-request generator seed and lm-eval's task seed",
+                                      rich_help_panel=HOW)] = 0,
+    device: Annotated[str | None, typer.Option("--device", help="cpu, cuda, cuda:1 ... (default: cuda if available)",
+                                               rich_help_panel=HOW)] = None,
+    dtype: Annotated[str | None, typer.Option("--dtype", help="float32, bfloat16, float16",
+                                              rich_help_panel=HOW)] = None,
+    trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code", help="allow checkpoints that ship their "
+                                                    "own modelling code (LLaDA, Dream)", rich_help_panel=HOW)] = False,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="run directory; rerunning into it resumes "
+                                                "(default: results/<date>-<task>/)", rich_help_panel=WHERE)] = None,
+    data_dir: Annotated[Path | None, typer.Option("--data-dir", help="folder of local benchmark files, laid out as "
+                                                  "in evals/README.md (default: evals/data)",
+                                                  rich_help_panel=WHERE)] = None,
+    data_file: Annotated[list[str] | None, typer.Option("--data-file", help="TASK=PATH: the one local data file of "
+                                                        "a task", rich_help_panel=WHERE)] = None,
+    confirm_run_unsafe_code: Annotated[bool, typer.Option("--confirm-run-unsafe-code", help="allow HumanEval / MBPP "
+                                                          "to execute model-written code (sandboxed)",
+                                                          rich_help_panel=WHERE)] = False,
+    more: Annotated[list[str] | None, typer.Argument(hidden=True, show_default=False)] = None,
+) -> None:
+    """Evaluate decoders on the paper's benchmarks (offline, local data) and report accuracy / TPS."""
+    tasks, decoders = _split(task), _split(decoder)
+    _absorb_extra_values(more or [], tasks, decoders)
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # every benchmark reads local files
+    from refusion_cli.harness.runner import EvalOptions, default_output, plan_eval, run_eval
+
+    run_dir = output or default_output(tasks)
+    options = EvalOptions(
+        tasks=tasks, decoders=decoders, output=run_dir, models=list(model or []), overrides=_split(set_ or []),
+        preset=preset, limit=limit, data_dir=data_dir, data_files=list(data_file or []),
+        confirm_run_unsafe_code=confirm_run_unsafe_code, device=device, dtype=dtype, seed=seed,
+        trust_remote_code=trust_remote_code,
+    )
+    plan = plan_eval(options)  # every option and data file is checked before anything is written
+    main_process = int(os.environ.get("RANK", "0")) == 0
+    view = EvalView() if main_process else None
+    try:
+        with view or contextlib.nullcontext(), _library_output(run_dir):
+            results = run_eval(options, view, plan=plan)
+    except KeyboardInterrupt:
+        if main_process:
+            console.print(f"[yellow]interrupted[/]: finished samples are kept in {run_dir}/samples; "
+                          "run the same command again to resume")
+        raise
+    if main_process:
+        _print_summary(results, run_dir)
+
+
+def _split(values: list[str]) -> list[str]:
+    return [part.strip() for value in values for part in value.split(",") if part.strip()]
+
+
+def _absorb_extra_values(extra: list[str], tasks: list[str], decoders: list[str]) -> None:
+    """``--decoder refusion ar`` / ``--task gsm8k math``: a bare value joins the list it belongs to."""
+    from refusion_cli.decoding.registry import DECODERS
+    from refusion_cli.harness.suite import load_suite
+
+    suite = load_suite()
+    task_names = {*suite.benchmarks, *(b.lm_eval_task for b in suite.benchmarks.values()), "paper", "all"}
+    for value in _split(extra):
+        if value in DECODERS:
+            decoders.append(value)
+        elif value in task_names:
+            tasks.append(value)
+        else:
+            raise UserError(f"unexpected argument '{value}': not a decoder ({', '.join(DECODERS)}) nor a task",
+                            hint="options take one value each; repeat --model / --set / --data-file for more")
+
+
+@contextlib.contextmanager
+def _library_output(run_dir: Path):
+    """Send what libraries write to stderr (progress bars, warnings) to <run>/eval.log."""
+    import logging
+
+    if debug_enabled():
+        yield
+        return
+    for name in ("lm_eval", "datasets", "transformers", "accelerate"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with (run_dir / "eval.log").open("a", encoding="utf-8") as log, contextlib.redirect_stderr(log):
+        yield
+
+
+class EvalView:
+    """Rich progress for the runner's reports (an EvalObserver), on the main process only."""
+
+    def __init__(self) -> None:
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("acc {task.fields[accuracy]}"), TextColumn("{task.fields[tps]} tok/s"),
+            TimeElapsedColumn(), TimeRemainingColumn(), console=console,
+        )
+        self.task: Any = None
+        self.scores: list[float] = []
+        self.tps: list[float] = []
+        self.description = ""
+        self.started = False
+
+    def __enter__(self) -> EvalView:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.started:
+            self.progress.stop()
+
+    def on_run_start(self, benchmark: Benchmark, label: str, config: Any) -> None:
+        if not self.started:  # only once the run is under way: a plan error prints nothing else
+            self.progress.start()
+            self.started = True
+        self.description = f"{benchmark.name} · {label}"
+        self.scores, self.tps = [], []
+
+    def on_requests(self, total: int, stored: int) -> None:
+        if stored:
+            self.progress.console.print(f"{self.description}: resuming, {stored} of {total} samples already done")
+        self.task = self.progress.add_task(self.description, total=total, completed=stored, accuracy="-", tps="-")
+
+    def on_sample(self, record: dict[str, Any]) -> None:
+        self.scores.append(record["score"])
+        self.tps.append(record["tps"])
+        accuracy = 100 * sum(self.scores) / len(self.scores)
+        self.progress.update(self.task, advance=1, accuracy=f"{accuracy:.1f}%",
+                             tps=f"{sum(self.tps) / len(self.tps):,.1f}")
+
+    def on_run_end(self, result: RunResult) -> None:
+        if self.task is not None:
+            self.progress.update(self.task, accuracy=f"{result.accuracy:.1f}%", tps=f"{result.tps:,.1f}")
+
+
+def _print_summary(results: list[RunResult], run_dir: Path) -> None:
+    from refusion_cli.harness.report import CSV_FILE, MARKDOWN_FILE, METRICS_FILE, summary_tables
+
+    for table in summary_tables(results):
+        view = Table(title=table.title, title_justify="left")
+        for index, header in enumerate(table.headers):
+            view.add_column(header, justify="left" if index == 0 else "right")
+        for row in table.rows:
+            view.add_row(*row)
+        console.print(view, width=None if console.is_terminal else 240)  # piped output: no squeezed cells
+    resumed = sum(r.resumed for r in results)
+    if resumed:
+        console.print(f"{resumed} sample(s) were read back from earlier runs, not decoded again")
+    console.print(f"results in {run_dir}/: {METRICS_FILE}, {CSV_FILE}, {MARKDOWN_FILE}, samples/")

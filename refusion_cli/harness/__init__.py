@@ -1,0 +1,12 @@
+"""The evaluation harness: the decoders as lm-eval models, the benchmark suite, resumable runs.
+
+- ``lm_adapters``: lm-eval models ``refusion``, ``ar``, ``llada``, ``dream`` (importing it registers them)
+- ``suite``: the manifest ``evals/suite.yaml`` and its task YAMLs rendered for offline data
+- ``runner``: ``run_eval`` behind ``refusion eval`` (lm-eval runs, per-sample journal, resume, reports)
+- ``journal``, ``scoring``, ``report``: per-sample records, per-sample scores, result tables
+- ``task_hooks``: the ``!function`` hooks of the task YAMLs (synthetic exact match, code pass@1)
+- ``sandbox``, ``code_tasks``: running model-written code for HumanEval / MBPP
+
+``python -m refusion_cli.harness ...`` is lm-eval's own command line with the adapters registered.
+Submodules import lm-eval; nothing is imported here, so ``import refusion_cli.harness`` stays cheap.
+"""

