@@ -165,6 +165,7 @@ def test_an_interrupted_bench_keeps_its_finished_rows(causal_checkpoint, tmp_pat
     child = pexpect.spawn(sys.executable, ["-m", "refusion_cli", "bench", "--decoder", "ar", "refusion",
                                            "--model", f"ar={causal_checkpoint}", f"refusion={causal_checkpoint}",
                                            "--limit", "2", "--gen-length", "16", "640", "--warmup", "0",
+                                           "--repeats", "50",  # the 640-token rows outlast the Ctrl-C
                                            "--output", str(output)],
                           env={**cli_env(), "TERM": "dumb"}, cwd=str(REPO), encoding="utf-8", timeout=120)
     child.expect(r"ar @ 16: ")

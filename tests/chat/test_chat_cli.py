@@ -88,8 +88,10 @@ def test_interactive_chat_answers_and_obeys_commands(causal_checkpoint):
 
 
 def test_ctrl_c_stops_an_answer_and_ctrl_d_leaves(causal_checkpoint):
-    # a long budget, so the answer is still being decoded when Ctrl-C arrives
-    child = spawn_chat("--model", str(causal_checkpoint), "--set", "gen_length=960", "--set", "slot_size=4")
+    # a long budget and thresholds of 1 (one slot per iteration, every slot through the completion
+    # rounds), so the answer is still being decoded when Ctrl-C arrives, even on a fast machine
+    child = spawn_chat("--model", str(causal_checkpoint), "--set", "gen_length=960", "--set", "slot_size=4",
+                       "--set", "slot_threshold=1", "--set", "token_threshold=1")
     child.expect("you › ")
     child.sendline(QUESTION)
     child.expect("░")  # the live view is up: decoding has started
