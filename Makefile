@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 
-.PHONY: test venv clean models
+.PHONY: test venv clean models demo
 
 # The venv is (re)built only when pyproject.toml changes; torch first, from the CPU wheel.
 $(VENV)/.installed: pyproject.toml
@@ -16,6 +16,10 @@ venv: $(VENV)/.installed
 
 test: venv
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
+
+# The main job on the embedded models: ReFusion, AR and LLaDA decoding of the synthetic task, side by side.
+demo: venv
+	HF_HUB_OFFLINE=1 $(VENV)/bin/refusion eval --task synthetic --decoder refusion ar llada --limit 20 --output results/demo
 
 # Rebuild the embedded tiny models (about 75 minutes on 2 CPU cores); see results/models/README.md.
 models: venv
