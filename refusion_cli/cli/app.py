@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 
 import typer
@@ -25,6 +26,8 @@ app.command("train")(train.train)
 
 def main() -> None:
     """Console entry point. ``--debug`` anywhere (or REFUSION_DEBUG=1) shows full tracebacks."""
+    # Ctrl-C must interrupt even when the parent started us with SIGINT ignored (a background job)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     argv = sys.argv[1:]
     debug = debug_enabled() or "--debug" in argv
     argv = [a for a in argv if a != "--debug"]
