@@ -7,7 +7,9 @@
 2) tokenizer  a small byte-level BPE with Qwen3's special tokens and chat template
 3) base-tiny  a Qwen3 pretrained from scratch with the AR objective on the train split
 4) fine-tune  three copies of base-tiny on the same data, steps and batch: ``ar-tiny`` (AR),
-              ``mdm-tiny`` (LLaDA objective, bidirectional), ``refusion-tiny`` (ReFusion objective)
+              ``mdm-tiny`` (LLaDA objective, bidirectional), ``refusion-tiny`` (ReFusion objective);
+              with ``--continue-steps N`` each is then trained N more steps (a second warmup + cosine
+              schedule, a new data order) into <work>/<name>-cont, the same for all three
 5) export     the three fine-tuned models into refusion_cli/assets/<name>/ (safetensors), and the
               model card with loss curves into results/models/
 
@@ -100,16 +102,22 @@ def write_card(work: Path, results: Path, settings: dict) -> None:
 
     runs = {name: read_log(work / name / "loss_log.jsonl") for name in ("base-tiny", *FINETUNES)
             if (work / name / "loss_log.jsonl").is_file()}
+    continued = {name: read_log(work / f"{name}-cont" / "loss_log.jsonl") for name in FINETUNES
+                 if (work / f"{name}-cont" / "loss_log.jsonl").is_file()}
     results.mkdir(parents=True, exist_ok=True)
     figure, axes = plt.subplots(1, 2, figsize=(11, 4))
     for name, log in runs.items():
         axis = axes[0] if name == "base-tiny" else axes[1]
+        offset = log[-1]["step"]
+        log = log + [dict(r, step=r["step"] + offset) for r in continued.get(name, [])]
         steps = [r["step"] for r in log]
         window = 20
         smooth = [sum(r["loss"] for r in log[max(0, i - window + 1):i + 1]) / len(log[max(0, i - window + 1):i + 1])
                   for i in range(len(log))]
         axis.plot(steps, smooth, label=f"{name} ({FINETUNES.get(name, 'ar')} objective)")
-    for axis, title in zip(axes, ("AR pretraining from scratch", "fine-tuning from base-tiny")):
+        if name in continued:
+            axis.axvline(offset, color="grey", linestyle=":", linewidth=1)
+    for axis, title in zip(axes, ("AR pretraining from scratch", "fine-tuning from base-tiny (dotted: second schedule)")):
         axis.set_title(title)
         axis.set_xlabel("optimizer step")
         axis.set_ylabel("training loss (20-step mean)")
@@ -119,12 +127,14 @@ def write_card(work: Path, results: Path, settings: dict) -> None:
     figure.tight_layout()
     figure.savefig(results / "loss_curves.png", dpi=120)
     rows = []
-    for name, log in runs.items():
+    stages = [(name, log) for name, log in runs.items()] + [(f"{name}-cont", log) for name, log in continued.items()]
+    for name, log in stages:
         last = log[-20:]
         tokens = sum(r["tokens"] for r in log)
         seconds = sum(r["seconds"] for r in log)
         size = (work / name / "model.safetensors").stat().st_size / 1e6 if (work / name / "model.safetensors").exists() else 0
-        rows.append(f"| {name} | {FINETUNES.get(name, 'ar')} | {log[-1]['step']} | {tokens:,} | {seconds / 60:.1f} | "
+        objective = FINETUNES.get(name.removesuffix("-cont"), "ar")
+        rows.append(f"| {name} | {objective} | {log[-1]['step']} | {tokens:,} | {seconds / 60:.1f} | "
                     f"{sum(r['loss'] for r in last) / len(last):.4f} | {size:.1f} |")
     config = json.loads((work / "base-tiny" / "config.json").read_text())
     from safetensors import safe_open
@@ -134,6 +144,9 @@ def write_card(work: Path, results: Path, settings: dict) -> None:
     stop = settings.get("base_stop_at")
     stop_note = (f"ended at step {stop} of a {settings['base_steps']}-step schedule (`--stop-at {stop}`)" if stop
                  else f"{settings['base_steps']} steps")
+    cont = settings.get("continue_steps")
+    cont_note = (f"; then {cont} more steps from there (`<name>-cont` rows: the same lr, warmup and cosine "
+                 f"again, a new data order); the shipped models are the `-cont` ones" if cont else "")
     text = f"""# Embedded models: model card
 
 Three tiny Qwen3 models trained by `make models` (`python -m refusion_cli.models.build {settings['argv']}`),
@@ -149,7 +162,7 @@ times with the same data, steps, batch and data order, once per objective.
   (seed {settings['seed']}), never overlapping the 500 held-out problems in `evals/synthetic/test.jsonl`.
 - **Schedule**: AdamW, warmup 5 % then cosine, global batch {settings['batch_size']}, max length 256. Pretraining:
   lr {settings['base_lr']}, {stop_note}. Fine-tuning: lr {settings['finetune_lr']}, {settings['finetune_steps']} steps,
-  a full cosine schedule each.
+  a full cosine schedule each{cont_note}.
 - **Objectives**: `ar-tiny` next-token CE; `mdm-tiny` LLaDA masked diffusion (bidirectional attention, CE/p);
   `refusion-tiny` ReFusion's hybrid objective (slot size from {{4, 8, 16, 32}}, clean slots shuffled and scored
   autoregressively, masked slots scored with CE/p).
@@ -158,8 +171,8 @@ times with the same data, steps, batch and data order, once per objective.
 |---|---|---|---|---|---|---|
 {chr(10).join(rows)}
 
-The fine-tunes ran side by side, one thread each, so their minutes are not comparable with the
-pretraining's. Losses of different objectives are not comparable with each other (the masked
+Step times depend on how many runs shared the 2 CPU cores (side by side, one thread each, or one
+run on both), so the minutes are not comparable between rows. Losses of different objectives are not comparable with each other (the masked
 parts are weighted by 1/p).
 
 ![loss curves](loss_curves.png)
@@ -183,6 +196,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="end pretraining at this step of the schedule (0: run the whole schedule)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads of sequential stages")
     parser.add_argument("--finetune-steps", type=int, default=600)
+    parser.add_argument("--continue-steps", type=int, default=2000,
+                        help="a second fine-tuning schedule of N steps from the first (0: none)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--base-lr", type=float, default=2e-3)
     parser.add_argument("--finetune-lr", type=float, default=1e-3)
@@ -225,8 +240,21 @@ def main(argv: list[str] | None = None) -> None:
     else:
         for name, command in finetunes.items():
             run_stages({name: command}, work, threads=args.threads)
+    # 4b) the continuation: N more steps for each, same settings again, a new data order
+    final = {name: work / name for name in finetunes}
+    if args.continue_steps:
+        final = {name: work / f"{name}-cont" for name in finetunes}
+        continued = {f"{name}-cont": train_command(final[name], train_path, FINETUNES[name], args.continue_steps,
+                                                   args.batch_size, args.finetune_lr, args.seed + 2,
+                                                   ["--model", str(work / name)])
+                     for name in finetunes}
+        if args.parallel:
+            run_stages(continued, work, threads=1)
+        else:
+            for name, command in continued.items():
+                run_stages({name: command}, work, threads=args.threads)
     # 5) export
-    sizes = {name: export(work / name, name) for name in FINETUNES if (work / name / "model.safetensors").is_file()}
+    sizes = {name: export(path, name) for name, path in final.items() if (path / "model.safetensors").is_file()}
     print("exported:", ", ".join(f"{n} ({s / 1e6:.1f} MB)" for n, s in sizes.items()))
     # 6) model card
     settings = dict(vars(args), argv=" ".join(argv if argv is not None else sys.argv[1:]))

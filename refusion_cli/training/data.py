@@ -25,7 +25,7 @@ import torch
 from torch.utils.data import Dataset, Sampler
 
 from refusion_cli.errors import UserError
-from refusion_cli.training.objectives import Example, Objective, Sample
+from refusion_cli.training.objectives import Example, Objective, Sample, pad_with_eos
 
 RECORD_FORMATS = (("query", "response"), ("prompt", "completion"), ("question", "answer"))
 
@@ -159,10 +159,18 @@ class ShuffledStream(Sampler[tuple[int, int]]):
 
 
 class ObjectiveDataset(Dataset):
-    """Builds the objective's sample for a (epoch, index) key, with a generator seeded from the key."""
+    """Builds the objective's sample for a (epoch, index) key, with a generator seeded from the key.
 
-    def __init__(self, examples: list[Example], objective: Objective, mask_id: int, seed: int):
+    For an objective with ``eos_padding`` (LLaDA) every response is first padded with EOS to the
+    longest response of the data set, capped so that no row exceeds ``max_length`` tokens: one
+    fixed length, so a sample does not depend on which batch or process it lands in.
+    """
+
+    def __init__(self, examples: list[Example], objective: Objective, mask_id: int, seed: int,
+                 max_length: int | None = None):
         self.examples, self.objective, self.mask_id, self.seed = examples, objective, mask_id, seed
+        self.max_length = max_length
+        self.response_length = max((len(e.response_ids) for e in examples), default=0)
 
     def __len__(self) -> int:
         return len(self.examples)
@@ -170,4 +178,10 @@ class ObjectiveDataset(Dataset):
     def __getitem__(self, key: tuple[int, int]) -> Sample:
         epoch, index = key
         generator = torch.Generator().manual_seed(derived_seed(self.seed, "sample", epoch, index))
-        return self.objective.build(self.examples[index], self.mask_id, generator)
+        example = self.examples[index]
+        if self.objective.eos_padding:
+            length = self.response_length
+            if self.max_length is not None:
+                length = min(length, self.max_length - len(example.prompt_ids))
+            example = pad_with_eos(example, length)
+        return self.objective.build(example, self.mask_id, generator)

@@ -324,7 +324,7 @@ def train_model(config: TrainConfig, observer: TrainObserver | None = None) -> T
     # 3) Accelerate
     start_step = state["step"] if state is not None else 0
     stream = ShuffledStream(len(data.examples), config.seed, start=start_step * config.batch_size)
-    dataset = ObjectiveDataset(data.examples, objective, trainable.mask_token_id, config.seed)
+    dataset = ObjectiveDataset(data.examples, objective, trainable.mask_token_id, config.seed, config.max_length)
     loader = DataLoader(dataset, sampler=stream, batch_size=micro,
                         collate_fn=partial(collate, pad_id=trainable.pad_token_id))
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)

@@ -14,7 +14,9 @@ every objective; only the attention (causal or bidirectional) differs.
 - ``ar``: next-token prediction of the response (the last prompt token predicts the first response
   token, the second-to-last response token predicts EOS).
 - ``llada``: each response token is masked with probability p; bidirectional attention; a masked
-  token predicts the original token at its position.
+  token predicts the original token at its position. As in LLaDA's SFT, responses are first padded
+  with EOS to a common length (:func:`pad_with_eos`; the padding is masked and scored like any
+  response token), so the model learns to fill the rest of a fixed-length canvas with EOS.
 
 Per example, the loss is ``ar_part + mdm_part`` with ``ar_part`` = the mean CE over the AR-labelled
 tokens and ``mdm_part`` = Σ CE(masked token) / p / response length; the batch loss is the mean over
@@ -187,19 +189,29 @@ def build_llada(example: Example, mask_id: int, generator: torch.Generator) -> S
     return layout_llada(example, masked, mask_prob, mask_id)
 
 
+def pad_with_eos(example: Example, response_length: int) -> Example:
+    """The example with its response padded to ``response_length`` tokens by repeating its final EOS."""
+    missing = response_length - len(example.response_ids)
+    if missing <= 0:
+        return example
+    return Example(example.prompt_ids, example.response_ids + (example.response_ids[-1],) * missing)
+
+
 @dataclass(frozen=True)
 class Objective:
     name: str
     bidirectional: bool  # attention over the whole (unpadded) row instead of causal over the buffer order
     build: Callable[[Example, int, torch.Generator], Sample]  # (example, mask id, generator) -> sample
     help: str
+    eos_padding: bool = False  # responses are padded with EOS to the longest one first (LLaDA's SFT)
 
 
 OBJECTIVES: dict[str, Objective] = {
     "refusion": Objective("refusion", False, build_refusion,
                           "hybrid slot objective: clean slots shuffled and AR-scored, masked slots denoised"),
     "ar": Objective("ar", False, build_ar, "next-token prediction on the response"),
-    "llada": Objective("llada", True, build_llada, "masked diffusion with bidirectional attention"),
+    "llada": Objective("llada", True, build_llada, "masked diffusion with bidirectional attention",
+                       eos_padding=True),
 }
 
 

@@ -9,7 +9,7 @@ import torch
 
 from refusion_cli.errors import UserError
 from refusion_cli.training.data import ObjectiveDataset, ShuffledStream, load_training_data, read_records
-from refusion_cli.training.objectives import OBJECTIVES, Example
+from refusion_cli.training.objectives import IGNORE_INDEX, OBJECTIVES, Example
 from tests.training.training_helpers import arithmetic_records, make_tokenizer, write_jsonl
 
 
@@ -81,3 +81,20 @@ def test_samples_depend_on_seed_epoch_and_index_only():
     assert torch.equal(dataset[(1, 2)].input_ids, again[(1, 2)].input_ids)  # same key, same sample
     draws = {tuple(dataset[(epoch, 0)].input_ids.tolist()) for epoch in range(8)}
     assert len(draws) > 1  # a new epoch redraws the masking of the same example
+
+
+def test_llada_samples_pad_every_response_with_eos_to_one_length():
+    eos, mask = 62, 63
+    examples = [Example((1, 2), (10, 11, eos)), Example((1, 2, 3), (10, 11, 12, 13, 14, eos))]
+    dataset = ObjectiveDataset(examples, OBJECTIVES["llada"], mask_id=mask, seed=0)
+    short = dataset[(0, 0)]
+    assert short.input_ids.numel() == 2 + 6  # the short response is padded to the longest (6 tokens)
+    original = torch.where(short.labels == IGNORE_INDEX, short.input_ids, short.labels)
+    assert original.tolist() == [1, 2, 10, 11, eos, eos, eos, eos]  # padded with EOS, labels included
+    assert torch.equal(short.position_ids, torch.arange(8))
+    weights = short.loss_weights[short.labels != IGNORE_INDEX].tolist()
+    assert weights and weights == pytest.approx([1 / (short.mask_prob * 6)] * len(weights))  # ÷ padded length
+    capped = ObjectiveDataset(examples, OBJECTIVES["llada"], mask_id=mask, seed=0, max_length=6)[(0, 0)]
+    assert capped.input_ids.numel() == 6  # never past max_length
+    for name in ("refusion", "ar"):  # the causal objectives are not padded
+        assert ObjectiveDataset(examples, OBJECTIVES[name], mask_id=mask, seed=0)[(0, 0)].input_ids.numel() == 5
