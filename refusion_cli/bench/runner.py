@@ -34,7 +34,6 @@ import torch
 
 from refusion_cli.bench.machine import PeakMemory
 from refusion_cli.bench.prompts import BenchPrompt
-from refusion_cli.decoding.config import PRESETS
 from refusion_cli.decoding.registry import (
     DECODERS,
     build_config,
@@ -61,7 +60,7 @@ class BenchSettings:
     gen_lengths: tuple[int, ...] = (DEFAULT_GEN_LENGTH,)
     models: dict[str, str] = field(default_factory=dict)  # decoder -> checkpoint (default: its embedded model)
     overrides: dict[str, dict[str, str]] = field(default_factory=dict)  # decoder -> {config option: value}
-    preset: str | None = None  # a paper preset for ReFusion (config.PRESETS), under the overrides
+    preset: str | None = None  # a ReFusion preset (the paper's or evals/suite.yaml's), under the overrides
     ablation: bool = True  # also time ReFusion with kv_reuse=False
     warmup: int = 1  # untimed decodes before each row
     repeats: int = 1  # timed decodes of every prompt
@@ -85,8 +84,8 @@ class BenchSettings:
             if stray:
                 raise UserError(f"{option} names {', '.join(stray)}, which is not among the decoders benchmarked "
                                 f"({', '.join(self.decoders)})")
-        if self.preset is not None and self.preset not in PRESETS:
-            raise UserError(f"unknown preset '{self.preset}'; choose one of {', '.join(PRESETS)}")
+        if self.preset is not None:
+            preset_config(self.preset)  # an unknown name fails here, before any model is loaded
         if self.warmup < 0:
             raise UserError(f"--warmup must be >= 0, got {self.warmup}")
         if self.repeats < 1:
@@ -165,8 +164,15 @@ def decoder_config(decoder: str, gen_length: int, overrides: dict[str, str] | No
     if decoder == "llada":
         values["block_length"] = LLADA_BLOCK_LENGTH if gen_length % LLADA_BLOCK_LENGTH == 0 else gen_length
     values.update(overrides)
-    base = PRESETS[preset] if preset is not None and decoder == "refusion" else None
+    base = preset_config(preset) if preset is not None and decoder == "refusion" else None
     return build_config(decoder, values, base=base)
+
+
+def preset_config(name: str) -> Any:
+    """A ReFusion preset by name: the paper's (``gsm8k``, ...) or one of evals/suite.yaml (``synthetic_tiny``)."""
+    from refusion_cli.harness.suite import load_suite
+
+    return load_suite().preset(name)
 
 
 def plan_entries(settings: BenchSettings) -> list[BenchEntry]:

@@ -81,8 +81,9 @@ def bench(
     set_options: Annotated[list[str] | None, typer.Option("--set", help="DECODER.OPTION=VALUE decoder config "
                                                           "override, e.g. refusion.slot_size=16",
                                                           rich_help_panel=RUN)] = None,
-    preset: Annotated[str | None, typer.Option("--preset", help="the paper's ReFusion settings for a benchmark "
-                                               "(gsm8k, math, ...), under --set", rich_help_panel=RUN)] = None,
+    preset: Annotated[str | None, typer.Option("--preset", help="ReFusion settings: a paper benchmark's "
+                                               "(gsm8k, math, ...) or a preset of evals/suite.yaml (synthetic_tiny), "
+                                               "under --set", rich_help_panel=RUN)] = None,
     ablation: Annotated[bool, typer.Option("--ablation/--no-ablation", help="also time ReFusion recomputing the "
                                            "KV cache (kv_reuse=False), the paper's ablation",
                                            rich_help_panel=RUN)] = True,

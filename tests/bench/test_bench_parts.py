@@ -13,6 +13,7 @@ from refusion_cli.bench.prompts import SYNTHETIC_TEST, load_prompts
 from refusion_cli.bench.runner import BenchSettings, decoder_config, percentile
 from refusion_cli.cli.bench import MultiValues, parse_models, parse_overrides, route_stray_values, split_commas
 from refusion_cli.errors import UserError
+from refusion_cli.harness.suite import load_suite
 
 
 def test_values_after_an_option_go_back_to_the_option_they_fit():
@@ -55,6 +56,8 @@ def test_mdm_configs_take_one_token_per_step_and_32_token_blocks():
 def test_refusion_config_from_preset_and_overrides():
     config = decoder_config("refusion", 128, {"token_threshold": "0.5"}, preset="gsm8k")
     assert (config.gen_length, config.slot_size, config.block_size, config.token_threshold) == (128, 32, 128, 0.5)
+    tiny = decoder_config("refusion", 64, preset="synthetic_tiny")  # a preset of evals/suite.yaml works too
+    assert (tiny.gen_length, tiny.slot_size) == (64, load_suite().preset("synthetic_tiny").slot_size)
     with pytest.raises(UserError, match="--gen-length"):
         decoder_config("refusion", 128, {"gen_length": "64"})
     with pytest.raises(UserError, match="slot_threshold must be in"):
@@ -66,7 +69,7 @@ def test_settings_refuse_options_for_decoders_not_benchmarked():
         BenchSettings(decoders=("refusion",), models={"llada": "x"})
     with pytest.raises(UserError, match="--repeats"):
         BenchSettings(repeats=0)
-    with pytest.raises(UserError, match="unknown preset"):
+    with pytest.raises(UserError, match="unknown ReFusion preset .nope.; choose one of .*synthetic_tiny"):
         BenchSettings(preset="nope")
 
 

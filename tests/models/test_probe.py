@@ -1,0 +1,46 @@
+"""The draft-head probe: one teacher-forced pass equals the decoder's own situations, computed separately."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from refusion_cli.models.probe import ProbeCounts, head_predictions, main, probe_layout
+from tests.tiny import MASK_ID, tiny_qwen3
+
+
+def test_layout_lets_each_mask_see_only_the_prompt_and_the_response_before_it():
+    positions, allowed = probe_layout(2, 3)
+    assert positions.tolist() == [0, 1, 2, 3, 4, 2, 3, 4]
+    assert allowed[5].tolist() == [1, 1, 0, 0, 0, 1, 0, 0]  # the mask at position 2: prompt and itself
+    assert allowed[7].tolist() == [1, 1, 1, 1, 0, 0, 0, 1]  # the mask at position 4: prompt, response[:2], itself
+    assert allowed[:5, :5].equal(torch.ones(5, 5, dtype=torch.bool).tril())  # the clean part is plain causal
+    assert not allowed[:5, 5:].any()  # no clean token sees a mask
+
+
+def test_predictions_equal_separate_forwards_of_each_situation():
+    model = tiny_qwen3(seed=3, init_std=0.3)
+    prompt, response = [5, 9, 14], [20, 21, 7, 33, 40]
+    ar, draft = head_predictions(model, prompt, response, MASK_ID)
+    for i in range(len(response)):
+        context = torch.tensor([prompt + response[:i]])
+        with torch.no_grad():
+            causal = model(input_ids=context).logits[0, -1].argmax()
+            masked = model(input_ids=torch.cat([context, torch.tensor([[MASK_ID]])], 1)).logits[0, -1].argmax()
+        assert int(ar[i]) == int(causal)  # what verification sees: the token before position i
+        assert int(draft[i]) == int(masked)  # what the plan / completion step sees: a mask right after the prefix
+
+
+def test_rates_and_bad_input():
+    counts = ProbeCounts(positions=10, ar_correct=9, draft_correct=5, digits=4, ar_digits_correct=4,
+                         draft_digits_correct=1)
+    assert counts.rates() == {"ar": 0.9, "draft": 0.5, "ar_digits": 1.0, "draft_digits": 0.25}
+    with pytest.raises(ValueError, match="non-empty"):
+        head_predictions(tiny_qwen3(), [], [1], MASK_ID)
+
+
+def test_cli_refuses_a_bad_limit_with_one_line(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--limit", "0"])
+    assert exit_info.value.code == 2
+    assert "--limit must be at least 1" in capsys.readouterr().err
