@@ -21,9 +21,9 @@ test: venv
 demo: venv
 	HF_HUB_OFFLINE=1 $(VENV)/bin/refusion eval --task synthetic --decoder refusion ar llada --limit 20 --output results/demo
 
-# Rebuild the embedded tiny models (about 75 minutes on 2 CPU cores); see results/models/README.md.
+# Rebuild the embedded tiny models (about 2.5 hours on 2 CPU cores); see results/models/README.md.
 models: venv
-	$(PY) -m refusion_cli.models.build --parallel
+	$(PY) -m refusion_cli.models.build --threads 2
 
 clean:
 	rm -rf $(VENV) .pytest_cache
