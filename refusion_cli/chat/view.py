@@ -63,7 +63,7 @@ class LiveAnswer:
     def on_step(self, step: Any) -> None:
         self.canvas.add(step)
         if self.live is not None:
-            self.live.update(self.canvas.render())
+            self.live.update(self.canvas.render(), refresh=True)  # draw every step, however fast the decode
 
     def __enter__(self) -> LiveAnswer:
         if self.live is not None:
