@@ -21,7 +21,7 @@ test: venv
 demo: venv
 	HF_HUB_OFFLINE=1 $(VENV)/bin/refusion eval --task synthetic --decoder refusion ar llada --limit 20 --output results/demo
 
-# Rebuild the embedded tiny models (about 2.5 hours on 2 CPU cores); see results/models/README.md.
+# Rebuild the embedded tiny models (about 2 hours on 2 CPU cores); see results/models/README.md.
 models: venv
 	$(PY) -m refusion_cli.models.build --threads 2
 

@@ -67,6 +67,15 @@ def run_stages(stages: dict[str, list[str]], work: Path, threads: int | None) ->
         (work / f"{name}.time").write_text(json.dumps(time.perf_counter() - start))
 
 
+def run_group(stages: dict[str, list[str]], work: Path, parallel: bool, threads: int | None) -> None:
+    """Run a group of stages side by side on one thread each (``parallel``), else one after the other."""
+    if parallel:
+        run_stages(stages, work, threads=1)
+    else:
+        for name, command in stages.items():
+            run_stages({name: command}, work, threads=threads)
+
+
 def train_command(output: Path, data: Path, objective: str, steps: int, batch: int, lr: float, seed: int,
                   source: list[str]) -> list[str]:
     return [sys.executable, "-m", "refusion_cli", "train", "--data", str(data), "--output", str(output),
@@ -233,15 +242,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.base_stop_at:
         base += ["--stop-at", str(args.base_stop_at)]
     run_stages({"base-tiny": base}, work, threads=args.threads)
-    # 4) the three fine-tunes: same data order, steps and batch; side by side, one thread each
+    # 4) the three fine-tunes: same data order, steps and batch
     finetunes = {name: train_command(work / name, train_path, objective, args.finetune_steps, args.batch_size,
                                      args.finetune_lr, args.seed + 1, ["--model", str(work / "base-tiny")])
                  for name, objective in FINETUNES.items() if args.only is None or name in args.only}
-    if args.parallel:
-        run_stages(finetunes, work, threads=1)
-    else:
-        for name, command in finetunes.items():
-            run_stages({name: command}, work, threads=args.threads)
+    run_group(finetunes, work, args.parallel, args.threads)
     # 4b) the continuation: N more steps for each, same settings again, a new data order
     final = {name: work / name for name in finetunes}
     if args.continue_steps:
@@ -250,11 +255,7 @@ def main(argv: list[str] | None = None) -> None:
                                                    args.batch_size, args.finetune_lr, args.seed + 2,
                                                    ["--model", str(work / name)])
                      for name in finetunes}
-        if args.parallel:
-            run_stages(continued, work, threads=1)
-        else:
-            for name, command in continued.items():
-                run_stages({name: command}, work, threads=args.threads)
+        run_group(continued, work, args.parallel, args.threads)
     # 5) export
     sizes = {name: export(path, name) for name, path in final.items() if (path / "model.safetensors").is_file()}
     print("exported:", ", ".join(f"{n} ({s / 1e6:.1f} MB)" for n, s in sizes.items()))

@@ -25,7 +25,7 @@ from typing import Sequence
 
 import torch
 
-from refusion_cli.decoding.cache import additive_mask
+from refusion_cli.training.objectives import model_attention_mask
 
 
 @dataclass
@@ -69,14 +69,11 @@ def head_predictions(model: torch.nn.Module, prompt_ids: Sequence[int], response
     n_prompt, n_response = len(prompt_ids), len(response_ids)
     if n_prompt == 0 or n_response == 0:
         raise ValueError("the probe needs a non-empty prompt and response")
-    weight = next(model.parameters())
-    dtype, device = weight.dtype, weight.device
+    device = next(model.parameters()).device
     ids = torch.tensor([*prompt_ids, *response_ids, *([mask_token_id] * n_response)], device=device)
     positions, allowed = probe_layout(n_prompt, n_response)
-    mask = additive_mask(allowed.to(device), dtype)
-    layer_types = sorted(set(getattr(model.config, "layer_types", None) or ["full_attention"]))
     logits = model(input_ids=ids[None], position_ids=positions[None].to(device),
-                   attention_mask={kind: mask for kind in layer_types}, use_cache=False).logits[0]
+                   attention_mask=model_attention_mask(model, allowed[None, None].to(device)), use_cache=False).logits[0]
     n_clean = n_prompt + n_response
     ar = logits[n_prompt - 1:n_clean - 1].argmax(-1)
     draft = logits[n_clean:].argmax(-1)
