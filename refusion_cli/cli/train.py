@@ -65,6 +65,9 @@ def train(
     gradient_checkpointing: Annotated[bool, typer.Option("--gradient-checkpointing", help="recompute activations "
                                                          "in the backward pass to save memory",
                                                          rich_help_panel=SCHEDULE)] = False,
+    num_workers: Annotated[int, typer.Option("--num-workers", help="DataLoader processes that build the batches "
+                                             "(0: the training process; the batches are the same either way)",
+                                             rich_help_panel=SCHEDULE)] = 0,
     save_every: Annotated[int, typer.Option("--save-every", help="checkpoint every N steps",
                                             rich_help_panel=RUN)] = 500,
     seed: Annotated[int, typer.Option("--seed", help="data order, masking draws and --init weights",
@@ -84,7 +87,7 @@ def train(
         max_length=max_length, save_every=save_every, seed=seed, resume=resume, grad_accum=grad_accum,
         mixed_precision=mixed_precision.value if mixed_precision is not None else None, warmup_ratio=warmup_ratio,
         weight_decay=weight_decay, max_grad_norm=max_grad_norm, gradient_checkpointing=gradient_checkpointing,
-        stop_at=stop_at,
+        stop_at=stop_at, num_workers=num_workers,
     )
     with ProgressView() as view:
         result = train_model(config, view)

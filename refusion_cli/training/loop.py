@@ -74,6 +74,7 @@ class TrainConfig:
     max_grad_norm: float = 1.0  # gradient clipping; 0 turns it off
     gradient_checkpointing: bool = False
     stop_at: int | None = None  # end this run after this step; the schedule still spans `steps`
+    num_workers: int = 0  # DataLoader worker processes building the batches (0: in the training process)
 
     def __post_init__(self) -> None:
         get_objective(self.objective)
@@ -84,6 +85,8 @@ class TrainConfig:
         for option, value in positive.items():
             if value < 1:
                 raise UserError(f"{option} must be at least 1 (got {value})")
+        if self.num_workers < 0:
+            raise UserError(f"--num-workers cannot be negative (got {self.num_workers})")
         if self.max_length < 2:
             raise UserError(f"--max-length must be at least 2 (got {self.max_length})")
         if not self.lr > 0:
@@ -325,7 +328,10 @@ def train_model(config: TrainConfig, observer: TrainObserver | None = None) -> T
     start_step = state["step"] if state is not None else 0
     stream = ShuffledStream(len(data.examples), config.seed, start=start_step * config.batch_size)
     dataset = ObjectiveDataset(data.examples, objective, trainable.mask_token_id, config.seed, config.max_length)
-    loader = DataLoader(dataset, sampler=stream, batch_size=micro,
+    # every example's masking draws come from its own (seed, epoch, index) generator, so worker processes
+    # build exactly the batches the training process would
+    loader = DataLoader(dataset, sampler=stream, batch_size=micro, num_workers=config.num_workers,
+                        persistent_workers=config.num_workers > 0, pin_memory=accelerator.device.type == "cuda",
                         collate_fn=partial(collate, pad_id=trainable.pad_token_id))
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     warmup = round(config.warmup_ratio * config.steps)
@@ -347,6 +353,7 @@ def train_model(config: TrainConfig, observer: TrainObserver | None = None) -> T
     def save(step: int) -> Path:
         path = ckpt.checkpoint_path(config.output, step)
         state = trainer_state(step, config, settings, len(data.examples), accelerator.num_processes)
+        state["device"] = describe_device(accelerator.device, accelerator.mixed_precision)
         save_checkpoint(accelerator, model, tokenizer, path, state)
         if main:
             observer.on_save(path, step)
@@ -395,6 +402,12 @@ def train_model(config: TrainConfig, observer: TrainObserver | None = None) -> T
         last_saved = save(step)
     save_final(accelerator, model, tokenizer, config.output, last_saved)
     return TrainResult(step, False, last_saved, config.output, trained_tokens, trained_seconds)
+
+
+def describe_device(device: torch.device, precision: str) -> str:
+    """Where the run trains, for trainer_state.json: e.g. 'cuda:0 (NVIDIA H200), bf16' or 'cpu, no'."""
+    name = f"{device} ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else str(device)
+    return f"{name}, {precision}"
 
 
 def trainer_state(step: int, config: TrainConfig, settings: dict, examples: int, processes: int) -> dict:

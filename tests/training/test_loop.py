@@ -95,6 +95,14 @@ def test_stop_at_ends_inside_the_schedule_and_resume_finishes_it(setup, tmp_path
         replace(setup, stop_at=5)
 
 
+def test_dataloader_workers_train_on_the_same_batches(setup, tmp_path):
+    train_model(replace(setup, output=tmp_path / "inline"))
+    train_model(replace(setup, output=tmp_path / "workers", num_workers=2))
+    assert losses(tmp_path / "workers") == losses(tmp_path / "inline")  # same masks, same order, same losses
+    with pytest.raises(UserError, match="--num-workers cannot be negative"):
+        replace(setup, num_workers=-1)
+
+
 def test_gradient_accumulation_and_checkpointing_match_the_whole_batch(setup, tmp_path):
     whole = replace(setup, output=tmp_path / "whole", steps=2, objective="llada")
     train_model(whole)
