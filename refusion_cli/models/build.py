@@ -70,18 +70,18 @@ def run_stages(stages: dict[str, list[str]], work: Path, threads: int | None) ->
 def run_group(stages: dict[str, list[str]], work: Path, parallel: bool, threads: int | None) -> None:
     """Run a group of stages side by side on one thread each (``parallel``), else one after the other."""
     if parallel:
-        run_stages(stages, work, threads=1)
+        run_stages(stages, work, threads=threads or 1)
     else:
         for name, command in stages.items():
             run_stages({name: command}, work, threads=threads)
 
 
 def train_command(output: Path, data: Path, objective: str, steps: int, batch: int, lr: float, seed: int,
-                  source: list[str]) -> list[str]:
+                  source: list[str], extra: list[str] | None = None) -> list[str]:
     return [sys.executable, "-m", "refusion_cli", "train", "--data", str(data), "--output", str(output),
             *source, "--objective", objective, "--steps", str(steps), "--batch-size", str(batch),
             "--lr", str(lr), "--max-length", "256", "--save-every", "200",
-            "--seed", str(seed), "--warmup-ratio", "0.05"]
+            "--seed", str(seed), "--warmup-ratio", "0.05", *(extra or [])]
 
 
 def export(source: Path, name: str) -> int:
@@ -143,7 +143,10 @@ def write_card(work: Path, results: Path, settings: dict) -> None:
         seconds = sum(r["seconds"] for r in log)
         size = (work / name / "model.safetensors").stat().st_size / 1e6 if (work / name / "model.safetensors").exists() else 0
         objective = FINETUNES.get(name.removesuffix("-cont"), "ar")
-        rows.append(f"| {name} | {objective} | {log[-1]['step']} | {tokens:,} | {seconds / 60:.1f} | "
+        state = json.loads((work / name / "trainer_state.json").read_text())
+        where = state.get("device", "cpu (not recorded)")
+        rows.append(f"| {name} | {objective} | {log[-1]['step']} | {state['run']['batch_size']} | {tokens:,} | "
+                    f"{where} | {seconds / 60:.1f} | "
                     f"{sum(r['loss'] for r in last) / len(last):.4f} | {size:.1f} |")
     config = json.loads((work / "base-tiny" / "config.json").read_text())
     from safetensors import safe_open
@@ -169,20 +172,21 @@ times with the same data, steps, batch and data order, once per objective.
   special tokens `<|endoftext|>`, `<|im_start|>`, `<|im_end|>` (EOS), `<|mask|>` and a Qwen3-style chat template.
 - **Data**: the synthetic GSM8K-format task (`refusion_cli/tasks/synthetic.py`): {settings['n_train']:,} training problems
   (seed {settings['seed']}), never overlapping the 500 held-out problems in `evals/synthetic/test.jsonl`.
-- **Schedule**: AdamW, warmup 5 % then cosine, global batch {settings['batch_size']}, max length 256. Pretraining:
-  lr {settings['base_lr']}, {stop_note}. Fine-tuning: lr {settings['finetune_lr']}, {settings['finetune_steps']} steps,
+- **Schedule**: AdamW, warmup 5 % then cosine, max length 256. Pretraining: global batch {settings['batch_size']},
+  lr {settings['base_lr']}, {stop_note}. Fine-tuning: global batch {settings.get('finetune_batch_size') or settings['batch_size']},
+  lr {settings['finetune_lr']}, {settings['finetune_steps']} steps,
   a full cosine schedule each{cont_note}.
 - **Objectives**: `ar-tiny` next-token CE; `mdm-tiny` LLaDA masked diffusion (bidirectional attention, responses padded
   with EOS to the longest one as in LLaDA's SFT, CE/p);
   `refusion-tiny` ReFusion's hybrid objective (slot size from {{4, 8, 16, 32}}, clean slots shuffled and scored
   autoregressively, masked slots scored with CE/p).
 
-| run | objective | steps | tokens seen | training minutes (sum of step times) | final loss (mean of last 20 steps) | size (MB) |
-|---|---|---|---|---|---|---|
+| run | objective | steps | batch | tokens seen | device, precision | training minutes (sum of step times) | final loss (mean of last 20 steps) | size (MB) |
+|---|---|---|---|---|---|---|---|---|
 {chr(10).join(rows)}
 
-Step times depend on how many runs shared the 2 CPU cores (side by side, one thread each, or one
-run on both), so the minutes are not comparable between rows. Losses of different objectives are not comparable with each other (the masked
+Step times depend on the device and on how many runs shared it (the fine-tunes run side by side with
+`--parallel`), so the minutes are not comparable between rows. Losses of different objectives are not comparable with each other (the masked
 parts are weighted by 1/p).
 
 ![loss curves](loss_curves.png)
@@ -197,7 +201,7 @@ def _numel(shape: list[int]) -> int:
     return total
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Rebuild the embedded tiny models (ar-tiny, mdm-tiny, refusion-tiny).")
     parser.add_argument("--work", type=Path, default=REPO / "build" / "models", help="scratch directory")
     parser.add_argument("--n-train", type=int, default=50000)
@@ -205,10 +209,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--base-stop-at", type=int, default=600,
                         help="end pretraining at this step of the schedule (0: run the whole schedule)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads of sequential stages")
-    parser.add_argument("--finetune-steps", type=int, default=600)
-    parser.add_argument("--continue-steps", type=int, default=2000,
+    parser.add_argument("--finetune-steps", type=int, default=2000)
+    parser.add_argument("--continue-steps", type=int, default=2800,
                         help="a second fine-tuning schedule of N steps from the first (0: none)")
     parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--finetune-batch-size", type=int, default=256,
+                        help="global batch of the fine-tunes (0: --batch-size)")
+    parser.add_argument("--num-workers", type=int, default=0, help="DataLoader processes of the fine-tunes")
+    parser.add_argument("--mixed-precision", choices=("no", "bf16", "fp16"), default=None,
+                        help="precision of the fine-tunes (default: Accelerate's)")
     parser.add_argument("--base-lr", type=float, default=2e-3)
     parser.add_argument("--finetune-lr", type=float, default=1e-3)
     parser.add_argument("--model-config", default='{"intermediate_size": 512}',
@@ -216,9 +225,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--only", nargs="*", default=None, help="fine-tunes to run (default: all three)")
     parser.add_argument("--parallel", action="store_true",
-                        help="run the three fine-tunes side by side, one thread each (on 2 cores this was measured "
-                             "slower than one after the other with --threads 2: ~3 s/step each vs ~0.8 s/step)")
-    args = parser.parse_args(argv)
+                        help="run the three fine-tunes side by side, --threads (default 1) each: the way to share "
+                             "one GPU; on 2 CPU cores it was measured slower than one after the other with "
+                             "--threads 2 (~3 s/step each vs ~0.8 s/step)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
 
     from refusion_cli.tasks.synthetic import read_jsonl, write_splits
     from refusion_cli.tasks.tokenizer import corpus_texts, train_tokenizer
@@ -243,8 +257,12 @@ def main(argv: list[str] | None = None) -> None:
         base += ["--stop-at", str(args.base_stop_at)]
     run_stages({"base-tiny": base}, work, threads=args.threads)
     # 4) the three fine-tunes: same data order, steps and batch
-    finetunes = {name: train_command(work / name, train_path, objective, args.finetune_steps, args.batch_size,
-                                     args.finetune_lr, args.seed + 1, ["--model", str(work / "base-tiny")])
+    batch = args.finetune_batch_size or args.batch_size
+    extra = ["--num-workers", str(args.num_workers)]
+    if args.mixed_precision:
+        extra += ["--mixed-precision", args.mixed_precision]
+    finetunes = {name: train_command(work / name, train_path, objective, args.finetune_steps, batch,
+                                     args.finetune_lr, args.seed + 1, ["--model", str(work / "base-tiny")], extra)
                  for name, objective in FINETUNES.items() if args.only is None or name in args.only}
     run_group(finetunes, work, args.parallel, args.threads)
     # 4b) the continuation: N more steps for each, same settings again, a new data order
@@ -252,8 +270,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.continue_steps:
         final = {name: work / f"{name}-cont" for name in finetunes}
         continued = {f"{name}-cont": train_command(final[name], train_path, FINETUNES[name], args.continue_steps,
-                                                   args.batch_size, args.finetune_lr, args.seed + 2,
-                                                   ["--model", str(work / name)])
+                                                   batch, args.finetune_lr, args.seed + 2,
+                                                   ["--model", str(work / name)], extra)
                      for name in finetunes}
         run_group(continued, work, args.parallel, args.threads)
     # 5) export

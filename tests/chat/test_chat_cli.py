@@ -27,9 +27,9 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 # The held-out problem asked of the embedded model (index into evals/synthetic/test.jsonl):
 # one that refusion-tiny answers correctly.
-# refusion-tiny is weak with ReFusion decoding (see README, "Embedded models"): problem 7 of the
-# held-out set is one it answers correctly with the default settings (measured, not assumed; problems
-# 7, 9, 18, 36 and 56 of the first 60).
+# refusion-tiny answers about two thirds of the held-out problems with ReFusion decoding (README,
+# "Embedded models"); with chat's default settings it answers 13 of the first 20 (problems 0-3, 6-9,
+# 11-13, 15 and 16: measured, not assumed), problem 7 among them.
 EMBEDDED_QUESTION_INDEX = 7
 EMBEDDED_MISSING = not (embedded_path("refusion-tiny") / "config.json").is_file()
 EMBEDDED_SKIP = "the embedded refusion-tiny is not built in this checkout (refusion_cli/assets/refusion-tiny/" \
