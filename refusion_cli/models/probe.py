@@ -103,7 +103,7 @@ def probe(model: torch.nn.Module, tokenizer, problems: list[dict[str, str]], mas
 
 
 def main(argv: list[str] | None = None) -> None:
-    from refusion_cli.cli.output import fail
+    from refusion_cli.cli.output import fail, quiet_library_output
     from refusion_cli.errors import UserError
     from refusion_cli.models.loading import load_model
     from refusion_cli.tasks.synthetic import read_jsonl
@@ -114,6 +114,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--limit", type=int, default=50)
     parser.add_argument("--output", type=Path, default=None, help="write the rates as JSON here")
     args = parser.parse_args(argv)
+    quiet_library_output()
     try:
         if args.limit < 1:
             raise UserError(f"--limit must be at least 1, got {args.limit}")
