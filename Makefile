@@ -23,7 +23,7 @@ demo: venv
 
 # Rebuild the embedded tiny models with the recipe they were built with: the three fine-tunes side
 # by side on one GPU (about 8 minutes of fine-tuning on an H200); see results/models/README.md.
-# On CPUs only, run them one after the other: make models MODELS_ARGS="--threads 2" (about a day on 2 cores).
+# On CPUs only, run them one after the other: make models MODELS_ARGS="--threads 2" (about a day on 2 cores, estimated from 0.8 s per 32-example step).
 MODELS_ARGS ?= --parallel --threads 2 --num-workers 4 --mixed-precision bf16
 models: venv
 	$(PY) -m refusion_cli.models.build $(MODELS_ARGS)
