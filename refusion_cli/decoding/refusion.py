@@ -46,6 +46,13 @@ class StepTrace:
     eos: bool = False  # an EOS was committed: the response ends after this block
     offsets: list[int] = field(default_factory=list)  # response offsets of the committed tokens, commit order
     tokens: list[int] = field(default_factory=list)  # the committed token ids, commit order
+    # how each committed token got in, commit order: "first" (a slot's first token, taken as drafted),
+    # "verified" (AR probability above τ_token) or "forced" (the completion step's one token per round)
+    kinds: list[str] = field(default_factory=list)
+
+
+FIRST, VERIFIED, FORCED = 1, 2, 3  # acceptance kinds as stored in a tensor (0: not accepted)
+KIND_NAMES = {FIRST: "first", VERIFIED: "verified", FORCED: "forced"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -135,15 +142,19 @@ def verify_drafts(ctx: Context, drafts: torch.Tensor, positions: torch.Tensor,
 
 
 def complete_slots(ctx: Context, rows: torch.Tensor, positions: torch.Tensor, accepted: torch.Tensor,
-                   config: ReFusionConfig, mask_token_id: int, eos_token_id: int | None) -> tuple[torch.Tensor, int]:
+                   config: ReFusionConfig, mask_token_id: int, eos_token_id: int | None
+                   ) -> tuple[torch.Tensor, int, torch.Tensor]:
     """3) Re-draft and verify each chosen slot in its own row until every row is accepted.
 
     ``rows`` [R, k] drafts, ``accepted`` [R, k] cumulative flags from the global verification.
-    Returns the final rows (cut after the first row holding an accepted EOS) and the rounds run;
-    the context's last call is the verification of exactly these rows, ready to be committed.
+    Returns the final rows (cut after the first row holding an accepted EOS), the rounds run and
+    how each token was accepted ([R, k] of FIRST / VERIFIED / FORCED); the context's last call is the
+    verification of exactly these rows, ready to be committed.
     """
     k = config.slot_size
     rounds = 0
+    kinds = torch.where(accepted, VERIFIED, 0)
+    kinds[:, 0] = FIRST
     while not bool(accepted.all()) and rounds < k:
         rounds += 1
         n_rows = rows.shape[0]
@@ -154,18 +165,21 @@ def complete_slots(ctx: Context, rows: torch.Tensor, positions: torch.Tensor, ac
         rows = torch.where(accepted, rows, logits.argmax(-1))
         # b) verify every row causally; the token after the accepted prefix is always taken
         logits = ctx.forward(rows.flatten(), positions.flatten(), groups).view(n_rows, k, -1)
-        passed = next_token_probs(logits, rows) > config.token_threshold
+        checked = next_token_probs(logits, rows) > config.token_threshold
+        passed = checked.clone()
         passed[:, 0] = True
         passed[:, 1:] |= accepted[:, :-1]
+        newly = passed.long().cumprod(-1).bool() & ~accepted
+        kinds = torch.where(newly, torch.where(checked, VERIFIED, FORCED), kinds)
         accepted = passed.long().cumprod(-1).bool()
         # c) an accepted EOS ends its row; later rows are dropped
         if eos_token_id is not None:
             eos_rows = ((rows == eos_token_id) & accepted).any(-1).nonzero().flatten()
             if eos_rows.numel():
                 last = int(eos_rows[0]) + 1
-                rows, positions, accepted = rows[:last], positions[:last], accepted[:last]
+                rows, positions, accepted, kinds = rows[:last], positions[:last], accepted[:last], kinds[:last]
                 accepted[-1] = True
-    return rows, rounds
+    return rows, rounds, kinds
 
 
 # ---------------------------------------------------------------------------------------------
@@ -216,10 +230,12 @@ def decode_refusion(
                 if eos_at is not None or prefix >= k:
                     n_commit = eos_at + 1 if eos_at is not None else prefix // k * k
                     path, rounds = "fast", 0
+                    kinds = torch.full_like(rows, VERIFIED)
+                    kinds[:, 0] = FIRST
                 else:
                     # 3) complete in parallel
-                    rows, rounds = complete_slots(ctx, rows, positions, accepted.long().cumprod(-1).bool(),
-                                                  config, mask_token_id, eos_token_id)
+                    rows, rounds, kinds = complete_slots(ctx, rows, positions, accepted.long().cumprod(-1).bool(),
+                                                         config, mask_token_id, eos_token_id)
                     flat = rows.flatten()
                     eos_at = _first_eos(flat, eos_token_id)
                     n_commit = eos_at + 1 if eos_at is not None else flat.numel()
@@ -234,7 +250,8 @@ def decode_refusion(
                     ended = True
                     masked = [s for s in masked if s < done[-1]]
                 step = StepTrace(block, path, chosen, done, prefix, rounds, eos_at is not None,
-                                 offsets.tolist(), flat[:n_commit].tolist())
+                                 offsets.tolist(), flat[:n_commit].tolist(),
+                                 [KIND_NAMES[int(kind)] for kind in kinds.flatten()[:n_commit]])
                 trace.append(step)
                 if on_step is not None:
                     on_step(step)

@@ -13,13 +13,19 @@ response position i, with the prompt and the reference response[:i] as context:
 
 Both are computed in one forward per response: the clean response, then one mask per position, each
 mask seeing the prompt, the clean tokens before its position and itself.
+
+With ``--errors`` it also decodes every problem with ReFusion and, in each wrong answer, finds the
+first token that differs from the reference answer and how the decoder committed it: as a slot's
+first token, verified by the causal head, or forced by the completion step (``StepTrace.kinds``);
+and whether tokens to its left were still uncommitted at that moment.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import asdict, dataclass
+from collections import Counter
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
 
@@ -102,7 +108,75 @@ def probe(model: torch.nn.Module, tokenizer, problems: list[dict[str, str]], mas
     return counts
 
 
+@dataclass
+class ErrorAttribution:
+    """Where ReFusion's wrong answers go wrong, by how the first differing token was committed."""
+
+    problems: int = 0
+    wrong: int = 0
+    first_wrong: Counter = field(default_factory=Counter)  # kind of the first differing token, per wrong answer
+    first_wrong_gap: int = 0  # ... of which committed while a token to its left was not yet committed
+    committed: Counter = field(default_factory=Counter)  # tokens up to the first difference, per kind
+    committed_wrong: Counter = field(default_factory=Counter)  # ... of which differ from the reference
+
+    def as_dict(self) -> dict[str, object]:
+        return {"problems": self.problems, "wrong": self.wrong, "first_wrong": dict(self.first_wrong),
+                "first_wrong_with_uncommitted_left_context": self.first_wrong_gap,
+                "committed": dict(self.committed), "committed_wrong": dict(self.committed_wrong)}
+
+
+def first_difference(tokens: Sequence[int], reference: Sequence[int]) -> int | None:
+    """Index of the first token where the two differ (a length difference counts); None if equal."""
+    for index, (a, b) in enumerate(zip(tokens, reference)):
+        if a != b:
+            return index
+    return None if len(tokens) == len(reference) else min(len(tokens), len(reference))
+
+
+def attribute(tokens: Sequence[int], trace: Sequence, reference: Sequence[int], wrong: bool,
+              counts: ErrorAttribution) -> None:
+    """Add one decode (response ``tokens`` and its ReFusion ``trace``) against ``reference`` to ``counts``."""
+    kind, order = {}, {}
+    for step in trace:
+        for offset, step_kind in zip(step.offsets, step.kinds):
+            kind[offset], order[offset] = step_kind, len(order)
+    differs = first_difference(tokens, reference)
+    last = differs if differs is not None else len(tokens) - 1
+    for offset in range(min(last + 1, len(tokens), len(reference))):
+        counts.committed[kind[offset]] += 1
+        if tokens[offset] != reference[offset]:
+            counts.committed_wrong[kind[offset]] += 1
+    counts.problems += 1
+    if not wrong:
+        return
+    counts.wrong += 1
+    if differs is None or differs >= len(tokens):
+        counts.first_wrong["none (ends early)" if differs is not None else "none (same tokens)"] += 1
+        return
+    counts.first_wrong[kind[differs]] += 1
+    counts.first_wrong_gap += int(any(order[offset] > order[differs] for offset in range(differs)))
+
+
+def attribute_errors(loaded, problems: list[dict[str, str]], config) -> ErrorAttribution:
+    """Decode ``problems`` with ReFusion (``config``) and attribute every wrong answer (see the module)."""
+    from refusion_cli.decoding.refusion import decode_refusion
+    from refusion_cli.models.chat import user_prompt_ids
+    from refusion_cli.tasks.synthetic import is_correct
+
+    tokenizer, counts = loaded.tokenizer, ErrorAttribution()
+    for problem in problems:
+        result = decode_refusion(loaded.model, user_prompt_ids(tokenizer, problem["question"]), config,
+                                 mask_token_id=loaded.mask_token_id, eos_token_id=loaded.eos_token_id)
+        reference = tokenizer.encode(problem["answer"], add_special_tokens=False) + [loaded.eos_token_id]
+        text = tokenizer.decode(result.tokens, skip_special_tokens=True)
+        attribute(result.tokens, result.trace, reference, not is_correct(text, problem["target"]), counts)
+    return counts
+
+
 def main(argv: list[str] | None = None) -> None:
+    import dataclasses
+
+    from refusion_cli.bench.runner import preset_config
     from refusion_cli.cli.output import fail, quiet_library_output
     from refusion_cli.errors import UserError
     from refusion_cli.models.loading import load_model
@@ -113,6 +187,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[2] / "evals" / "synthetic" / "test.jsonl")
     parser.add_argument("--limit", type=int, default=50)
     parser.add_argument("--output", type=Path, default=None, help="write the rates as JSON here")
+    parser.add_argument("--errors", action="store_true",
+                        help="also decode with ReFusion and attribute each wrong answer's first wrong token")
+    parser.add_argument("--preset", default="synthetic_tiny", help="ReFusion settings for --errors")
+    parser.add_argument("--gen-length", type=int, default=192, help="response budget for --errors")
     args = parser.parse_args(argv)
     quiet_library_output()
     try:
@@ -131,6 +209,17 @@ def main(argv: list[str] | None = None) -> None:
             rows[name] = {**asdict(counts), **rates}
             print(f"| {name} | {counts.positions} | {rates['ar']:.1%} | {rates['draft']:.1%} | {counts.digits} | "
                   f"{rates['ar_digits']:.1%} | {rates['draft_digits']:.1%} |", flush=True)
+            if args.errors:
+                config = dataclasses.replace(preset_config(args.preset), gen_length=args.gen_length)
+                errors = attribute_errors(loaded, problems, config)
+                rows[name]["errors"] = {"preset": args.preset, "gen_length": args.gen_length, **errors.as_dict()}
+                print(f"  ReFusion ({args.preset}, gen length {args.gen_length}): {errors.wrong} of "
+                      f"{errors.problems} wrong; first wrong token: "
+                      + ", ".join(f"{kind} {n}" for kind, n in errors.first_wrong.most_common())
+                      + f" ({errors.first_wrong_gap} with uncommitted tokens to its left)", flush=True)
+                print("  committed tokens up to the first difference, wrong / all: "
+                      + ", ".join(f"{kind} {errors.committed_wrong[kind]} / {n}"
+                                  for kind, n in errors.committed.most_common()), flush=True)
     except UserError as exc:
         fail(str(exc), exc.hint)
     if args.output is not None:

@@ -30,6 +30,7 @@ def test_fast_path_commits_several_slots_in_one_iteration():
     result = run(model, ReFusionConfig(gen_length=16, slot_size=4, block_size=16, slot_threshold=0.9, token_threshold=0.9))
     assert result.tokens == truth
     assert [(s.path, s.chosen, s.committed) for s in result.trace] == [("fast", [0, 1, 2, 3], [0, 1, 2, 3])]
+    assert result.trace[0].kinds == ["first", "verified", "verified", "verified"] * 4
     assert result.stats.forwards == 2  # one plan (with the prompt), one verification
     assert fed_positions(model, 0) == [-3, -2, -1] + list(range(16))
 
@@ -42,6 +43,7 @@ def test_partial_prefix_commits_whole_slots_and_replans_the_rest():
     result = run(model, config)
     first, second = result.trace[0], result.trace[1]
     assert (first.path, first.chosen, first.committed, first.accepted_prefix) == ("fast", [0, 1, 2, 3], [0], 6)
+    assert first.kinds == ["first", "verified", "verified", "verified"]  # only the whole slot inside the prefix
     assert second.chosen == [1, 2, 3]
     assert fed_positions(model, 2) == list(range(4, 16))  # the re-plan feeds only the masked slots
     assert result.tokens == truth
@@ -58,6 +60,8 @@ def test_parallel_completion_when_no_whole_slot_is_accepted():
     assert (step.path, step.chosen, step.committed, step.accepted_prefix, step.rounds) == (
         "completion", [0, 1], [0, 1], 1, 2)
     assert result.stats.forwards == 2 + 2 * 2  # plan + verify, then (draft + verify) per round
+    # tokens 1, 2 and 5 failed their check and went in as the one forced token of a round
+    assert step.kinds == ["first", "forced", "forced", "verified", "first", "forced", "verified", "verified"]
     # round 1 drafts every unaccepted token of both rows, side by side in one call
     assert model.calls[2][0] == [truth[0], MASK, MASK, MASK, truth[4], MASK, MASK, MASK]
 
@@ -69,6 +73,7 @@ def test_completion_redrafts_tokens_the_plan_got_wrong():
     assert result.trace[0].path == "completion" and result.trace[0].accepted_prefix == 2
     assert model.calls[1][0] == [truth[0], truth[1], 13, 13]  # verification sees the wrong drafts
     assert result.tokens == truth  # the completion's draft pass replaced them
+    assert result.trace[0].kinds == ["first", "verified", "verified", "verified"]  # the re-drafts passed the check
 
 
 def test_eos_inside_the_verified_prefix_ends_the_response():

@@ -5,7 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from refusion_cli.models.probe import ProbeCounts, head_predictions, main, probe_layout
+import json
+
+from refusion_cli.decoding.refusion import StepTrace
+from refusion_cli.models.probe import (ErrorAttribution, ProbeCounts, attribute, first_difference, head_predictions,
+                                       main, probe_layout)
 from tests.tiny import MASK_ID, tiny_qwen3
 
 
@@ -44,3 +48,38 @@ def test_cli_refuses_a_bad_limit_with_one_line(capsys):
         main(["--limit", "0"])
     assert exit_info.value.code == 2
     assert "--limit must be at least 1" in capsys.readouterr().err
+
+
+def test_first_difference_counts_a_length_difference():
+    assert first_difference([1, 2], [1, 2]) is None
+    assert first_difference([1, 2], [1, 3]) == 1
+    assert first_difference([1], [1, 2]) == 1
+    assert first_difference([1, 2, 3], [1, 2]) == 2
+
+
+def test_attribution_finds_how_the_first_wrong_token_was_committed():
+    # commit order: slot 0, then slot 2 (out of order), then slot 1
+    trace = [StepTrace(0, "fast", [0], [0], 4, offsets=[0, 1, 2, 3], tokens=[], kinds=["first"] + ["verified"] * 3),
+             StepTrace(0, "completion", [2], [2], 1, 1, offsets=[8, 9], tokens=[], kinds=["first", "forced"]),
+             StepTrace(0, "fast", [1], [1], 4, offsets=[4, 5, 6, 7], tokens=[],
+                       kinds=["first", "verified", "forced", "verified"])]
+    reference = list(range(10, 20))
+    counts = ErrorAttribution()
+    attribute(reference[:6] + [99] + reference[7:], trace, reference, True, counts)  # offset 6: forced, left complete
+    attribute(reference[:8] + [99, 19], trace, reference, True, counts)  # offset 8: a first token, 4-7 came later
+    attribute(reference, trace, reference, False, counts)  # right: every token counted, none wrong
+    attribute(reference[:5], trace[:1] + [StepTrace(0, "fast", [1], [1], 1, offsets=[4], tokens=[], kinds=["first"])],
+              reference, True, counts)  # stopped early
+    assert (counts.problems, counts.wrong, counts.first_wrong_gap) == (4, 3, 1)
+    assert counts.first_wrong == {"forced": 1, "first": 1, "none (ends early)": 1}
+    assert counts.committed == {"first": 10, "verified": 17, "forced": 4}
+    assert counts.committed_wrong == {"forced": 1, "first": 1}
+
+
+def test_cli_attributes_the_errors_of_the_embedded_model(tmp_path):
+    out = tmp_path / "probe.json"
+    main(["--limit", "3", "--errors", "--output", str(out)])
+    errors = json.loads(out.read_text())["models"]["refusion-tiny"]["errors"]
+    assert errors["problems"] == 3 and errors["preset"] == "synthetic_tiny"
+    assert sum(errors["first_wrong"].values()) == errors["wrong"]
+    assert errors["committed"]["first"] > 0 and errors["committed"]["verified"] > 0
