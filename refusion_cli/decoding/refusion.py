@@ -18,6 +18,12 @@ right. Each iteration of a block:
 
 Committed tokens join the context in commit order and keep their true position ids, so their K/V
 is reused, never recomputed (``kv_reuse=False`` recomputes it on every pass, the paper's ablation).
+
+``causal_fix=True`` is an ablation of this toolkit, not the paper's decoder: where the completion
+step would force in a re-drafted token that failed its check, it takes the causal head's own
+prediction for that position instead (as speculative decoding does with a rejected draft), and
+accepts nothing after it in that round; if the last round replaced a token, one more pass computes
+the rows' K/V before they are committed.
 """
 
 from __future__ import annotations
@@ -47,12 +53,13 @@ class StepTrace:
     offsets: list[int] = field(default_factory=list)  # response offsets of the committed tokens, commit order
     tokens: list[int] = field(default_factory=list)  # the committed token ids, commit order
     # how each committed token got in, commit order: "first" (a slot's first token, taken as drafted),
-    # "verified" (AR probability above τ_token) or "forced" (the completion step's one token per round)
+    # "verified" (AR probability above τ_token), "forced" (the completion step's one token per round)
+    # or "corrected" (with causal_fix: the causal head's token in place of a forced one)
     kinds: list[str] = field(default_factory=list)
 
 
-FIRST, VERIFIED, FORCED = 1, 2, 3  # acceptance kinds as stored in a tensor (0: not accepted)
-KIND_NAMES = {FIRST: "first", VERIFIED: "verified", FORCED: "forced"}
+FIRST, VERIFIED, FORCED, CORRECTED = 1, 2, 3, 4  # acceptance kinds as stored in a tensor (0: not accepted)
+KIND_NAMES = {FIRST: "first", VERIFIED: "verified", FORCED: "forced", CORRECTED: "corrected"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -142,7 +149,7 @@ def verify_drafts(ctx: Context, drafts: torch.Tensor, positions: torch.Tensor,
 
 
 def complete_slots(ctx: Context, rows: torch.Tensor, positions: torch.Tensor, accepted: torch.Tensor,
-                   config: ReFusionConfig, mask_token_id: int, eos_token_id: int | None
+                   config: ReFusionConfig, mask_token_id: int, eos_token_id: int | None, causal_fix: bool = False
                    ) -> tuple[torch.Tensor, int, torch.Tensor]:
     """3) Re-draft and verify each chosen slot in its own row until every row is accepted.
 
@@ -155,6 +162,7 @@ def complete_slots(ctx: Context, rows: torch.Tensor, positions: torch.Tensor, ac
     rounds = 0
     kinds = torch.where(accepted, VERIFIED, 0)
     kinds[:, 0] = FIRST
+    stale = False  # causal_fix replaced a token after the last verification: its K/V is not that token's
     while not bool(accepted.all()) and rounds < k:
         rounds += 1
         n_rows = rows.shape[0]
@@ -168,9 +176,21 @@ def complete_slots(ctx: Context, rows: torch.Tensor, positions: torch.Tensor, ac
         checked = next_token_probs(logits, rows) > config.token_threshold
         passed = checked.clone()
         passed[:, 0] = True
-        passed[:, 1:] |= accepted[:, :-1]
+        frontier = torch.zeros_like(accepted)  # each row's first unaccepted token
+        frontier[:, 1:] = accepted[:, :-1] & ~accepted[:, 1:]
+        if causal_fix:
+            fix = frontier & ~checked
+            predicted = torch.zeros_like(rows)
+            predicted[:, 1:] = logits[:, :-1].argmax(-1)  # the causal head's token for each position
+            rows = torch.where(fix, predicted, rows)
+            after_fix = (fix.long().cumsum(-1) - fix.long()) > 0  # checked against the replaced token
+            passed = (passed | fix | accepted) & ~after_fix
+            stale = bool(fix.any())
+        else:
+            passed |= frontier | accepted
         newly = passed.long().cumprod(-1).bool() & ~accepted
-        kinds = torch.where(newly, torch.where(checked, VERIFIED, FORCED), kinds)
+        forced_kind = CORRECTED if causal_fix else FORCED
+        kinds = torch.where(newly, torch.where(checked, VERIFIED, forced_kind), kinds)
         accepted = passed.long().cumprod(-1).bool()
         # c) an accepted EOS ends its row; later rows are dropped
         if eos_token_id is not None:
@@ -179,6 +199,9 @@ def complete_slots(ctx: Context, rows: torch.Tensor, positions: torch.Tensor, ac
                 last = int(eos_rows[0]) + 1
                 rows, positions, accepted, kinds = rows[:last], positions[:last], accepted[:last], kinds[:last]
                 accepted[-1] = True
+    if stale:  # the commit takes the K/V of the context's last call: compute it for the final tokens
+        groups = torch.arange(rows.shape[0], device=rows.device).repeat_interleave(k)
+        ctx.forward(rows.flatten(), positions.flatten(), groups)
     return rows, rounds, kinds
 
 
@@ -196,9 +219,12 @@ def decode_refusion(
     eos_token_id: int | None,
     generator: torch.Generator | None = None,
     kv_reuse: bool = True,
+    causal_fix: bool = False,
     on_step: Callable[[StepTrace], None] | None = None,
 ) -> DecodeResult:
-    """Decode one response with ReFusion; ``on_step`` sees every iteration as it is committed."""
+    """Decode one response with ReFusion; ``on_step`` sees every iteration as it is committed.
+
+    ``kv_reuse=False`` and ``causal_fix=True`` are ablations (see the module docstring)."""
     device = next(model.parameters()).device
     prompt = prompt_tensor(prompt_ids, device)
     n_prompt, k = prompt.numel(), config.slot_size
@@ -235,7 +261,7 @@ def decode_refusion(
                 else:
                     # 3) complete in parallel
                     rows, rounds, kinds = complete_slots(ctx, rows, positions, accepted.long().cumprod(-1).bool(),
-                                                         config, mask_token_id, eos_token_id)
+                                                         config, mask_token_id, eos_token_id, causal_fix)
                     flat = rows.flatten()
                     eos_at = _first_eos(flat, eos_token_id)
                     n_commit = eos_at + 1 if eos_at is not None else flat.numel()

@@ -17,7 +17,8 @@ mask seeing the prompt, the clean tokens before its position and itself.
 With ``--errors`` it also decodes every problem with ReFusion and, in each wrong answer, finds the
 first token that differs from the reference answer and how the decoder committed it: as a slot's
 first token, verified by the causal head, or forced by the completion step (``StepTrace.kinds``);
-and whether tokens to its left were still uncommitted at that moment.
+and whether tokens to its left were still uncommitted at that moment. It does the same with the
+decoder's ``causal_fix`` ablation (the causal head's token in place of each forced one).
 """
 
 from __future__ import annotations
@@ -118,9 +119,12 @@ class ErrorAttribution:
     first_wrong_gap: int = 0  # ... of which committed while a token to its left was not yet committed
     committed: Counter = field(default_factory=Counter)  # tokens up to the first difference, per kind
     committed_wrong: Counter = field(default_factory=Counter)  # ... of which differ from the reference
+    tokens: int = 0  # response tokens and model calls of all decodes
+    forwards: int = 0
 
     def as_dict(self) -> dict[str, object]:
-        return {"problems": self.problems, "wrong": self.wrong, "first_wrong": dict(self.first_wrong),
+        return {"problems": self.problems, "wrong": self.wrong, "tokens_per_forward": self.tokens / max(1, self.forwards),
+                "first_wrong": dict(self.first_wrong),
                 "first_wrong_with_uncommitted_left_context": self.first_wrong_gap,
                 "committed": dict(self.committed), "committed_wrong": dict(self.committed_wrong)}
 
@@ -157,8 +161,9 @@ def attribute(tokens: Sequence[int], trace: Sequence, reference: Sequence[int], 
     counts.first_wrong_gap += int(any(order[offset] > order[differs] for offset in range(differs)))
 
 
-def attribute_errors(loaded, problems: list[dict[str, str]], config) -> ErrorAttribution:
-    """Decode ``problems`` with ReFusion (``config``) and attribute every wrong answer (see the module)."""
+def attribute_errors(loaded, problems: list[dict[str, str]], config, causal_fix: bool = False) -> ErrorAttribution:
+    """Decode ``problems`` with ReFusion (``config``; ``causal_fix``: the decoder's ablation) and attribute
+    every wrong answer (see the module)."""
     from refusion_cli.decoding.refusion import decode_refusion
     from refusion_cli.models.chat import user_prompt_ids
     from refusion_cli.tasks.synthetic import is_correct
@@ -166,7 +171,10 @@ def attribute_errors(loaded, problems: list[dict[str, str]], config) -> ErrorAtt
     tokenizer, counts = loaded.tokenizer, ErrorAttribution()
     for problem in problems:
         result = decode_refusion(loaded.model, user_prompt_ids(tokenizer, problem["question"]), config,
-                                 mask_token_id=loaded.mask_token_id, eos_token_id=loaded.eos_token_id)
+                                 mask_token_id=loaded.mask_token_id, eos_token_id=loaded.eos_token_id,
+                                 causal_fix=causal_fix)
+        counts.tokens += result.stats.tokens
+        counts.forwards += result.stats.forwards
         reference = tokenizer.encode(problem["answer"], add_special_tokens=False) + [loaded.eos_token_id]
         text = tokenizer.decode(result.tokens, skip_special_tokens=True)
         attribute(result.tokens, result.trace, reference, not is_correct(text, problem["target"]), counts)
@@ -211,15 +219,17 @@ def main(argv: list[str] | None = None) -> None:
                   f"{rates['ar_digits']:.1%} | {rates['draft_digits']:.1%} |", flush=True)
             if args.errors:
                 config = dataclasses.replace(preset_config(args.preset), gen_length=args.gen_length)
-                errors = attribute_errors(loaded, problems, config)
-                rows[name]["errors"] = {"preset": args.preset, "gen_length": args.gen_length, **errors.as_dict()}
-                print(f"  ReFusion ({args.preset}, gen length {args.gen_length}): {errors.wrong} of "
-                      f"{errors.problems} wrong; first wrong token: "
-                      + ", ".join(f"{kind} {n}" for kind, n in errors.first_wrong.most_common())
-                      + f" ({errors.first_wrong_gap} with uncommitted tokens to its left)", flush=True)
-                print("  committed tokens up to the first difference, wrong / all: "
-                      + ", ".join(f"{kind} {errors.committed_wrong[kind]} / {n}"
-                                  for kind, n in errors.committed.most_common()), flush=True)
+                for key, causal_fix in (("errors", False), ("errors_causal_fix", True)):
+                    errors = attribute_errors(loaded, problems, config, causal_fix)
+                    rows[name][key] = {"preset": args.preset, "gen_length": args.gen_length, **errors.as_dict()}
+                    label = "ReFusion" if not causal_fix else "ablation causal_fix=True"
+                    print(f"  {label} ({args.preset}, gen length {args.gen_length}): {errors.wrong} of "
+                          f"{errors.problems} wrong, {errors.tokens / max(1, errors.forwards):.2f} tokens/forward; "
+                          "first wrong token: " + ", ".join(f"{kind} {n}" for kind, n in errors.first_wrong.most_common())
+                          + f" ({errors.first_wrong_gap} with uncommitted tokens to its left)", flush=True)
+                    print("    committed tokens up to the first difference, wrong / all: "
+                          + ", ".join(f"{kind} {errors.committed_wrong[kind]} / {n}"
+                                      for kind, n in errors.committed.most_common()), flush=True)
     except UserError as exc:
         fail(str(exc), exc.hint)
     if args.output is not None:

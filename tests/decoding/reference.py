@@ -70,7 +70,7 @@ class ReferenceReFusion:
         return out
 
     def decode(self, gen_length: int, slot_size: int, block_size: int | None, slot_threshold: float,
-               token_threshold: float) -> list[int]:
+               token_threshold: float, causal_fix: bool = False) -> list[int]:
         k = slot_size
         n_slots = (gen_length + k - 1) // k
         block_slots = (block_size // k) if block_size is not None else max(1, n_slots // 2)
@@ -113,7 +113,8 @@ class ReferenceReFusion:
                     self._commit_rows([concat[:n_commit]], together=True)
                     done = chosen[: (n_commit + k - 1) // k]
                 else:
-                    rows, n_commit = self._complete(chosen, drafts, logits, slot_positions, k, token_threshold)
+                    rows, n_commit = self._complete(chosen, drafts, logits, slot_positions, k, token_threshold,
+                                                    causal_fix)
                     done = chosen[: len(rows)]
                     flat = [t for row in rows for t in row]
                     eos_at = next((j for j, (t, _) in enumerate(flat) if t == self.eos_id), None)
@@ -135,8 +136,12 @@ class ReferenceReFusion:
             tokens = tokens[: tokens.index(self.eos_id) + 1]
         return tokens
 
-    def _complete(self, chosen, drafts, verify_logits, slot_positions, k, token_threshold):
-        """Parallel completion: each chosen slot is its own row, re-drafted and verified until accepted."""
+    def _complete(self, chosen, drafts, verify_logits, slot_positions, k, token_threshold, causal_fix=False):
+        """Parallel completion: each chosen slot is its own row, re-drafted and verified until accepted.
+
+        Each round the first unaccepted token of a row is taken even if it fails its check (the forced
+        token); with ``causal_fix`` it is replaced by the causal prediction instead and the row accepts
+        nothing after it in that round."""
         rows = [[(drafts[s][i], slot_positions(s)[i]) for i in range(k)] for s in chosen]
         accepted = []
         for n, row in enumerate(rows):  # per-slot accepted prefix from the global verification
@@ -156,10 +161,21 @@ class ReferenceReFusion:
                     for r, row in enumerate(rows)]
             verify = self.run(rows)
             for r, row in enumerate(rows):
-                flags = [True]
+                flags, fixed = [True], False
                 for i in range(1, k):
-                    ok = accepted[r][i - 1] or float(torch.softmax(verify[r][i - 1], -1)[row[i][0]]) > token_threshold
-                    flags.append(flags[-1] and ok)
+                    if accepted[r][i]:
+                        flags.append(True)
+                    elif fixed or not flags[-1]:
+                        flags.append(False)
+                    elif float(torch.softmax(verify[r][i - 1], -1)[row[i][0]]) > token_threshold:
+                        flags.append(True)
+                    elif accepted[r][i - 1]:  # the first unaccepted token failed its check
+                        if causal_fix:
+                            row[i] = (int(verify[r][i - 1].argmax()), row[i][1])
+                            fixed = True
+                        flags.append(True)
+                    else:
+                        flags.append(False)
                 accepted[r] = flags
             eos_row = next((r for r, row in enumerate(rows)
                             if any(t == self.eos_id and accepted[r][i] for i, (t, _) in enumerate(row))), None)

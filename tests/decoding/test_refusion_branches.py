@@ -76,6 +76,34 @@ def test_completion_redrafts_tokens_the_plan_got_wrong():
     assert result.trace[0].kinds == ["first", "verified", "verified", "verified"]  # the re-drafts passed the check
 
 
+def test_causal_fix_replaces_the_forced_token_with_the_causal_prediction():
+    truth = truth_of(4)
+    config = ReFusionConfig(gen_length=4, slot_size=4, block_size=4, slot_threshold=0.9, token_threshold=0.9)
+    # the plan drafts 13 at offset 1 and so does the completion's draft pass (call 2): verification rejects it
+    wrong = {0: {1: 13}, 2: {1: 13}}
+    faithful = run(ScriptedModel(3, truth, wrong=wrong), config)
+    assert faithful.tokens == [truth[0], 13, *truth[2:]]  # forced in, as the reference decoder does
+    assert faithful.trace[0].kinds == ["first", "forced", "verified", "verified"]
+    model = ScriptedModel(3, truth, wrong=wrong)
+    fixed = decode_refusion(model, [1, 2, 3], config, mask_token_id=MASK, eos_token_id=EOS, causal_fix=True)
+    assert fixed.tokens == truth  # the causal head's token instead
+    assert fixed.trace[0].kinds == ["first", "corrected", "verified", "verified"]
+    # plan + verify, round 1 (draft + verify: token 1 replaced, 2-3 not accepted), round 2 (draft + verify)
+    assert fixed.stats.forwards == faithful.stats.forwards + 2 == 6
+    assert model.calls[-1][0] == truth  # the last call, whose K/V is committed, holds the final tokens
+
+
+def test_causal_fix_in_the_last_round_recomputes_the_rows():
+    truth = truth_of(4)
+    config = ReFusionConfig(gen_length=4, slot_size=4, block_size=4, slot_threshold=0.9, token_threshold=0.9)
+    wrong = {0: {3: 13}, 2: {3: 13}}  # only the last token is wrong: its replacement ends the completion
+    model = ScriptedModel(3, truth, wrong=wrong)
+    fixed = decode_refusion(model, [1, 2, 3], config, mask_token_id=MASK, eos_token_id=EOS, causal_fix=True)
+    assert fixed.tokens == truth and fixed.trace[0].rounds == 1
+    assert fixed.stats.forwards == 2 + 2 + 1  # one more pass for the K/V of the replaced token
+    assert model.calls[-1][0] == truth
+
+
 def test_eos_inside_the_verified_prefix_ends_the_response():
     truth = truth_of(24)
     truth[6] = EOS

@@ -75,3 +75,21 @@ def test_recompute_matches_reference_with_siblings_visible(models):
         config = ReFusionConfig(gen_length=n, slot_size=k, block_size=b, slot_threshold=ts, token_threshold=tt)
         result, expected, _ = run_both(models[seed], prompt, config, None, kv_reuse=False)
         assert result.tokens == expected
+
+
+def test_causal_fix_ablation_matches_reference_token_for_token(models):
+    """causal_fix=True: the causal prediction replaces each forced completion token (an ablation)."""
+    corrected = 0
+    for seed, (k, b, n, ts, tt), use_eos in itertools.product(MODEL_SEEDS, CONFIGS, [False, True]):
+        model, prompt = models[seed], list(range(2, 2 + 3 + seed))
+        config = ReFusionConfig(gen_length=n, slot_size=k, block_size=b, slot_threshold=ts, token_threshold=tt)
+        eos_id = eos_inside(model, prompt, config) if use_eos else None
+        result = decode_refusion(model, prompt, config, mask_token_id=MASK_ID, eos_token_id=eos_id, causal_fix=True)
+        reference = ReferenceReFusion(model, prompt, mask_id=MASK_ID, eos_id=eos_id)
+        expected = reference.decode(config.gen_length, config.slot_size, config.block_size,
+                                    config.slot_threshold, config.token_threshold, causal_fix=True)
+        assert result.tokens == expected, (seed, k, b, n, ts, tt, eos_id)
+        kinds = [kind for step in result.trace for kind in step.kinds]
+        assert "forced" not in kinds
+        corrected += kinds.count("corrected")
+    assert corrected > 0  # the sweep went through the replacement

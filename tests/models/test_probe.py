@@ -83,3 +83,6 @@ def test_cli_attributes_the_errors_of_the_embedded_model(tmp_path):
     assert errors["problems"] == 3 and errors["preset"] == "synthetic_tiny"
     assert sum(errors["first_wrong"].values()) == errors["wrong"]
     assert errors["committed"]["first"] > 0 and errors["committed"]["verified"] > 0
+    assert errors["tokens_per_forward"] > 1
+    ablation = json.loads(out.read_text())["models"]["refusion-tiny"]["errors_causal_fix"]
+    assert ablation["problems"] == 3 and "forced" not in ablation["committed"]
