@@ -5,7 +5,8 @@ Contract:
 - :class:`BenchSettings` holds what to run; :func:`plan_entries` checks all of it (decoder names,
   lengths, ``--set`` options through ``build_config``, checkpoint paths) before any model loads,
   and returns the rows to measure: one per decoder and response length, plus "refusion
-  (recompute)" (``kv_reuse=False``, the paper's ablation) after each ReFusion row. AR's rows come
+  (recompute)" (``kv_reuse=False``, the paper's ablation) after each ReFusion row, and "refusion
+  (causal fix)" (``causal_fix=True``, this toolkit's ablation) when asked for. AR's rows come
   first, so every later row knows AR's TPS at its length (the speed-up column).
 - :func:`run_bench` measures the entries in that order and yields one :class:`BenchRow` as soon as
   each is done; ``on_sample`` sees every measured decode as it finishes. One model is held at a
@@ -52,6 +53,7 @@ DEFAULT_DECODERS = ("refusion", "ar", "llada")
 DEFAULT_GEN_LENGTH = 256
 LLADA_BLOCK_LENGTH = 32  # LLaDA's block when it divides the length (else one block of the whole length)
 RECOMPUTE = " (recompute)"  # label suffix of the kv_reuse=False ablation
+CAUSAL_FIX = " (causal fix)"  # label suffix of the causal_fix=True ablation (this toolkit's, not the paper's)
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,7 @@ class BenchSettings:
     overrides: dict[str, dict[str, str]] = field(default_factory=dict)  # decoder -> {config option: value}
     preset: str | None = None  # a ReFusion preset (the paper's or evals/suite.yaml's), under the overrides
     ablation: bool = True  # also time ReFusion with kv_reuse=False
+    causal_fix: bool = False  # also time ReFusion with causal_fix=True
     warmup: int = 1  # untimed decodes before each row
     repeats: int = 1  # timed decodes of every prompt
     seed: int = 0
@@ -102,6 +105,7 @@ class BenchEntry:
     gen_length: int
     config: Any
     kv_reuse: bool = True
+    causal_fix: bool = False
 
 
 @dataclass
@@ -191,6 +195,9 @@ def plan_entries(settings: BenchSettings) -> list[BenchEntry]:
             if decoder == "refusion" and settings.ablation:
                 entries.append(BenchEntry(decoder + RECOMPUTE, decoder, models[decoder], length, config,
                                           kv_reuse=False))
+            if decoder == "refusion" and settings.causal_fix:
+                entries.append(BenchEntry(decoder + CAUSAL_FIX, decoder, models[decoder], length, config,
+                                          causal_fix=True))
     return entries
 
 
@@ -276,7 +283,7 @@ def measure_entry(
         generator = torch.Generator().manual_seed(settings.seed + index)
         return run_decoder(entry.decoder, loaded.model, prompt_ids[index], entry.config,
                            mask_token_id=loaded.mask_token_id, eos_token_id=loaded.eos_token_id,
-                           generator=generator, kv_reuse=entry.kv_reuse)
+                           generator=generator, kv_reuse=entry.kv_reuse, causal_fix=entry.causal_fix)
 
     for warm in range(settings.warmup):
         decode(warm % len(prompt_ids))

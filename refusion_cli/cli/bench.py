@@ -87,6 +87,10 @@ def bench(
     ablation: Annotated[bool, typer.Option("--ablation/--no-ablation", help="also time ReFusion recomputing the "
                                            "KV cache (kv_reuse=False), the paper's ablation",
                                            rich_help_panel=RUN)] = True,
+    causal_fix: Annotated[bool, typer.Option("--causal-fix", help="also time ReFusion with causal_fix=True: the "
+                                             "causal head's token where the completion step would force a "
+                                             "rejected draft (this toolkit's ablation, not the paper's decoder)",
+                                             rich_help_panel=RUN)] = False,
     warmup: Annotated[int, typer.Option("--warmup", help="untimed decodes before each row",
                                         rich_help_panel=MEASURE)] = 1,
     repeats: Annotated[int, typer.Option("--repeats", help="timed decodes of every prompt",
@@ -116,7 +120,7 @@ def bench(
     settings = BenchSettings(
         decoders=decoders, gen_lengths=tuple(parse_lengths(values.gen_lengths) or (DEFAULT_GEN_LENGTH,)),
         models=parse_models(values.models, decoders), overrides=parse_overrides(values.overrides),
-        preset=preset, ablation=ablation, warmup=warmup, repeats=repeats, seed=seed, device=device, dtype=dtype,
+        preset=preset, ablation=ablation, causal_fix=causal_fix, warmup=warmup, repeats=repeats, seed=seed, device=device, dtype=dtype,
         trust_remote_code=trust_remote_code,
     )
     prompt_list = load_prompts(prompts, limit)

@@ -73,8 +73,10 @@ def run_decoder(
     generator: torch.Generator | None = None,
     on_step: Callable[[Any], None] | None = None,
     kv_reuse: bool = True,
+    causal_fix: bool = False,
 ) -> DecodeResult:
-    """Decode one prompt with the named decoder (batch of one)."""
+    """Decode one prompt with the named decoder (batch of one); ``kv_reuse`` and ``causal_fix`` are
+    ReFusion's ablations."""
     spec = decoder_spec(decoder)
     if not isinstance(config, spec.config_class):
         raise UserError(f"the {decoder} decoder takes a {spec.config_class.__name__}, not {type(config).__name__}")
@@ -84,7 +86,7 @@ def run_decoder(
         return decode_ar(model, prompt_ids, max_new_tokens=config.gen_length, eos_token_id=eos_token_id)
     if decoder == "refusion":
         return decode_refusion(model, prompt_ids, config, mask_token_id=mask_token_id, eos_token_id=eos_token_id,
-                               generator=generator, kv_reuse=kv_reuse, on_step=on_step)
+                               generator=generator, kv_reuse=kv_reuse, causal_fix=causal_fix, on_step=on_step)
     decode = decode_llada if decoder == "llada" else decode_dream
     return decode(model, prompt_ids, config, mask_token_id=mask_token_id, eos_token_id=eos_token_id,
                   generator=generator, on_step=on_step)

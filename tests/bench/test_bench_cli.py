@@ -177,3 +177,14 @@ def test_an_interrupted_bench_keeps_its_finished_rows(causal_checkpoint, tmp_pat
     assert rows and rows[0]["decoder"] == "ar" and rows[0]["gen_length"] == "16"
     assert len(rows) < 4
     assert "**Interrupted**" in (output / "bench.md").read_text()
+
+
+def test_causal_fix_adds_its_own_row_after_each_refusion_row(causal_checkpoint, tmp_path):
+    out = refusion("bench", "--tps", "--decoder", "refusion", "ar", "--model", f"refusion={causal_checkpoint}",
+                   f"ar={causal_checkpoint}", "--no-ablation", "--causal-fix", "--limit", "1", "--gen-length", "16",
+                   "--warmup", "0", "--output", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    rows = read_csv(tmp_path / "bench.csv")
+    assert [row["decoder"] for row in rows] == ["ar", "refusion", "refusion (causal fix)"]
+    assert rows[1]["config"] == rows[2]["config"]  # the same settings, only the ablation differs
+    assert all(float(row["tokens"]) > 0 and float(row["forwards"]) > 0 for row in rows)
