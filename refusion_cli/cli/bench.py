@@ -120,8 +120,8 @@ def bench(
     settings = BenchSettings(
         decoders=decoders, gen_lengths=tuple(parse_lengths(values.gen_lengths) or (DEFAULT_GEN_LENGTH,)),
         models=parse_models(values.models, decoders), overrides=parse_overrides(values.overrides),
-        preset=preset, ablation=ablation, causal_fix=causal_fix, warmup=warmup, repeats=repeats, seed=seed, device=device, dtype=dtype,
-        trust_remote_code=trust_remote_code,
+        preset=preset, ablation=ablation, causal_fix=causal_fix, warmup=warmup, repeats=repeats, seed=seed,
+        device=device, dtype=dtype, trust_remote_code=trust_remote_code,
     )
     prompt_list = load_prompts(prompts, limit)
     entries = plan_entries(settings)

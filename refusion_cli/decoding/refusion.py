@@ -155,7 +155,7 @@ def complete_slots(ctx: Context, rows: torch.Tensor, positions: torch.Tensor, ac
 
     ``rows`` [R, k] drafts, ``accepted`` [R, k] cumulative flags from the global verification.
     Returns the final rows (cut after the first row holding an accepted EOS), the rounds run and
-    how each token was accepted ([R, k] of FIRST / VERIFIED / FORCED); the context's last call is the
+    how each token was accepted ([R, k] of FIRST / VERIFIED / FORCED or CORRECTED); the context's last call is the
     verification of exactly these rows, ready to be committed.
     """
     k = config.slot_size
@@ -188,10 +188,10 @@ def complete_slots(ctx: Context, rows: torch.Tensor, positions: torch.Tensor, ac
             stale = bool(fix.any())
         else:
             passed |= frontier | accepted
-        newly = passed.long().cumprod(-1).bool() & ~accepted
+        now_accepted = passed.long().cumprod(-1).bool()
         forced_kind = CORRECTED if causal_fix else FORCED
-        kinds = torch.where(newly, torch.where(checked, VERIFIED, forced_kind), kinds)
-        accepted = passed.long().cumprod(-1).bool()
+        kinds = torch.where(now_accepted & ~accepted, torch.where(checked, VERIFIED, forced_kind), kinds)
+        accepted = now_accepted
         # c) an accepted EOS ends its row; later rows are dropped
         if eos_token_id is not None:
             eos_rows = ((rows == eos_token_id) & accepted).any(-1).nonzero().flatten()
@@ -277,7 +277,7 @@ def decode_refusion(
                     masked = [s for s in masked if s < done[-1]]
                 step = StepTrace(block, path, chosen, done, prefix, rounds, eos_at is not None,
                                  offsets.tolist(), flat[:n_commit].tolist(),
-                                 [KIND_NAMES[int(kind)] for kind in kinds.flatten()[:n_commit]])
+                                 [KIND_NAMES[kind] for kind in kinds.flatten()[:n_commit].tolist()])
                 trace.append(step)
                 if on_step is not None:
                     on_step(step)

@@ -68,7 +68,7 @@ def run_stages(stages: dict[str, list[str]], work: Path, threads: int | None) ->
 
 
 def run_group(stages: dict[str, list[str]], work: Path, parallel: bool, threads: int | None) -> None:
-    """Run a group of stages side by side on one thread each (``parallel``), else one after the other."""
+    """Run a group of stages side by side (``parallel``; ``threads``, default 1, each), else one after the other."""
     if parallel:
         run_stages(stages, work, threads=threads or 1)
     else:

@@ -80,11 +80,17 @@ def head_predictions(model: torch.nn.Module, prompt_ids: Sequence[int], response
     ids = torch.tensor([*prompt_ids, *response_ids, *([mask_token_id] * n_response)], device=device)
     positions, allowed = probe_layout(n_prompt, n_response)
     logits = model(input_ids=ids[None], position_ids=positions[None].to(device),
-                   attention_mask=model_attention_mask(model, allowed[None, None].to(device)), use_cache=False).logits[0]
+                   attention_mask=model_attention_mask(model, allowed[None, None].to(device)),
+                   use_cache=False).logits[0]
     n_clean = n_prompt + n_response
     ar = logits[n_prompt - 1:n_clean - 1].argmax(-1)
     draft = logits[n_clean:].argmax(-1)
     return ar, draft
+
+
+def reference_ids(tokenizer, problem: dict[str, str], eos_token_id: int) -> list[int]:
+    """The reference answer's token ids, ending with EOS, as the model was trained to write it."""
+    return tokenizer.encode(problem["answer"], add_special_tokens=False) + [eos_token_id]
 
 
 def probe(model: torch.nn.Module, tokenizer, problems: list[dict[str, str]], mask_token_id: int,
@@ -96,7 +102,7 @@ def probe(model: torch.nn.Module, tokenizer, problems: list[dict[str, str]], mas
     counts = ProbeCounts()
     for problem in problems:
         prompt = user_prompt_ids(tokenizer, problem["question"])
-        response = tokenizer.encode(problem["answer"], add_special_tokens=False) + [eos_token_id]
+        response = reference_ids(tokenizer, problem, eos_token_id)
         ar, draft = head_predictions(model, prompt, response, mask_token_id)
         target = torch.tensor(response, device=ar.device)
         is_digit = torch.tensor([t in digit_ids for t in response], device=ar.device)
@@ -122,8 +128,12 @@ class ErrorAttribution:
     tokens: int = 0  # response tokens and model calls of all decodes
     forwards: int = 0
 
+    @property
+    def tokens_per_forward(self) -> float:
+        return self.tokens / max(1, self.forwards)
+
     def as_dict(self) -> dict[str, object]:
-        return {"problems": self.problems, "wrong": self.wrong, "tokens_per_forward": self.tokens / max(1, self.forwards),
+        return {"problems": self.problems, "wrong": self.wrong, "tokens_per_forward": self.tokens_per_forward,
                 "first_wrong": dict(self.first_wrong),
                 "first_wrong_with_uncommitted_left_context": self.first_wrong_gap,
                 "committed": dict(self.committed), "committed_wrong": dict(self.committed_wrong)}
@@ -175,7 +185,7 @@ def attribute_errors(loaded, problems: list[dict[str, str]], config, causal_fix:
                                  causal_fix=causal_fix)
         counts.tokens += result.stats.tokens
         counts.forwards += result.stats.forwards
-        reference = tokenizer.encode(problem["answer"], add_special_tokens=False) + [loaded.eos_token_id]
+        reference = reference_ids(tokenizer, problem, loaded.eos_token_id)
         text = tokenizer.decode(result.tokens, skip_special_tokens=True)
         attribute(result.tokens, result.trace, reference, not is_correct(text, problem["target"]), counts)
     return counts
@@ -224,8 +234,9 @@ def main(argv: list[str] | None = None) -> None:
                     rows[name][key] = {"preset": args.preset, "gen_length": args.gen_length, **errors.as_dict()}
                     label = "ReFusion" if not causal_fix else "ablation causal_fix=True"
                     print(f"  {label} ({args.preset}, gen length {args.gen_length}): {errors.wrong} of "
-                          f"{errors.problems} wrong, {errors.tokens / max(1, errors.forwards):.2f} tokens/forward; "
-                          "first wrong token: " + ", ".join(f"{kind} {n}" for kind, n in errors.first_wrong.most_common())
+                          f"{errors.problems} wrong, {errors.tokens_per_forward:.2f} tokens/forward; "
+                          "first wrong token: "
+                          + ", ".join(f"{kind} {n}" for kind, n in errors.first_wrong.most_common())
                           + f" ({errors.first_wrong_gap} with uncommitted tokens to its left)", flush=True)
                     print("    committed tokens up to the first difference, wrong / all: "
                           + ", ".join(f"{kind} {errors.committed_wrong[kind]} / {n}"
