@@ -13,7 +13,8 @@ from refusion_cli.errors import UserError
 
 app = typer.Typer(
     name="refusion",
-    help="ReFusion toolkit: decode, evaluate, benchmark and fine-tune slot-parallel diffusion LLMs.",
+    help="ReFusion toolkit: decode, evaluate, benchmark and fine-tune slot-parallel diffusion LLMs.\n\n"
+    "Errors are one line; add --debug to any command (or set REFUSION_DEBUG=1) for the full traceback.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,

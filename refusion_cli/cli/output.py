@@ -6,6 +6,7 @@ import os
 import sys
 
 from rich.console import Console
+from rich.text import Text
 
 console = Console()
 err_console = Console(stderr=True)
@@ -18,10 +19,14 @@ def debug_enabled() -> bool:
 
 
 def fail(message: str, hint: str | None = None, code: int = 2) -> None:
-    """Print one error line (and an optional hint) to stderr and exit with ``code``."""
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, markup=True)
+    """Print one error line to stderr (the hint, if any, after the message) and exit with ``code``.
+
+    The line is never wrapped, so ``grep error:`` finds all of it.
+    """
+    line = Text.assemble(("error:", "bold red"), " ", message)
     if hint:
-        err_console.print(f"[dim]hint:[/] {hint}", highlight=False)
+        line.append(" (hint: ", style="dim").append(hint).append(")", style="dim")
+    err_console.print(line, highlight=False, soft_wrap=True)
     sys.exit(code)
 
 

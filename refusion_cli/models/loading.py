@@ -91,6 +91,30 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def parse_device(device: str | torch.device | None) -> torch.device:
+    """``--device``: a torch device this machine has (None: CUDA when available, else the CPU).
+
+    A misspelt name, or a CUDA/MPS device this machine does not have, is a UserError.
+    """
+    if device is None or device == "":
+        return default_device()
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise UserError(f"unknown device '{device}'", hint="use cpu, cuda, cuda:N or mps") from None
+    if parsed.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UserError(f"device '{device}' asked for, but this torch has no usable CUDA device",
+                            hint="use --device cpu, or install a CUDA build of torch")
+        if parsed.index is not None and parsed.index >= torch.cuda.device_count():
+            raise UserError(f"device '{device}' does not exist: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    elif parsed.type == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
+        raise UserError(f"device '{device}' asked for, but MPS is not available here", hint="use --device cpu")
+    elif parsed.type not in ("cpu", "cuda", "mps"):
+        raise UserError(f"unsupported device '{device}'", hint="use cpu, cuda, cuda:N or mps")
+    return parsed
+
+
 def default_dtype(device: torch.device) -> torch.dtype:
     if device.type == "cuda" and torch.cuda.is_bf16_supported():
         return torch.bfloat16
@@ -145,7 +169,7 @@ def load_model(
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    device = torch.device(device) if device is not None else default_device()
+    device = parse_device(device)
     if isinstance(dtype, str):
         dtype = _parse_dtype(dtype)
     dtype = dtype or default_dtype(device)
