@@ -4,11 +4,13 @@ PIP := $(VENV)/bin/pip
 
 .PHONY: test venv clean models demo
 
-# The venv is (re)built only when pyproject.toml changes; torch first, from the CPU wheel.
+# The venv is (re)built only when pyproject.toml changes; torch first. Where pip would otherwise
+# fetch the multi-GB CUDA build, name the CPU wheel index: make test TORCH_INDEX=https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?=
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(PIP) install -q -e ".[dev]"
 	touch $@
 

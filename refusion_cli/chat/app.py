@@ -13,6 +13,7 @@ Contract of :class:`ChatApp`:
 - ``run_interactive()`` prompts on a terminal; Ctrl-C at the prompt is ignored with a hint;
   Ctrl-D or ``/quit`` leaves. ``run_lines(lines)`` answers each non-empty line (commands work too)
   and stops at the end of the input: piped stdin.
+- Off a terminal, consecutive answers are separated by one blank line.
 - Where output goes: answers to stdout; everything else (stats, command replies, notices) to
   stdout on a terminal, else to stderr, so ``refusion chat < questions > answers`` leaves only
   answers in the file. A failed answer (e.g. the conversation outgrew the model's context) is
@@ -100,6 +101,7 @@ class ChatApp:
         self.live = out.is_terminal
         self.strict = strict
         self.pieces = PieceCache(session.loaded.tokenizer)
+        self.answered = 0  # answers printed so far
 
     # -- lines -------------------------------------------------------------------------------
 
@@ -155,7 +157,10 @@ class ChatApp:
             if exc.hint:
                 self.notice(Text.assemble(("hint: ", "dim"), exc.hint))
             return None
+        if self.answered and not self.live:
+            self.out.print()  # off a terminal a blank line separates one answer from the next
         self.out.print(Text(answer.text), soft_wrap=True)  # the text as decoded, no wrapping added
+        self.answered += 1
         self.notice(Text(stats_line(answer.stats), style="dim"))
         return answer
 
@@ -194,8 +199,9 @@ class ChatApp:
     def show_stats(self) -> None:
         session = self.session
         settings = " ".join(f"{key}={value}" for key, value in session.options().items())
-        self.notice(Text(f"decoder {session.decoder} on {session.model_name}; "
-                         f"{session.turns} turn(s) in the conversation"))
+        turns = f"{session.turns} turn(s) in the conversation" if session.keep_history else \
+            "history off: every question is asked on its own"
+        self.notice(Text(f"decoder {session.decoder} on {session.model_name}; {turns}"))
         self.notice(Text(f"settings: {settings}"))
         if session.last is None:
             self.notice("last answer: none yet")

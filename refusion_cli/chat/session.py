@@ -41,8 +41,9 @@ class ChatAnswer:
 
 class ChatSession:
     def __init__(self, loaded: LoadedModel, decoder: str = "refusion", overrides: dict[str, Any] | None = None,
-                 *, model_name: str = "", seed: int = 0, force: bool = False):
+                 *, model_name: str = "", seed: int = 0, force: bool = False, keep_history: bool = True):
         check_decoder_fits(decoder, loaded.bidirectional, force=force)
+        self.keep_history = keep_history  # False: every question is asked on its own
         self.loaded = loaded
         self.decoder = decoder
         self.model_name = model_name or loaded.source
@@ -64,7 +65,8 @@ class ChatSession:
                              generator=self.generator, on_step=on_step)
         text = self.loaded.tokenizer.decode(result.tokens, skip_special_tokens=True).strip()
         answer = ChatAnswer(text, result.tokens, result.stats, len(prompt_ids))
-        self.history = [*messages, {"role": "assistant", "content": text}]
+        if self.keep_history:
+            self.history = [*messages, {"role": "assistant", "content": text}]
         self.last = answer
         return answer
 

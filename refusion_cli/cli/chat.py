@@ -5,8 +5,8 @@ of three modes:
 
 - ``--prompt "..."``: answer that one question and exit (errors exit non-zero);
 - stdin is a terminal: the interactive chat (live view when stdout is a terminal too);
-- stdin is a pipe or a file: answer each line in turn (one conversation; slash commands work)
-  and exit at the end of the input.
+- stdin is a pipe or a file: answer each line in turn (one conversation, or each question on its
+  own with ``--no-history``; slash commands work) and exit at the end of the input.
 """
 
 from __future__ import annotations
@@ -38,6 +38,9 @@ def chat(
                                                           rich_help_panel=DECODING)] = None,
     prompt: Annotated[str | None, typer.Option("--prompt", "-p", help="answer this one question and exit",
                                                rich_help_panel=DECODING)] = None,
+    history: Annotated[bool, typer.Option("--history/--no-history", help="keep the conversation (default), or "
+                                          "answer every question on its own, e.g. a file of independent "
+                                          "questions on stdin", rich_help_panel=DECODING)] = True,
     seed: Annotated[int, typer.Option("--seed", help="seed of the sampling noise (temperature > 0)",
                                       rich_help_panel=DECODING)] = 0,
     device: Annotated[str | None, typer.Option("--device", help="cpu, cuda, ... (default: cuda when available)",
@@ -62,7 +65,7 @@ def chat(
     interactive = prompt is None and sys.stdin.isatty()
     with console.status(f"loading {name} …") if interactive and console.is_terminal else nullcontext():
         loaded = load_model(name, device, dtype, trust_remote_code=trust_remote_code, require_mask=spec.needs_mask)
-    session = ChatSession(loaded, decoder, overrides, model_name=name, seed=seed)
+    session = ChatSession(loaded, decoder, overrides, model_name=name, seed=seed, keep_history=history)
     app = ChatApp(session, console, err_console, strict=prompt is not None)
     if prompt is not None:
         app.handle(prompt)

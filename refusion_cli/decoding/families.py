@@ -27,9 +27,9 @@ def check_decoder_fits(decoder_name: str, bidirectional: bool, force: bool = Fal
     if needs:
         raise UserError(
             f"the {decoder_name} decoder needs a bidirectional (masked-diffusion) model, but this model is causal",
-            hint="use the refusion or ar decoder for a causal model, or force the pairing if you mean it",
+            hint="use the refusion or ar decoder for a causal model",
         )
     raise UserError(
         f"the {decoder_name} decoder needs a causal model, but this model is bidirectional (masked-diffusion)",
-        hint="use the llada or dream decoder for a bidirectional model, or force the pairing if you mean it",
+        hint="use the llada or dream decoder for a bidirectional model",
     )

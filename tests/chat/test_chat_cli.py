@@ -172,3 +172,13 @@ def test_embedded_refusion_tiny_answers_with_prompt(embedded_problem):
     out = run_chat("--prompt", embedded_problem["question"])
     assert out.returncode == 0, out.stderr
     assert is_correct(out.stdout, embedded_problem["target"]), out.stdout
+
+
+@pytest.mark.skipif(EMBEDDED_MISSING, reason=EMBEDDED_SKIP)
+def test_embedded_refusion_tiny_answers_a_file_of_questions_without_history(embedded_problem):
+    """Two independent questions on stdin: each answered on its own, the answers a blank line apart."""
+    out = run_chat("--no-history", stdin=f"{embedded_problem['question']}\n{embedded_problem['question']}\n")
+    assert out.returncode == 0, out.stderr
+    answers = out.stdout.strip().split("\n\n")
+    assert len(answers) == 2 and answers[0] == answers[1]
+    assert is_correct(answers[1], embedded_problem["target"]), answers[1]

@@ -58,6 +58,14 @@ def test_session_keeps_the_history_and_interrupted_answers_change_nothing(loaded
     assert session.history == [] and session.last is second
 
 
+def test_without_history_every_question_is_asked_on_its_own(loaded):
+    session = ChatSession(loaded, "refusion", {"gen_length": "16"}, model_name="ckpt", keep_history=False)
+    first = session.ask(QUESTION)
+    second = session.ask(QUESTION)
+    assert session.history == [] and session.turns == 0 and session.last is second
+    assert second.prompt_tokens == first.prompt_tokens and second.tokens == first.tokens
+
+
 def test_set_refuses_bad_values_and_changes_nothing(loaded):
     session = ChatSession(loaded, "refusion", model_name="ckpt")
     before = session.config
@@ -79,6 +87,8 @@ def test_when_stdout_is_not_a_terminal_only_answers_go_there(loaded):
     assert not app.handle("/quit")
     answer = app.session.last
     assert out.getvalue() == answer.text + "\n"
+    app.handle("And then?")  # a second answer: a blank line between the two
+    assert out.getvalue() == answer.text + "\n\n" + app.session.last.text + "\n"
     notes = err.getvalue()
     assert f"{answer.stats.tokens} tokens · " in notes and "tokens/forward" in notes
     assert "refused: slot_threshold must be in [0, 1], got 2.0; nothing changed" in notes
