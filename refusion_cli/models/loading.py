@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import socket
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -200,13 +201,29 @@ def load_model(
     if remote and "AutoModelForCausalLM" not in (config.auto_map or {}):
         from transformers import AutoModel as load_class  # LLaDA and Dream register AutoModel only
     try:
-        model = load_class.from_pretrained(source, config=config, dtype=dtype, local_files_only=local_only,
-                                           trust_remote_code=trust_remote_code and remote)
+        with _no_progress_bar(name_or_path in EMBEDDED):  # a 10 MB model needs no "Loading weights" bar
+            model = load_class.from_pretrained(source, config=config, dtype=dtype, local_files_only=local_only,
+                                               trust_remote_code=trust_remote_code and remote)
     except (OSError, ValueError) as exc:
         raise UserError(f"cannot load the weights of '{name_or_path}': {str(exc).splitlines()[0]}") from exc
     model.to(device).eval().requires_grad_(False)
     bidirectional = remote or not getattr(config, "is_causal", True)
     return LoadedModel(model, tokenizer, mask_id, int(eos_id), int(pad_id), family, bidirectional, source)
+
+
+@contextmanager
+def _no_progress_bar(active: bool):
+    """Turn transformers' progress bars off for the block (when ``active``), then back to what they were."""
+    from transformers.utils import logging as transformers_logging
+
+    was_enabled = transformers_logging.is_progress_bar_enabled()
+    if active and was_enabled:
+        transformers_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if active and was_enabled:
+            transformers_logging.enable_progress_bar()
 
 
 def _eos_id(config, tokenizer) -> int | None:
