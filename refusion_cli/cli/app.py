@@ -33,7 +33,7 @@ def main() -> None:
     debug = debug_enabled() or "--debug" in argv
     argv = [a for a in argv if a != "--debug"]
     try:
-        app(args=argv, prog_name="refusion", standalone_mode=True)
+        code = app(args=argv, prog_name="refusion", standalone_mode=False)
     except UserError as exc:
         if debug:
             raise
@@ -42,3 +42,17 @@ def main() -> None:
         if debug:
             raise
         fail("interrupted", code=130)
+    except Exception as exc:
+        if debug or not is_usage_error(exc):
+            raise
+        if type(exc).__name__ == "NoArgsIsHelpError":  # `refusion` alone: the help, as click shows it
+            app(args=argv, prog_name="refusion", standalone_mode=True)
+        command = exc.ctx.command_path if getattr(exc, "ctx", None) is not None else "refusion"
+        fail(exc.format_message().replace("Value error, ", ""), f"{command} --help lists the options")
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def is_usage_error(exc: Exception) -> bool:
+    """A command-line mistake caught by the option parser (click's UsageError, vendored or not)."""
+    return any(cls.__name__ in ("UsageError", "BadParameter") for cls in type(exc).__mro__) and \
+        hasattr(exc, "format_message")

@@ -34,3 +34,18 @@ def test_debug_shows_the_traceback():
 def test_unknown_command_is_one_clear_error():
     out = refusion("frobnicate")
     assert out.returncode == 2 and "No such command" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_option_parser_errors_are_one_line_too():
+    out = refusion("train", "--objective", "foo", "--data", "x", "--output", "y")
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.splitlines() == ["error: Invalid value for '--objective': 'foo' is not one of 'refusion', "
+                                       "'ar', 'llada'. (hint: refusion train --help lists the options)"]
+    out = refusion("bench", "--tps", "--bogus")
+    assert out.returncode == 2
+    assert out.stderr.splitlines() == ["error: No such option: --bogus (hint: refusion bench --help lists the options)"]
+
+
+def test_no_command_shows_the_help():
+    out = refusion()
+    assert out.returncode == 2 and "Usage: refusion" in out.stdout + out.stderr
