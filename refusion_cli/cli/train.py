@@ -138,3 +138,7 @@ class ProgressView:
 
     def on_save(self, path: Path, step: int) -> None:
         self.progress.console.print(f"saved checkpoint {path} (step {step})")
+
+    def on_complete(self, step: int, output: Path) -> None:
+        console.print(f"nothing to do: the run in {output} is already complete at step {step} (the final model "
+                      "is there); raise --steps to train longer", soft_wrap=True)

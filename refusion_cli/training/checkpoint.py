@@ -73,6 +73,33 @@ def check_output_dir(output: Path, resume: bool) -> Path | None:
     return None
 
 
+def missing_dirs(output: Path) -> list[Path]:
+    """The directories that creating ``output`` would make, deepest first."""
+    missing = []
+    for directory in (output, *output.parents):
+        if directory.exists() or directory.is_symlink():
+            break
+        missing.append(directory)
+    return missing
+
+
+def remove_empty_dirs(directories: list[Path]) -> None:
+    """Remove those of ``directories`` (deepest first) that are empty: a failed run leaves nothing behind."""
+    for directory in directories:
+        try:
+            directory.rmdir()
+        except OSError:  # not empty (or already gone): keep it, and its parents
+            return
+
+
+def final_model_step(output: Path) -> int | None:
+    """The step of the final model in ``output`` (None when the run has not finished)."""
+    try:
+        return int(json.loads((output / STATE_FILE).read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def read_trainer_state(checkpoint: Path) -> dict:
     try:
         state = json.loads((checkpoint / STATE_FILE).read_text())

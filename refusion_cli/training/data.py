@@ -48,12 +48,20 @@ class TrainingData:
         return sum(len(e.prompt_ids) + len(e.response_ids) for e in self.examples)
 
 
+def check_data_file(path: Path) -> None:
+    """The data path names an existing file (not a directory)."""
+    if Path(path).is_dir():
+        raise UserError(f"the data path {path} is a directory, not a JSONL file",
+                        hint="give --data the JSONL file itself")
+    if not Path(path).is_file():
+        raise UserError(f"no such data file: {path}")
+
+
 def read_records(path: Path) -> list[Record]:
     """Parse a JSONL file; blank lines are skipped, anything else malformed names the file and line."""
+    check_data_file(path)
     try:
         text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UserError(f"no such data file: {path}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise UserError(f"cannot read the data file {path}: {exc}") from exc
     records = []

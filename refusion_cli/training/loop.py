@@ -6,7 +6,8 @@ launch`` on many GPUs; each process gets ``batch_size / (processes × grad_accum
 micro-batch. The loop does not print: it reports to a :class:`TrainObserver` on the main process.
 
 Steps of a run:
-1. check the output directory (writable; a previous run is only continued with ``--resume``);
+1. check the data file and the output directory (writable; a previous run is only continued with
+   ``--resume``; a finished run is reported as such and not trained further);
 2. load or build the model, add ``<|mask|>`` if missing, read the data;
 3. prepare model, optimizer, data loader and scheduler with Accelerate (and load the optimizer,
    scheduler and RNG states when resuming; the data stream restarts after the consumed examples);
@@ -34,7 +35,13 @@ from torch.utils.data import DataLoader
 
 from refusion_cli.errors import UserError
 from refusion_cli.training import checkpoint as ckpt
-from refusion_cli.training.data import ObjectiveDataset, ShuffledStream, file_digest, load_training_data
+from refusion_cli.training.data import (
+    ObjectiveDataset,
+    ShuffledStream,
+    check_data_file,
+    file_digest,
+    load_training_data,
+)
 from refusion_cli.training.modeling import (
     TrainableModel,
     build_tiny_model,
@@ -89,12 +96,14 @@ class TrainConfig:
             raise UserError(f"--num-workers cannot be negative (got {self.num_workers})")
         if self.max_length < 2:
             raise UserError(f"--max-length must be at least 2 (got {self.max_length})")
-        if not self.lr > 0:
-            raise UserError(f"--lr must be positive (got {self.lr})")
+        if not 0 <= self.seed < 2**64:  # what torch.manual_seed takes
+            raise UserError(f"--seed must be a non-negative 64-bit integer (got {self.seed})")
+        if not 0 < self.lr < math.inf:
+            raise UserError(f"--lr must be a positive number (got {self.lr})")
         if not 0 <= self.warmup_ratio < 1:
             raise UserError(f"--warmup-ratio must be in [0, 1) (got {self.warmup_ratio})")
-        if self.weight_decay < 0 or self.max_grad_norm < 0:
-            raise UserError("--weight-decay and --max-grad-norm cannot be negative")
+        if not (0 <= self.weight_decay < math.inf and 0 <= self.max_grad_norm < math.inf):  # NaN fails too
+            raise UserError("--weight-decay and --max-grad-norm must be non-negative numbers")
         if self.mixed_precision is not None and self.mixed_precision not in MIXED_PRECISION:
             raise UserError(f"--mixed-precision must be one of {', '.join(MIXED_PRECISION)}")
         self._check_source()
@@ -185,6 +194,9 @@ class TrainObserver:
 
     def on_save(self, path: Path, step: int) -> None:
         pass
+
+    def on_complete(self, step: int, output: Path) -> None:
+        """--resume found the run finished: all its steps done and the final model saved; nothing is trained."""
 
 
 class StopRequest:
@@ -299,21 +311,46 @@ def load_trainable(config: TrainConfig, resume_from: Path | None) -> TrainableMo
     return load_checkpoint_for_training(config.model)
 
 
+def check_resume_step(step: int, config: TrainConfig) -> None:
+    """A resumed run continues towards --steps (which may be raised, never lowered below the checkpoint)."""
+    if step > config.steps:
+        raise UserError(f"cannot resume: the checkpoint is at step {step}, past --steps {config.steps}",
+                        hint=f"the LR schedule spans --steps: keep --steps {step} or more")
+    if config.stop_at is not None and config.stop_at <= step < config.steps:
+        raise UserError(f"cannot resume: --stop-at {config.stop_at} but the run is already at step {step}",
+                        hint=f"give a --stop-at after step {step}, or leave it out")
+
+
 def train_model(config: TrainConfig, observer: TrainObserver | None = None) -> TrainResult:
-    """Run (or resume) training as configured; see the module docstring for the steps."""
-    observer = observer or TrainObserver()
+    """Run (or resume) training as configured; see the module docstring for the steps.
+
+    When the run fails, an output directory this call created and left empty is removed again.
+    """
+    created = ckpt.missing_dirs(config.output)
+    try:
+        return _train(config, observer or TrainObserver())
+    except BaseException:
+        ckpt.remove_empty_dirs(created)
+        raise
+
+
+def _train(config: TrainConfig, observer: TrainObserver) -> TrainResult:
     objective = get_objective(config.objective)
     accelerator = make_accelerator(config)
     main = accelerator.is_main_process
 
-    # 1) output directory and data file, before anything slow
+    # 1) data file and output directory, before anything slow
+    check_data_file(config.data)
     resume_from = ckpt.check_output_dir(config.output, config.resume)
-    if not Path(config.data).is_file():
-        raise UserError(f"no such data file: {config.data}")
     settings = config.run_settings(file_digest(config.data))
     state = ckpt.read_trainer_state(resume_from) if resume_from is not None else None
     if state is not None:
         check_resume_settings(state["run"], settings, config)
+        check_resume_step(state["step"], config)
+        if state["step"] == config.steps and ckpt.final_model_step(config.output) == config.steps:
+            if main:
+                observer.on_complete(config.steps, config.output)
+            return TrainResult(config.steps, False, resume_from, config.output, 0, 0.0)
     micro = micro_batch_size(config.batch_size, accelerator.num_processes, config.grad_accum)
 
     # 2) model and data

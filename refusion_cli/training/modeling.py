@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
+from huggingface_hub.errors import StrictDataclassError
 
 from refusion_cli.errors import UserError
 from refusion_cli.models.loading import MASK_TOKEN, find_mask_id, load_model
@@ -30,6 +32,9 @@ TINY_CONFIGS: dict[str, dict[str, int | float | bool]] = {
     },
 }
 TOKENIZER_FIELDS = ("eos_token_id", "pad_token_id", "mask_token_id")  # --init takes these from the tokenizer
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")  # a saved tokenizer directory has one of these
+SIZE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+               "num_key_value_heads", "head_dim", "max_position_embeddings")  # counts and widths: at least 1
 SUPPORTED_ATTENTION = ("sdpa", "eager")  # the backends that take an explicit 4-D mask
 
 
@@ -60,7 +65,30 @@ def parse_model_config(text: str | None) -> dict[str, object]:
     if unknown:
         raise UserError(f"--model-config: unknown Qwen3Config field(s): {', '.join(unknown)}",
                         hint="use field names of transformers.Qwen3Config, such as hidden_size or num_hidden_layers")
+    check_model_fields(overrides)
     return overrides
+
+
+def check_model_fields(fields: dict[str, object]) -> None:
+    """Values Qwen3Config accepts but the model cannot be built (or run) with; types are Qwen3Config's to check."""
+    from transformers.activations import ACT2FN
+
+    for name in SIZE_FIELDS:
+        value = fields.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value < 1:
+            raise UserError(f"--model-config: {name} must be at least 1 (got {value})")
+    eps, dropout = fields.get("rms_norm_eps"), fields.get("attention_dropout")
+    if isinstance(eps, int | float) and not eps > 0:
+        raise UserError(f"--model-config: rms_norm_eps must be positive (got {eps})")
+    if isinstance(dropout, int | float) and not 0 <= dropout < 1:
+        raise UserError(f"--model-config: attention_dropout must be in [0, 1) (got {dropout})")
+    if "hidden_act" in fields and not (isinstance(fields["hidden_act"], str) and fields["hidden_act"] in ACT2FN):
+        raise UserError(f"--model-config: unknown hidden_act {fields['hidden_act']!r}",
+                        hint="use an activation of transformers.activations.ACT2FN, such as silu or gelu")
+    heads, kv_heads = fields.get("num_attention_heads"), fields.get("num_key_value_heads")
+    if isinstance(heads, int) and isinstance(kv_heads, int) and kv_heads >= 1 and heads % kv_heads:
+        raise UserError(f"--model-config: num_attention_heads ({heads}) must be a multiple of "
+                        f"num_key_value_heads ({kv_heads})")
 
 
 def ensure_mask_token(model: torch.nn.Module, tokenizer) -> int:
@@ -87,6 +115,16 @@ def load_tokenizer(path: str):
     """The tokenizer for --init (a local directory, or anything AutoTokenizer finds offline)."""
     from transformers import AutoTokenizer
 
+    local = Path(path).expanduser()
+    if local.exists() or path.startswith((".", "/", "~")):  # a path, not a hub id
+        if not local.exists():
+            raise UserError(f"the tokenizer directory '{path}' does not exist")
+        if not local.is_dir():
+            raise UserError(f"--tokenizer '{path}' is a file; give the directory that holds the tokenizer files")
+        if not any((local / name).is_file() for name in TOKENIZER_FILES):
+            raise UserError(f"'{path}' holds no tokenizer ({' or '.join(TOKENIZER_FILES)})",
+                            hint="give a directory written by save_pretrained, e.g. refusion_cli/assets/refusion-tiny")
+        path = str(local)
     try:
         return AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError, TypeError) as exc:
@@ -105,7 +143,8 @@ def build_tiny_model(name: str, tokenizer, overrides: dict[str, object], seed: i
         tokenizer.add_special_tokens({"mask_token": MASK_TOKEN})
     mask_id = find_mask_id(None, tokenizer)
     fields = {**TINY_CONFIGS[name], "vocab_size": len(tokenizer), **overrides}
-    if int(fields["vocab_size"]) < len(tokenizer):
+    check_model_fields(fields)  # the named config's heads with overridden kv heads, or the other way round
+    if isinstance(fields["vocab_size"], int) and fields["vocab_size"] < len(tokenizer):
         raise UserError(f"--model-config vocab_size {fields['vocab_size']} is smaller than the tokenizer's "
                         f"{len(tokenizer)} tokens")
     fields.update(mask_token_id=mask_id, eos_token_id=int(tokenizer.eos_token_id), pad_token_id=pad_id_of(tokenizer))
@@ -114,8 +153,9 @@ def build_tiny_model(name: str, tokenizer, overrides: dict[str, object], seed: i
         with torch.random.fork_rng(devices=[]):  # the seed decides the init without touching the global RNG
             torch.manual_seed(seed)
             model = Qwen3ForCausalLM(config)
-    except (ValueError, TypeError) as exc:
-        raise UserError(f"cannot build the '{name}' model with these fields: {str(exc).splitlines()[0]}") from exc
+    except (StrictDataclassError, ValueError, TypeError, RuntimeError) as exc:  # RuntimeError: out of memory
+        reason = str(exc.__cause__ or exc).splitlines()[0]  # a StrictDataclassError's cause names the field
+        raise UserError(f"cannot build the '{name}' model with these --model-config fields: {reason}") from exc
     return TrainableModel(model.float().train(), tokenizer, int(mask_id), pad_id_of(tokenizer))
 
 

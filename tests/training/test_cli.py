@@ -56,17 +56,35 @@ def test_a_tiny_run_trains_reports_skipped_records_and_saves_a_loadable_model(fr
     assert loaded.mask_token_id is not None and not loaded.bidirectional
 
 
-def test_malformed_jsonl_line_is_named(fresh, tmp_path, capsys, monkeypatch):
+def test_malformed_jsonl_line_is_named_and_no_output_directory_is_left(fresh, tmp_path, capsys, monkeypatch):
     (tmp_path / "data.jsonl").write_text('{"query": "a", "response": "b"}\n{"query": oops}\n')
     code, _, err = run_cli(fresh, capsys, monkeypatch)
     assert code == 2
     assert error_line(err).startswith(f"error: {tmp_path / 'data.jsonl'}:2: not valid JSON")
+    assert not (tmp_path / "run").exists()
 
 
-def test_empty_dataset_is_an_error(fresh, tmp_path, capsys, monkeypatch):
+def test_empty_dataset_is_an_error_and_only_created_directories_are_removed(fresh, tmp_path, capsys, monkeypatch):
     (tmp_path / "data.jsonl").write_text("")
     code, _, err = run_cli(fresh, capsys, monkeypatch)
-    assert code == 2 and error_line(err) == f"error: the data file {tmp_path / 'data.jsonl'} holds no records"
+    assert code == 2 and error_line(err).startswith(f"error: the data file {tmp_path / 'data.jsonl'} holds no records")
+    assert not (tmp_path / "run").exists()
+    args = [*fresh]
+    args[args.index("--output") + 1] = str(tmp_path / "new" / "nested" / "run")
+    assert run_cli(args, capsys, monkeypatch)[0] == 2
+    assert not (tmp_path / "new").exists()  # the parents this run made go too
+    (tmp_path / "mine").mkdir()
+    args[args.index("--output") + 1] = str(tmp_path / "mine")
+    assert run_cli(args, capsys, monkeypatch)[0] == 2
+    assert (tmp_path / "mine").is_dir()  # the user's own (empty) directory stays
+
+
+def test_data_directory_is_named_as_a_directory(fresh, tmp_path, capsys, monkeypatch):
+    args = [*fresh]
+    args[args.index("--data") + 1] = str(tmp_path)
+    code, _, err = run_cli(args, capsys, monkeypatch)
+    assert code == 2 and error_line(err).startswith(f"error: the data path {tmp_path} is a directory, not a JSONL file")
+    assert not (tmp_path / "run").exists()
 
 
 def test_unwritable_output_fails_before_training(fresh, tmp_path, capsys, monkeypatch):
@@ -75,7 +93,8 @@ def test_unwritable_output_fails_before_training(fresh, tmp_path, capsys, monkey
     args[args.index("--output") + 1] = str(tmp_path / "a-file" / "run")
     code, _, err = run_cli(args, capsys, monkeypatch)
     assert code == 2
-    assert error_line(err) == f"error: cannot write checkpoints to '{tmp_path / 'a-file' / 'run'}': Not a directory"
+    assert error_line(err).startswith(
+        f"error: cannot write checkpoints to '{tmp_path / 'a-file' / 'run'}': Not a directory (hint: choose an")
 
 
 @pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root writes into read-only directories")
@@ -95,22 +114,41 @@ def test_read_only_output_fails_before_training(fresh, tmp_path, capsys, monkeyp
     (["--model-config", '{"eos_token_id": 5}'], "--model-config: eos_token_id come(s) from the tokenizer"),
     (["--grad-accum", "3"], "--batch-size 2 is not divisible by 1 process(es) × 3 accumulation step(s)"),
     (["--steps", "0"], "--steps must be at least 1 (got 0)"),
+    (["--seed", "-1"], "--seed must be a non-negative 64-bit integer (got -1)"),
+    (["--lr", "nan"], "--lr must be a positive number (got nan)"),
+    (["--weight-decay", "nan"], "--weight-decay and --max-grad-norm must be non-negative numbers"),
+    (["--model-config", '{"num_hidden_layers": -1}'], "--model-config: num_hidden_layers must be at least 1 (got -1)"),
+    (["--model-config", '{"num_attention_heads": 3}'],
+     "--model-config: num_attention_heads (3) must be a multiple of num_key_value_heads (2)"),
+    (["--model-config", '{"hidden_act": "nope"}'], "--model-config: unknown hidden_act 'nope'"),
+    (["--model-config", '{"rms_norm_eps": 0}'], "--model-config: rms_norm_eps must be positive (got 0)"),
+    (["--model-config", '{"hidden_size": "wide"}'], "cannot build the 'tiny' model with these --model-config fields: "
+                                                    "Field 'hidden_size' expected int, got str"),
+    (["--model-config", '{"layer_types": ["full_attention"]}'],
+     "cannot build the 'tiny' model with these --model-config fields: `num_hidden_layers` (4) must be equal to"),
+    (["--tokenizer", "/nonexistent"], "the tokenizer directory '/nonexistent' does not exist"),
+    (["--tokenizer", "{data}"], "--tokenizer '{data}' is a file"),
+    (["--tokenizer", "{tmp}"], "'{tmp}' holds no tokenizer (tokenizer.json or tokenizer_config.json)"),
     pytest.param(["--mixed-precision", "fp16"], "fp16 mixed precision needs a GPU; on CPU use --mixed-precision bf16",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="fp16 runs on a GPU")),
     (["--resume"], "--resume: '{output}' holds no checkpoint to resume from"),
 ])
 def test_bad_options_give_one_error_line(fresh, tmp_path, capsys, monkeypatch, extra, message):
+    paths = {"output": tmp_path / "run", "data": tmp_path / "data.jsonl", "tmp": tmp_path}
+    extra = [value.format(**paths) if value.startswith("{") and value.endswith("}") and value[1:-1] in paths
+             else value for value in extra]
     code, out, err = run_cli([*fresh, *extra], capsys, monkeypatch)
     assert code == 2
-    assert error_line(err).startswith("error: " + message.format(output=tmp_path / "run"))
-    assert not (tmp_path / "run" / "loss_log.jsonl").exists()
+    assert error_line(err).startswith("error: " + message.format(**paths))
+    assert not (tmp_path / "run").exists()
 
 
 def test_init_needs_a_tokenizer_and_unknown_options_are_rejected(fresh, capsys, monkeypatch):
     args = [*fresh]
     del args[args.index("--tokenizer"):args.index("--tokenizer") + 2]
     code, _, err = run_cli(args, capsys, monkeypatch)
-    assert code == 2 and error_line(err) == "error: --init needs --tokenizer DIR (the vocabulary of the fresh model)"
+    assert code == 2
+    assert error_line(err).startswith("error: --init needs --tokenizer DIR (the vocabulary of the fresh model)")
     code, _, err = run_cli([*fresh, "--learning-rate", "1"], capsys, monkeypatch)
     assert code == 2 and "No such option: --learning-rate" in err
     code, _, err = run_cli([*fresh, "--objective", "bert"], capsys, monkeypatch)
@@ -120,12 +158,35 @@ def test_init_needs_a_tokenizer_and_unknown_options_are_rejected(fresh, capsys, 
 def test_existing_run_needs_resume_and_resume_needs_the_same_settings(fresh, tmp_path, capsys, monkeypatch):
     assert run_cli(fresh, capsys, monkeypatch)[0] == 0
     code, _, err = run_cli(fresh, capsys, monkeypatch)
-    assert code == 2 and error_line(err) == f"error: '{tmp_path / 'run'}' already holds a training run"
+    assert code == 2
+    assert error_line(err).startswith(f"error: '{tmp_path / 'run'}' already holds a training run (hint: pass --resume")
     args = [*fresh, "--resume"]
     args[args.index("--steps") + 1] = "3"
     code, _, err = run_cli([*args, "--seed", "5"], capsys, monkeypatch)
     assert code == 2
-    assert error_line(err) == "error: cannot resume: seed is 5 but the checkpoint was trained with 0"
+    assert error_line(err).startswith("error: cannot resume: seed is 5 but the checkpoint was trained with 0")
     code, out, err = run_cli(args, capsys, monkeypatch)  # same settings, more steps: continues at step 2
     assert code == 0, err
     assert "resuming" in out and "checkpoint-2 at step 2" in out and "done: 3 steps" in out
+
+
+def test_resuming_a_finished_run_says_so_and_steps_cannot_go_below_the_checkpoint(fresh, tmp_path, capsys,
+                                                                                  monkeypatch):
+    assert run_cli(fresh, capsys, monkeypatch)[0] == 0
+    log = (tmp_path / "run" / "loss_log.jsonl").read_text()
+    code, out, err = run_cli([*fresh, "--resume"], capsys, monkeypatch)
+    assert code == 0, err
+    assert out.strip() == (f"nothing to do: the run in {tmp_path / 'run'} is already complete at step 2 "
+                           "(the final model is there); raise --steps to train longer")
+    assert (tmp_path / "run" / "loss_log.jsonl").read_text() == log
+    args = [*fresh, "--resume"]
+    args[args.index("--steps") + 1] = "1"
+    code, _, err = run_cli(args, capsys, monkeypatch)
+    assert code == 2
+    assert error_line(err).startswith("error: cannot resume: the checkpoint is at step 2, past --steps 1")
+    args[args.index("--steps") + 1] = "4"
+    code, _, err = run_cli([*args, "--stop-at", "2"], capsys, monkeypatch)
+    assert code == 2
+    assert error_line(err).startswith("error: cannot resume: --stop-at 2 but the run is already at step 2")
+    assert sorted(p.name for p in (tmp_path / "run").glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
+    assert (tmp_path / "run" / "loss_log.jsonl").read_text() == log
