@@ -8,8 +8,8 @@ Contract of :func:`load_prompts`:
 - A file: one JSON object per line with a ``prompt`` or ``question`` field (the user turn) and
   an optional ``target`` (the expected final answer, scored with the synthetic task's
   ``is_correct``); blank lines are skipped; ``limit`` keeps the first N.
-- An empty file, a missing file, a line that is not a JSON object with a text field, or a
-  ``limit`` below 1 is a :class:`UserError` naming the file and line.
+- An empty file, a missing file, a directory, a line that is not a JSON object with a text
+  field, or a ``limit`` below 1 is a :class:`UserError` naming the file and line.
 """
 
 from __future__ import annotations
@@ -52,6 +52,8 @@ def synthetic_prompts(limit: int) -> list[BenchPrompt]:
 
 
 def read_prompt_file(path: Path) -> list[BenchPrompt]:
+    if path.is_dir():
+        raise UserError(f"the prompts file {path} is a directory", hint="give a JSONL file, one prompt a line")
     if not path.is_file():
         raise UserError(f"no such prompts file: {path}")
     prompts: list[BenchPrompt] = []

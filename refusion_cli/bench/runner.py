@@ -2,8 +2,9 @@
 
 Contract:
 
-- :class:`BenchSettings` holds what to run; :func:`plan_entries` checks all of it (decoder names,
-  lengths, ``--set`` options through ``build_config``, checkpoint paths) before any model loads,
+- :class:`BenchSettings` holds what to run and checks the options on their own (decoder names,
+  lengths, device, dtype); :func:`plan_entries` checks the rest (``--set`` options through
+  ``build_config``, checkpoint paths) before any model loads,
   and returns the rows to measure: one per decoder and response length, plus "refusion
   (recompute)" (``kv_reuse=False``, the paper's ablation) after each ReFusion row, and "refusion
   (causal fix)" (``causal_fix=True``, this toolkit's ablation) when asked for. AR's rows come
@@ -46,7 +47,7 @@ from refusion_cli.decoding.registry import (
 from refusion_cli.decoding.stats import DecodeResult
 from refusion_cli.errors import UserError
 from refusion_cli.models.chat import user_prompt_ids
-from refusion_cli.models.loading import LoadedModel, load_model, resolve_source
+from refusion_cli.models.loading import LoadedModel, _parse_dtype, load_model, parse_device, resolve_source
 from refusion_cli.tasks.synthetic import is_correct
 
 DEFAULT_DECODERS = ("refusion", "ar", "llada")
@@ -93,6 +94,9 @@ class BenchSettings:
             raise UserError(f"--warmup must be >= 0, got {self.warmup}")
         if self.repeats < 1:
             raise UserError(f"--repeats must be >= 1, got {self.repeats}")
+        parse_device(self.device)  # a misspelt or absent device fails here, not when the first model loads
+        if self.dtype is not None:
+            _parse_dtype(self.dtype)
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,10 @@
 """`refusion bench --tps`: decoding speed of several decoders on the same prompts, batch 1.
 
-A thin wrapper over :mod:`refusion_cli.bench`: parses the options, shows progress and the result
-table with Rich, and writes the files (CSV rows as they are measured; Markdown and plots at the
-end, also after an interruption or an error, from the rows that finished).
+A thin wrapper over :mod:`refusion_cli.bench`: parses and checks every option (the output
+directory included) before anything is written, shows progress and the result table with Rich,
+and writes the files (CSV rows as they are measured; Markdown and plots at the end, also after an
+interruption or an error, from the rows that finished; see :class:`BenchRun` for when a previous
+run's files are replaced).
 
 Options that take several values accept them space-separated (``--decoder refusion ar llada``),
 comma-separated (``--decoder refusion,ar``) or repeated (``--decoder refusion --decoder ar``).
@@ -12,6 +14,7 @@ given back to the option its shape belongs to (see :func:`route_stray_values`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +37,7 @@ from refusion_cli.bench.report import (
     SAMPLE_FIELDS,
     SAMPLES_FILE,
     CsvRows,
+    check_output_dir,
     fmt,
     machine_line,
     percent,
@@ -54,7 +58,7 @@ from refusion_cli.bench.runner import (
 from refusion_cli.cli.output import console, quiet_library_output
 from refusion_cli.decoding.registry import DECODERS
 from refusion_cli.errors import UserError
-from refusion_cli.models.loading import LoadedModel, default_device, default_dtype
+from refusion_cli.models.loading import LoadedModel
 
 RUN = "What to run"
 MEASURE = "How to measure"
@@ -97,7 +101,7 @@ def bench(
                                          rich_help_panel=MEASURE)] = 1,
     seed: Annotated[int, typer.Option("--seed", help="seed of the sampling noise (prompt i uses seed + i)",
                                       rich_help_panel=MEASURE)] = 0,
-    output: Annotated[Path, typer.Option("--output", help="directory for bench.csv, samples.csv, bench.md and "
+    output: Annotated[Path, typer.Option("--output", "-o", help="directory for bench.csv, samples.csv, bench.md and "
                                          "the plots", rich_help_panel=MEASURE)] = Path("results/bench"),
     device: Annotated[str | None, typer.Option("--device", help="cpu, cuda, cuda:1, ... (default: cuda when "
                                                "available)", rich_help_panel=MACHINE)] = None,
@@ -129,6 +133,7 @@ def bench(
         if threads < 1:
             raise UserError(f"--threads must be >= 1, got {threads}")
         torch.set_num_threads(threads)
+    check_output_dir(output)
     quiet_library_output()
     source = (f"{len(prompt_list)} prompts from {prompts}" if prompts is not None
               else f"the first {len(prompt_list)} problems of the synthetic task "
@@ -221,7 +226,15 @@ def parse_overrides(values: list[str]) -> dict[str, dict[str, str]]:
 
 
 class BenchRun:
-    """One run: progress on the terminal, rows to the CSV files, the report and plots at the end."""
+    """One run: progress on the terminal, rows to the CSV files, the report and plots at the end.
+
+    The output directory is not touched until the first row finishes: an error or Ctrl-C before
+    that (a model that fails to load, a decoder that does not fit its model) leaves a previous
+    run's files as they were. The first finished row replaces them: the previous run's report,
+    machine.json and plots are removed, the CSV files started afresh with the samples so far; from
+    then on rows and samples are written as they finish, and the report and plots at the end, also
+    after an error or Ctrl-C (then marked Interrupted, from the rows that finished).
+    """
 
     def __init__(self, settings: BenchSettings, entries: list[BenchEntry], n_prompts: int, output: Path,
                  prompts_source: str):
@@ -231,6 +244,10 @@ class BenchRun:
         self.output = output
         self.prompts_source = prompts_source
         self.rows: list[BenchRow] = []
+        self.unwritten_samples: list[BenchSample] = []  # measured before the files were opened
+        self.files: contextlib.ExitStack | None = None  # open once the first row has finished
+        self.rows_csv: CsvRows | None = None
+        self.samples_csv: CsvRows | None = None
         self.machine: Machine | None = None
         self.written: list[str] = []
         self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -238,21 +255,36 @@ class BenchRun:
         self.task: TaskID | None = None
 
     def execute(self, prompts: list[BenchPrompt]) -> None:
-        self.output.mkdir(parents=True, exist_ok=True)
         finished = False
-        with CsvRows(self.output / ROWS_FILE, ROW_FIELDS) as rows_csv, \
-                CsvRows(self.output / SAMPLES_FILE, SAMPLE_FIELDS) as samples_csv:
-            self.written = [ROWS_FILE, SAMPLES_FILE]
-            try:
-                with self.progress:
-                    for row in run_bench(self.settings, prompts, entries=self.entries, on_entry=self.start_entry,
-                                         on_sample=lambda sample: self.sample_done(sample, samples_csv)):
-                        rows_csv.write(row.as_dict())
-                        self.rows.append(row)
-                        self.progress.console.print(row_line(row), highlight=False, soft_wrap=True)
-                finished = True
-            finally:
+        try:
+            with self.progress:
+                for row in run_bench(self.settings, prompts, entries=self.entries, on_entry=self.start_entry,
+                                     on_sample=self.sample_done):
+                    self.row_done(row)
+            finished = True
+        except KeyboardInterrupt:
+            if self.files is None:
+                console.print(f"[yellow]stopped:[/] no row finished; {self.output} is untouched", highlight=False)
+            raise
+        finally:
+            if self.files is not None:
+                self.files.close()
                 self.write_report(interrupted=not finished)
+
+    def open_files(self) -> None:
+        """Replace the previous run's files with this run's CSV files (the first row has finished)."""
+        files = contextlib.ExitStack()
+        try:
+            self.output.mkdir(parents=True, exist_ok=True)
+            for name in (REPORT_FILE, MACHINE_FILE, FRONTIER_FILE, LENGTH_FILE):
+                (self.output / name).unlink(missing_ok=True)
+            rows_csv = files.enter_context(CsvRows(self.output / ROWS_FILE, ROW_FIELDS))
+            samples_csv = files.enter_context(CsvRows(self.output / SAMPLES_FILE, SAMPLE_FIELDS))
+        except OSError as exc:
+            files.close()
+            raise UserError(f"cannot write to --output {self.output}: {exc.strerror or exc}") from None
+        self.files, self.rows_csv, self.samples_csv = files, rows_csv, samples_csv
+        self.written = [ROWS_FILE, SAMPLES_FILE]
 
     def start_entry(self, entry: BenchEntry, loaded: LoadedModel) -> None:
         if self.machine is None:
@@ -262,14 +294,31 @@ class BenchRun:
         total = self.n_prompts * self.settings.repeats
         self.task = self.progress.add_task(f"{entry.label} @ {entry.gen_length}", total=total)
 
-    def sample_done(self, sample: BenchSample, samples_csv: CsvRows) -> None:
-        samples_csv.write(dataclasses.asdict(sample))
+    def sample_done(self, sample: BenchSample) -> None:
+        self.unwritten_samples.append(sample)
+        self.write_samples()
         if self.task is not None:
             self.progress.advance(self.task)
 
+    def write_samples(self) -> None:
+        if self.samples_csv is None:
+            return
+        for sample in self.unwritten_samples:
+            self.samples_csv.write(dataclasses.asdict(sample))
+        self.unwritten_samples.clear()
+
+    def row_done(self, row: BenchRow) -> None:
+        if self.files is None:
+            self.open_files()
+        self.write_samples()
+        assert self.rows_csv is not None
+        self.rows_csv.write(row.as_dict())
+        self.rows.append(row)
+        self.progress.console.print(row_line(row), highlight=False, soft_wrap=True)
+
     def write_report(self, interrupted: bool) -> None:
-        machine = self.machine or self.requested_machine()
-        write_machine(self.output / MACHINE_FILE, machine)
+        assert self.machine is not None  # set when the first entry started, before any row finished
+        write_machine(self.output / MACHINE_FILE, self.machine)
         plots = []
         if plotting_available():
             if plot_frontier(self.rows, self.output / FRONTIER_FILE):
@@ -278,18 +327,13 @@ class BenchRun:
                 plots.append(LENGTH_FILE)
         elif self.rows:
             console.print("[yellow]matplotlib is not installed: no plots[/] (pip install matplotlib)")
-        write_markdown(self.output / REPORT_FILE, self.rows, machine, prompts=self.prompts_source,
+        write_markdown(self.output / REPORT_FILE, self.rows, self.machine, prompts=self.prompts_source,
                        warmup=self.settings.warmup, repeats=self.settings.repeats, seed=self.settings.seed,
                        plots=plots, interrupted=interrupted)
         self.written += [REPORT_FILE, MACHINE_FILE, *plots]
         if interrupted:
             console.print(f"[yellow]stopped:[/] {len(self.rows)} finished row(s) kept in {self.output}",
                           highlight=False)
-
-    def requested_machine(self) -> Machine:
-        """The machine as asked for, when no model was loaded."""
-        device = torch.device(self.settings.device) if self.settings.device else default_device()
-        return describe_machine(device, default_dtype(device))
 
 
 def row_line(row: BenchRow) -> str:

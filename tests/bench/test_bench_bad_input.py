@@ -1,0 +1,117 @@
+"""`refusion bench` on bad input: one error line, exit 2, and a previous run's files left as they were.
+
+Through the real entry point, in-process (for speed). The output directory holds a previous run
+(``results/bench`` is committed measurements), so "nothing written" is checked byte for byte.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from refusion_cli.bench.plots import FRONTIER_FILE, LENGTH_FILE
+
+PREVIOUS_RUN = {"bench.csv": "old rows\n", "samples.csv": "old samples\n", "bench.md": "# old report\n",
+                "machine.json": "{}\n", FRONTIER_FILE: "old plot", LENGTH_FILE: "old plot"}
+
+
+def previous_run(folder: Path) -> dict[str, bytes]:
+    """A finished run's files in ``folder``; returns what they hold."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in PREVIOUS_RUN.items():
+        (folder / name).write_text(text)
+    return files_in(folder)
+
+
+def files_in(folder: Path) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in sorted(folder.iterdir())}
+
+
+def run_bench_cli(args: list[str], monkeypatch, capsys) -> tuple[int, str, str]:
+    from refusion_cli.cli.app import main
+
+    monkeypatch.setattr(sys, "argv", ["refusion", "bench", "--tps", *args])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    out = capsys.readouterr()
+    return exit_info.value.code, out.out, out.err
+
+
+def error_line(err: str) -> str:
+    """The one ``error:`` line of stderr (asserting there is exactly one and no traceback)."""
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in err, err
+    return errors[0]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--device", "foo"], "error: unknown device 'foo' (hint: use cpu, cuda, cuda:N or mps)"),
+    pytest.param(["--device", "cuda"], "error: device 'cuda' asked for, but this torch has no usable CUDA device",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")),
+    (["--dtype", "int8"], "error: unknown dtype 'int8'; choose one of float32"),
+    (["--prompts", "DIR"], "error: the prompts file DIR is a directory"),
+    (["--set", "refusion.slot_threshold=2"], "error: slot_threshold must be in [0, 1], got 2.0"),
+])
+def test_a_bad_option_leaves_the_previous_run_untouched(args, message, tmp_path, monkeypatch, capsys,
+                                                        causal_checkpoint):
+    output = tmp_path / "out"
+    before = previous_run(output)
+    args = [str(tmp_path) if arg == "DIR" else arg for arg in args]
+    code, out, err = run_bench_cli([*args, "--decoder", "refusion", "ar", "--model", f"refusion={causal_checkpoint}",
+                                    f"ar={causal_checkpoint}", "--limit", "1", "--gen-length", "16", "-o", str(output)],
+                                   monkeypatch, capsys)
+    assert code == 2 and out == ""
+    assert error_line(err).startswith(message.replace("DIR", str(tmp_path)))
+    assert files_in(output) == before
+
+
+@pytest.mark.parametrize("where, message", [
+    ("FILE", "error: --output FILE is a file, not a directory"),
+    ("FILE/sub", "error: --output FILE/sub cannot be created: FILE is a file, not a directory"),
+    pytest.param("/proc/nope", "error: --output /proc/nope is not writable: cannot create a file in /proc",
+                 marks=pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux /proc")),
+])
+def test_an_unusable_output_path_is_one_line_naming_it(where, message, tmp_path, monkeypatch, capsys,
+                                                       causal_checkpoint):
+    file = tmp_path / "results.txt"
+    file.write_text("not a directory")
+    output = where.replace("FILE", str(file))
+    code, out, err = run_bench_cli(["--decoder", "ar", "--model", f"ar={causal_checkpoint}", "--limit", "1",
+                                    "--gen-length", "16", "--output", output], monkeypatch, capsys)
+    assert code == 2 and out == ""
+    assert error_line(err).startswith(message.replace("FILE", str(file)))
+    assert file.read_text() == "not a directory" and sorted(tmp_path.iterdir()) == [file]
+
+
+def test_a_failure_before_the_first_row_keeps_the_previous_run(tmp_path, monkeypatch, capsys, causal_checkpoint):
+    """The model loads, then the decoder refuses it: no row finished, so the output is not touched."""
+    output = tmp_path / "out"
+    before = previous_run(output)
+    code, _, err = run_bench_cli(["--decoder", "llada", "--model", f"llada={causal_checkpoint}", "--limit", "1",
+                                  "--gen-length", "16", "--warmup", "0", "-o", str(output)], monkeypatch, capsys)
+    assert code == 2
+    assert "the llada decoder needs a bidirectional (masked-diffusion) model" in error_line(err)
+    assert files_in(output) == before
+    code, _, err = run_bench_cli(["--decoder", "llada", "--model", f"llada={causal_checkpoint}", "--limit", "1",
+                                  "--gen-length", "16", "--warmup", "0", "-o", str(tmp_path / "new")],
+                                 monkeypatch, capsys)
+    assert code == 2 and not (tmp_path / "new").exists()
+
+
+def test_a_new_run_replaces_every_file_of_the_previous_one(tmp_path, monkeypatch, capsys, causal_checkpoint):
+    """Prompts without targets draw no frontier plot: the previous run's must not stay behind."""
+    output = tmp_path / "out"
+    previous_run(output)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "Say hi."}\n')
+    code, _, err = run_bench_cli(["--decoder", "ar", "--model", f"ar={causal_checkpoint}", "--prompts", str(prompts),
+                                  "--gen-length", "16", "--warmup", "0", "-o", str(output)], monkeypatch, capsys)
+    assert code == 0, err
+    assert sorted(path.name for path in output.iterdir()) == ["bench.csv", "bench.md", "machine.json", "samples.csv",
+                                                              LENGTH_FILE]
+    assert (output / LENGTH_FILE).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (output / "bench.csv").read_text().startswith("decoder,model,gen_length")
+    assert "Interrupted" not in (output / "bench.md").read_text()
