@@ -19,7 +19,6 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -41,25 +40,6 @@ COUNTING_RULE = (
     "tokens/forward = tokens ÷ forwards. Each column is the mean over the row's measured decodes of the "
     "per-decode value; latency percentiles are over the decode wall times."
 )
-
-
-def check_output_dir(path: Path) -> None:
-    """Refuse an ``--output`` the files cannot be written to, leaving the file system as it was.
-
-    ``path`` must be a directory or not exist yet, and the nearest of it and its parents that
-    exists must be a directory that takes new files (probed with a temporary file, gone at once).
-    """
-    existing = next(folder for folder in (path, *path.parents) if folder.exists())
-    if not existing.is_dir():
-        where = "is a file" if existing == path else f"cannot be created: {existing} is a file"
-        raise UserError(f"--output {path} {where}, not a directory",
-                        hint="give a directory for bench.csv, bench.md and the plots")
-    try:
-        with tempfile.TemporaryFile(dir=existing):
-            pass
-    except OSError as exc:
-        raise UserError(f"--output {path} is not writable: cannot create a file in {existing} "
-                        f"({exc.strerror or exc})", hint="choose another --output directory") from None
 
 
 class CsvRows:

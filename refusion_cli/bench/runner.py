@@ -47,7 +47,7 @@ from refusion_cli.decoding.registry import (
 from refusion_cli.decoding.stats import DecodeResult
 from refusion_cli.errors import UserError
 from refusion_cli.models.chat import user_prompt_ids
-from refusion_cli.models.loading import LoadedModel, _parse_dtype, load_model, parse_device, resolve_source
+from refusion_cli.models.loading import LoadedModel, load_model, parse_device, parse_dtype, resolve_source
 from refusion_cli.tasks.synthetic import is_correct
 
 DEFAULT_DECODERS = ("refusion", "ar", "llada")
@@ -96,7 +96,7 @@ class BenchSettings:
             raise UserError(f"--repeats must be >= 1, got {self.repeats}")
         parse_device(self.device)  # a misspelt or absent device fails here, not when the first model loads
         if self.dtype is not None:
-            _parse_dtype(self.dtype)
+            parse_dtype(self.dtype)
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,6 @@ from refusion_cli.bench.report import (
     SAMPLE_FIELDS,
     SAMPLES_FILE,
     CsvRows,
-    check_output_dir,
     fmt,
     machine_line,
     percent,
@@ -59,6 +58,7 @@ from refusion_cli.cli.output import console, quiet_library_output
 from refusion_cli.decoding.registry import DECODERS
 from refusion_cli.errors import UserError
 from refusion_cli.models.loading import LoadedModel
+from refusion_cli.paths import check_output_dir
 
 RUN = "What to run"
 MEASURE = "How to measure"
@@ -133,7 +133,7 @@ def bench(
         if threads < 1:
             raise UserError(f"--threads must be >= 1, got {threads}")
         torch.set_num_threads(threads)
-    check_output_dir(output)
+    check_output_dir(output, hint="give a directory for bench.csv, bench.md and the plots")
     quiet_library_output()
     source = (f"{len(prompt_list)} prompts from {prompts}" if prompts is not None
               else f"the first {len(prompt_list)} problems of the synthetic task "

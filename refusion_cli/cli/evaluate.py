@@ -2,13 +2,16 @@
 
 A thin wrapper over :func:`refusion_cli.harness.runner.run_eval`: parses options, shows a progress
 bar per benchmark and decoder, prints the summary tables. Library chatter (lm-eval, datasets,
-transformers progress bars and warnings) goes to ``<output>/eval.log``, not the terminal.
+transformers progress bars and warnings) goes to ``<output>/eval.log``, not the terminal. A run that
+fails before it journals a sample removes the output folder it created (a folder it did not create is
+kept: runs resume from the samples there).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -70,7 +73,7 @@ def evaluate(
     tasks, decoders = _split(task), _split(decoder)
     _absorb_extra_values(more or [], tasks, decoders)
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # every benchmark reads local files
-    from refusion_cli.harness.runner import EvalOptions, default_output, plan_eval, run_eval
+    from refusion_cli.harness.runner import EvalOptions, default_output, has_results, make_output, plan_eval, run_eval
 
     run_dir = output or default_output(tasks)
     options = EvalOptions(
@@ -80,13 +83,16 @@ def evaluate(
         trust_remote_code=trust_remote_code,
     )
     plan = plan_eval(options)  # every option and data file is checked before anything is written
+    created = make_output(run_dir)
     main_process = int(os.environ.get("RANK", "0")) == 0
     view = EvalView() if main_process else None
     try:
         with view or contextlib.nullcontext(), _library_output(run_dir):
             results = run_eval(options, view, plan=plan)
-    except KeyboardInterrupt:
-        if main_process:
+    except (Exception, KeyboardInterrupt) as exc:
+        if main_process and created and not has_results(run_dir):
+            shutil.rmtree(run_dir, ignore_errors=True)  # only eval.log and tasks/: nothing to resume from
+        elif main_process and isinstance(exc, KeyboardInterrupt):
             console.print(f"[yellow]interrupted[/]: finished samples are kept in {run_dir}/samples; "
                           "run the same command again to resume")
         raise
@@ -123,11 +129,20 @@ def _library_output(run_dir: Path):
     if debug_enabled():
         yield
         return
-    for name in ("lm_eval", "datasets", "transformers", "accelerate"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    loggers = [logging.getLogger(name) for name in ("lm_eval", "datasets", "transformers", "accelerate")]
+    for logger in loggers:
+        logger.setLevel(logging.WARNING)
+    # handlers made at import hold the terminal's stderr (datasets' prints pyarrow's parse errors): use the log
+    handlers = [h for logger in loggers for h in logger.handlers if type(h) is logging.StreamHandler]
+    streams = [handler.stream for handler in handlers]
     with (run_dir / "eval.log").open("a", encoding="utf-8") as log, contextlib.redirect_stderr(log):
-        yield
+        try:
+            for handler in handlers:
+                handler.stream = log  # not setStream: that flushes the old stream, which may be closed
+            yield
+        finally:
+            for handler, stream in zip(handlers, streams):
+                handler.stream = stream
 
 
 class EvalView:

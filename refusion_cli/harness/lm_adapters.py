@@ -44,7 +44,7 @@ from refusion_cli.decoding.registry import (build_config, check_decoder_fits, de
                                             run_decoder)
 from refusion_cli.decoding.stats import DecodeStats, float_logits
 from refusion_cli.errors import UserError
-from refusion_cli.models.loading import LoadedModel, load_model
+from refusion_cli.models.loading import LoadedModel, load_model, parse_device
 
 # model_args keys that are not decoder settings
 ADAPTER_OPTIONS: dict[str, str] = {
@@ -93,7 +93,7 @@ def distributed_context(device: str | None = None) -> tuple[int, int, Any]:
         return 0, 1, None
     from accelerate import Accelerator
 
-    on_cpu = (device is not None and torch.device(device).type == "cpu") or not torch.cuda.is_available()
+    on_cpu = (device is not None and parse_device(device).type == "cpu") or not torch.cuda.is_available()
     accelerator = Accelerator(cpu=on_cpu)
     return accelerator.process_index, accelerator.num_processes, accelerator
 
@@ -202,9 +202,7 @@ class DecoderLM(TemplateLM):
         self._rank, self._world_size, self.accelerator = distributed_context(device)
         if self.accelerator is not None:
             device = str(self.accelerator.device)
-        if device is not None and torch.device(device).type == "cuda" and not torch.cuda.is_available():
-            raise UserError(f"device={device} was asked for, but this PyTorch sees no CUDA device",
-                            hint="pass device=cpu (lm-eval's command line: --device cpu)")
+        parse_device(device)  # a misspelt or absent device fails before the model loads
         if isinstance(pretrained, LoadedModel):
             self.loaded = pretrained
         else:

@@ -5,8 +5,9 @@ Contract of :func:`run_eval`:
 1) plan      every (benchmark, decoder) config is built first (the ReFusion preset of the suite
              manifest or ``preset``, the benchmark's response budget, then ``--set`` overrides,
              validated by ``registry.build_config``); the benchmarks' task YAMLs are rendered
-             and their local data checked. Any mistake is a ``UserError`` before a model is
-             loaded or a file is written.
+             and their local data checked (present, not empty, JSON lines), as are ``--device``,
+             ``--dtype``, ``--output`` and ``--data-dir``. Any mistake is a ``UserError`` before a
+             model is loaded or a file is written.
 2) evaluate  per benchmark, the lm-eval tasks are built once; per decoder, an adapter
              (``lm_adapters``) with a :class:`~refusion_cli.harness.journal.SampleJournal` as its
              generation hook runs lm-eval's ``evaluate`` (zero-shot, the chat template, the suite's
@@ -40,10 +41,11 @@ from refusion_cli.decoding.registry import DECODERS, build_config, decoder_spec,
 from refusion_cli.decoding.config import config_fields
 from refusion_cli.errors import UserError
 from refusion_cli.harness.journal import JournalObserver, SampleJournal, journal_files, read_records
-from refusion_cli.harness.report import write_reports
+from refusion_cli.harness.report import METRICS_FILE, write_reports
 from refusion_cli.harness.scoring import TaskScorer
 from refusion_cli.harness.suite import Benchmark, RenderedTask, Suite, check_data, load_suite, load_tasks, render
-from refusion_cli.models.loading import EMBEDDED, embedded_path, resolve_source
+from refusion_cli.models.loading import EMBEDDED, embedded_path, parse_device, parse_dtype, resolve_source
+from refusion_cli.paths import check_output_dir
 
 MDM_DECODERS = ("llada", "dream")
 
@@ -149,6 +151,9 @@ def decoder_runs(decoders: list[str], models: list[str]) -> list[DecoderRun]:
             if key not in chosen:
                 raise UserError(f"--model {value}: the {key} decoder is not selected (--decoder {' '.join(chosen)})")
             per_decoder[key] = path
+        elif sep and not Path(key).expanduser().exists() and not Path(value).expanduser().exists():
+            raise UserError(f"--model {value}: '{key}' is not a decoder; DECODER=PATH takes one of "
+                            f"{', '.join(DECODERS)}", hint="or give a checkpoint path alone, for every decoder")
         else:
             shared = value
     runs = []
@@ -228,6 +233,39 @@ def data_file_options(values: list[str], benchmarks: list[Benchmark]) -> dict[st
     return files
 
 
+def check_data_dir(data_dir: Path, rendered: dict[str, RenderedTask]) -> None:
+    """``--data-dir`` must exist and hold a file that a selected benchmark reads."""
+    root = data_dir.expanduser()
+    if not root.is_dir():
+        raise UserError(f"--data-dir {data_dir} does not exist or is not a directory",
+                        hint="give the folder holding the benchmark files, laid out as in evals/README.md")
+    if not any(root.resolve() in path.parents for task in rendered.values() for path in task.data_files):
+        raise UserError(f"--data-dir {data_dir} has no effect: no selected task ({', '.join(rendered)}) reads a "
+                        "file from it", hint="drop --data-dir; --data-file TASK=PATH replaces the file of one task")
+
+
+def make_output(output: Path) -> bool:
+    """Create the run directory; True when this call created it (so a failed run may remove it)."""
+    if output.is_dir():
+        return False
+    try:
+        output.mkdir(parents=True)
+    except FileExistsError:
+        return False  # another process of a data-parallel run made it first
+    except OSError as exc:
+        raise UserError(f"cannot create the output directory {output}: {exc.strerror}",
+                        hint="pick a folder you can write to") from None
+    return True
+
+
+def has_results(output: Path) -> bool:
+    """Whether ``output`` holds a journaled sample or a report (what a rerun resumes from)."""
+    if (output / METRICS_FILE).exists():
+        return True
+    samples = output / "samples"
+    return samples.is_dir() and any(p.is_file() and p.stat().st_size > 0 for p in samples.rglob("*"))
+
+
 def seed_lm_eval(seed: int) -> None:
     """lm-eval's task code draws from Python's global RNG (GPQA shuffles its choices with it), as
     its ``simple_evaluate`` seeds it; seed it the same way so prompts, hence resume keys, repeat."""
@@ -260,6 +298,10 @@ def plan_eval(options: EvalOptions, suite: Suite | None = None) -> Plan:
         suite.preset(options.preset)
     if options.limit is not None and options.limit < 1:
         raise UserError(f"--limit must be a positive number of documents, got {options.limit}")
+    parse_device(options.device)  # a misspelt device, or CUDA this machine lacks
+    if options.dtype is not None:
+        parse_dtype(options.dtype)
+    check_output_dir(options.output, hint="give a folder for metrics.json, the summaries and the samples")
     configs = {(b.name, d): plan_config(suite, b, d, overrides[d], options.preset) for b in benchmarks for d in decoders}
     if any(b.code for b in benchmarks):
         from refusion_cli.harness.code_tasks import require_confirmation
@@ -270,7 +312,10 @@ def plan_eval(options: EvalOptions, suite: Suite | None = None) -> Plan:
     for benchmark in benchmarks:
         rendered[benchmark.name] = render(benchmark, options.output / "tasks" / benchmark.name, options.data_dir,
                                           files.get(benchmark.name))
-        check_data(rendered[benchmark.name])
+    if options.data_dir is not None:
+        check_data_dir(options.data_dir, rendered)
+    for task in rendered.values():
+        check_data(task)
     return Plan(benchmarks, runs, configs, rendered)
 
 

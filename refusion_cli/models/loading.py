@@ -172,7 +172,7 @@ def load_model(
 
     device = parse_device(device)
     if isinstance(dtype, str):
-        dtype = _parse_dtype(dtype)
+        dtype = parse_dtype(dtype)
     dtype = dtype or default_dtype(device)
     source, local_only = resolve_source(name_or_path)
     config = load_config(source, local_only, trust_remote_code, name_or_path)
@@ -236,7 +236,8 @@ def _eos_id(config, tokenizer) -> int | None:
     return None if eos is None else int(eos)
 
 
-def _parse_dtype(name: str) -> torch.dtype:
+def parse_dtype(name: str) -> torch.dtype:
+    """``--dtype``: float32, bfloat16, float16, float64 (or fp32, bf16, fp16); anything else is a UserError."""
     table = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
              "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float64": torch.float64}
     if name not in table:

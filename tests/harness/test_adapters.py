@@ -68,6 +68,14 @@ def test_bad_model_args_are_errors_before_loading(model_args, message):
         get_model("refusion").create_from_arg_string(f"pretrained=/nonexistent,{model_args}")
 
 
+@pytest.mark.parametrize("device, message", [("foo", "unknown device 'foo'"), ("cuda", "no usable CUDA device")])
+def test_a_bad_device_is_one_user_error_before_loading(device, message):
+    if device == "cuda" and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(UserError, match=message):
+        get_model("ar").create_from_arg_string(f"pretrained=/nonexistent,device={device}")
+
+
 def test_the_chat_template_hook_matches_the_projects_prompt(ar, prompt):
     assert ar.tok_encode(prompt) == user_prompt_ids(ar.tokenizer, QUESTION)
     assert ar.tokenizer_name and ar.chat_template(True)

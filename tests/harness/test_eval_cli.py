@@ -275,6 +275,7 @@ def test_bad_input_is_one_line_and_exit_2(args, message, causal_checkpoint, caps
 
 def test_a_benchmark_without_offline_data_says_which_file_it_needs(causal_checkpoint, capsys, monkeypatch, tmp_path):
     start = time.monotonic()
+    (tmp_path / "nothing").mkdir()
     code, stdout, stderr = run_cli(capsys, monkeypatch, "--task", "gsm8k", "--decoder", "ar", "--model",
                                    str(causal_checkpoint), "--data-dir", str(tmp_path / "nothing"),
                                    "--output", str(tmp_path / "run"))
@@ -282,3 +283,91 @@ def test_a_benchmark_without_offline_data_says_which_file_it_needs(causal_checkp
     squeezed = "".join(stderr.split())  # Rich may fold a long path across lines
     assert f"{tmp_path / 'nothing' / 'gsm8k' / 'test.jsonl'}ismissing" in squeezed and "openai/gsm8k" in stderr
     assert time.monotonic() - start < 30 and not (tmp_path / "run").exists()
+
+
+def write_lines(path: Path, *lines: str) -> Path:
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("case", ["device", "cuda", "dtype", "model", "no_data_dir", "unused_data_dir", "empty_file",
+                                  "bad_json", "not_object", "no_file"])
+def test_bad_options_and_data_files_stop_before_the_output_folder_exists(case, capsys, monkeypatch, tmp_path):
+    if case == "cuda" and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    good = '{"question": "What is 1 + 1?", "target": "2"}'
+    args, words = {
+        "device": (["--device", "foo"], ["unknown device 'foo'"]),
+        "cuda": (["--device", "cuda"], ["device 'cuda'", "no usable CUDA device"]),
+        "dtype": (["--dtype", "float8"], ["unknown dtype 'float8'"]),
+        "model": (["--model", "foo=ar-tiny"], ["'foo' is not a decoder", "refusion, ar, llada, dream"]),
+        "no_data_dir": (["--data-dir", str(tmp_path / "absent")], [f"--data-dir {tmp_path / 'absent'} does not exist"]),
+        "unused_data_dir": (["--data-dir", str(tmp_path)], ["has no effect", "(synthetic)"]),
+        "empty_file": (["--data-file", f"synthetic={write_lines(tmp_path / 'empty.jsonl')}"],
+                       [f"{tmp_path / 'empty.jsonl'} is empty"]),
+        "bad_json": (["--data-file", f"synthetic={write_lines(tmp_path / 'bad.jsonl', good, '{oops}')}"],
+                     [f"{tmp_path / 'bad.jsonl'}, line 2, is not valid JSON"]),
+        "not_object": (["--data-file", f"synthetic={write_lines(tmp_path / 'list.jsonl', '', good, '[1, 2]')}"],
+                       [f"{tmp_path / 'list.jsonl'}, line 3, is not a JSON object"]),
+        "no_file": (["--data-file", f"synthetic={tmp_path / 'absent.jsonl'}"],
+                    [f"--data-file {tmp_path / 'absent.jsonl'} does not exist", "check the path"]),
+    }[case]
+    code, stdout, stderr = run_cli(capsys, monkeypatch, "--task", "synthetic", "--limit", "1", *args,
+                                   "--output", str(tmp_path / "run"))
+    assert code == 2 and stdout == "" and stderr.startswith("error: ") and stderr.count("error:") == 1
+    assert all(word in stderr for word in words) and "Traceback" not in stderr and "pyarrow" not in stderr
+    assert "put evals/synthetic" not in stderr  # the missing-data hint is for default locations only
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("case", ["file", "below_a_file", "unwritable"])
+def test_an_unusable_output_path_is_one_line_naming_it(case, capsys, monkeypatch, tmp_path):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("keep me")
+    output = {"file": a_file, "below_a_file": a_file / "sub", "unwritable": Path("/proc/nope")}[case]
+    if case == "unwritable" and not Path("/proc").is_dir():
+        pytest.skip("no /proc here")
+    code, stdout, stderr = run_cli(capsys, monkeypatch, "--task", "synthetic", "--limit", "1", "--device", "cpu",
+                                   "--output", str(output))
+    assert code == 2 and stdout == "" and stderr.count("error:") == 1 and "Traceback" not in stderr
+    assert str(output) in stderr
+    assert a_file.read_text() == "keep me" and sorted(tmp_path.iterdir()) == [a_file]
+    assert not Path("/proc/nope").exists()
+
+
+def test_a_run_that_fails_before_its_first_sample_removes_only_a_folder_it_created(capsys, monkeypatch, tmp_path):
+    from refusion_cli.harness.journal import journal_path
+
+    no_fields = write_lines(tmp_path / "no_fields.jsonl", '{"q": 1}', '{"q": 2}')  # valid JSON, fails in lm-eval
+    args = ["--task", "synthetic", "--decoder", "ar", "--limit", "1", "--device", "cpu",
+            "--data-file", f"synthetic={no_fields}"]
+    code, _, stderr = run_cli(capsys, monkeypatch, *args, "--output", str(tmp_path / "new"))
+    assert code == 2 and "lm-eval could not build the task" in stderr and str(no_fields) in stderr
+    assert not (tmp_path / "new").exists()  # no eval.log, no tasks/ left behind
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert run_cli(capsys, monkeypatch, *args, "--output", str(empty))[0] == 2
+    assert empty.is_dir()  # the user's folder stays
+
+    earlier = tmp_path / "earlier"
+    (earlier / "samples" / "synthetic").mkdir(parents=True)
+    sample = journal_path(earlier / "samples" / "synthetic", "ar__ar-tiny")
+    sample.write_text('{"key": "k", "output": "4"}\n')
+    assert run_cli(capsys, monkeypatch, *args, "--output", str(earlier))[0] == 2
+    assert sample.read_text() == '{"key": "k", "output": "4"}\n'  # a run resumes from it: never removed
+
+
+def test_library_log_handlers_write_to_eval_log_not_the_terminal(capsys, monkeypatch, tmp_path):
+    import logging
+
+    from refusion_cli.cli.evaluate import _library_output
+
+    monkeypatch.delenv("REFUSION_DEBUG", raising=False)
+    handler = logging.StreamHandler(sys.stderr)  # as datasets makes one at import, bound to the terminal
+    logger = logging.getLogger("datasets")
+    monkeypatch.setattr(logger, "handlers", [handler])
+    with _library_output(tmp_path):
+        logger.error("Failed to load JSON from file with error pyarrow.lib.ArrowInvalid")
+    assert handler.stream is sys.stderr  # given back afterwards
+    assert "pyarrow" not in capsys.readouterr().err and "pyarrow" in (tmp_path / "eval.log").read_text()
