@@ -14,11 +14,11 @@ Contract of :func:`load_prompts`:
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from refusion_cli.errors import UserError
+from refusion_cli.jsonl import json_objects
 from refusion_cli.tasks.synthetic import TEST_SEED_OFFSET, generate_problems, read_jsonl
 
 SYNTHETIC_TEST = Path(__file__).resolve().parents[2] / "evals" / "synthetic" / "test.jsonl"
@@ -56,27 +56,21 @@ def read_prompt_file(path: Path) -> list[BenchPrompt]:
         raise UserError(f"the prompts file {path} is a directory", hint="give a JSONL file, one prompt a line")
     if not path.is_file():
         raise UserError(f"no such prompts file: {path}")
-    prompts: list[BenchPrompt] = []
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if line.strip():
-                prompts.append(parse_prompt_line(line, path, number))
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"cannot read the prompts file {path}: {exc}") from None
+    hint = "give one JSON object per line with a 'prompt' or 'question' field"
+    prompts = [prompt_of(record, path, number) for number, record in json_objects(text, str(path), hint)]
     if not prompts:
         raise UserError(f"the prompts file {path} is empty",
                         hint="give one JSON object per line with a 'prompt' or 'question' field")
     return prompts
 
 
-def parse_prompt_line(line: str, path: Path, number: int) -> BenchPrompt:
-    where = f"{path}, line {number}"
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{where} is not JSON: {exc.msg}") from None
-    if not isinstance(record, dict):
-        raise UserError(f"{where} is not a JSON object")
+def prompt_of(record: dict, path: Path, number: int) -> BenchPrompt:
     text = next((record[name] for name in TEXT_FIELDS if name in record), None)
     if not isinstance(text, str) or not text.strip():
-        raise UserError(f"{where} has no 'prompt' or 'question' text")
+        raise UserError(f"{path}, line {number}, has no 'prompt' or 'question' text")
     target = record.get("target")
     return BenchPrompt(text, None if target is None else str(target))

@@ -32,6 +32,7 @@ import yaml
 from refusion_cli.decoding.config import PRESETS, ReFusionConfig
 from refusion_cli.decoding.registry import build_config
 from refusion_cli.errors import UserError
+from refusion_cli.jsonl import json_objects
 
 EVALS_DIR = Path(__file__).resolve().parent.parent.parent / "evals"
 SUITE_FILE = EVALS_DIR / "suite.yaml"
@@ -237,17 +238,8 @@ def check_json_lines(name: str, path: Path) -> None:
             return
         except json.JSONDecodeError:
             pass  # JSON lines under a .json name
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise UserError(f"{name}: the data file {path}, line {number}, is not valid JSON: {exc.msg} "
-                            f"(column {exc.colno})", hint="it needs one JSON object per line") from None
-        if not isinstance(record, dict):
-            raise UserError(f"{name}: the data file {path}, line {number}, is not a JSON object",
-                            hint="it needs one JSON object per line")
+    for _ in json_objects(text, f"{name}: the data file {path}"):
+        pass  # each line is checked as it is read
 
 
 # --- loading -----------------------------------------------------------------------------------

@@ -16,7 +16,6 @@ seeded by (seed, epoch, example index): the same sample on every process and aft
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,9 +24,11 @@ import torch
 from torch.utils.data import Dataset, Sampler
 
 from refusion_cli.errors import UserError
+from refusion_cli.jsonl import json_objects
 from refusion_cli.training.objectives import Example, Objective, Sample, pad_with_eos
 
 RECORD_FORMATS = (("query", "response"), ("prompt", "completion"), ("question", "answer"))
+FORMATS_HINT = "each line is a JSON object with " + " or ".join('{"%s", "%s"}' % pair for pair in RECORD_FORMATS)
 
 
 @dataclass(frozen=True)
@@ -64,28 +65,17 @@ def read_records(path: Path) -> list[Record]:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise UserError(f"cannot read the data file {path}: {exc}") from exc
-    records = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            value = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise UserError(f"{path}:{number}: not valid JSON ({exc.msg} at column {exc.colno})") from None
-        records.append(_record(value, path, number))
-    return records
+    return [_record(value, path, number) for number, value in json_objects(text, str(path), FORMATS_HINT)]
 
 
-def _record(value: object, path: Path, number: int) -> Record:
-    if isinstance(value, dict):
-        for prompt_key, response_key in RECORD_FORMATS:
-            if prompt_key in value and response_key in value:
-                prompt, response = value[prompt_key], value[response_key]
-                if not isinstance(prompt, str) or not isinstance(response, str):
-                    raise UserError(f"{path}:{number}: '{prompt_key}' and '{response_key}' must be strings")
-                return Record(number, prompt, response)
-    formats = " or ".join("{" + f'"{a}", "{b}"' + "}" for a, b in RECORD_FORMATS)
-    raise UserError(f"{path}:{number}: expected a JSON object with {formats}")
+def _record(value: dict, path: Path, number: int) -> Record:
+    for prompt_key, response_key in RECORD_FORMATS:
+        if prompt_key in value and response_key in value:
+            prompt, response = value[prompt_key], value[response_key]
+            if not isinstance(prompt, str) or not isinstance(response, str):
+                raise UserError(f"{path}, line {number}: '{prompt_key}' and '{response_key}' must be strings")
+            return Record(number, prompt, response)
+    raise UserError(f"{path}, line {number}, has none of the record formats", hint=FORMATS_HINT)
 
 
 def chat_prompt_text(tokenizer, prompt: str) -> str:

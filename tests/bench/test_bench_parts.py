@@ -86,7 +86,7 @@ def test_prompt_files(tmp_path):
     assert [(p.text, p.target) for p in prompts] == [("Say hi.", None), ("2 + 2?", "4")]
     assert len(load_prompts(path, limit=1)) == 1
     path.write_text('{"prompt": "ok"}\nnot json\n')
-    with pytest.raises(UserError, match="line 2 is not JSON"):
+    with pytest.raises(UserError, match="line 2, is not valid JSON"):
         load_prompts(path)
     path.write_text('{"text": "no prompt field"}\n')
     with pytest.raises(UserError, match="no 'prompt' or 'question'"):

@@ -60,7 +60,7 @@ def test_malformed_jsonl_line_is_named_and_no_output_directory_is_left(fresh, tm
     (tmp_path / "data.jsonl").write_text('{"query": "a", "response": "b"}\n{"query": oops}\n')
     code, _, err = run_cli(fresh, capsys, monkeypatch)
     assert code == 2
-    assert error_line(err).startswith(f"error: {tmp_path / 'data.jsonl'}:2: not valid JSON")
+    assert error_line(err).startswith(f"error: {tmp_path / 'data.jsonl'}, line 2, is not valid JSON")
     assert not (tmp_path / "run").exists()
 
 

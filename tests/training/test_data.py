@@ -32,17 +32,21 @@ def test_records_are_formatted_with_the_chat_template(tmp_path):
 def test_malformed_line_names_the_file_and_line(tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_text('{"query": "a", "response": "b"}\n{"query": "a", "response": "b"}\n{"query": "a", resp\n')
-    with pytest.raises(UserError, match=rf"{path}:3: not valid JSON"):
+    with pytest.raises(UserError, match=rf"{path}, line 3, is not valid JSON"):
         read_records(path)
 
 
 def test_record_without_the_expected_fields_names_the_line(tmp_path):
     path = tmp_path / "fields.jsonl"
     path.write_text('{"query": "a", "response": "b"}\n{"instruction": "a", "output": "b"}\n')
-    with pytest.raises(UserError, match=rf'{path}:2: expected a JSON object with {{"query", "response"}} or'):
+    with pytest.raises(UserError, match=rf"{path}, line 2, has none of the record formats") as error:
         read_records(path)
+    assert error.value.hint.startswith('each line is a JSON object with {"query", "response"} or')
     path.write_text('{"query": "a", "response": 3}\n')
-    with pytest.raises(UserError, match=r":1: 'query' and 'response' must be strings"):
+    with pytest.raises(UserError, match=r", line 1: 'query' and 'response' must be strings"):
+        read_records(path)
+    path.write_text('{"query": "a", "response": "b"}\n["a", "b"]\n')
+    with pytest.raises(UserError, match=rf"{path}, line 2, is not a JSON object"):
         read_records(path)
 
 

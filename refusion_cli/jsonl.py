@@ -1,0 +1,26 @@
+"""JSON lines read from a user's file: one object per line, a bad line named by file and number."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+from refusion_cli.errors import UserError
+
+
+def json_objects(text: str, label: str, hint: str = "it needs one JSON object per line") -> Iterator[tuple[int, dict]]:
+    """(line number, object) for every non-blank line of ``text``; ``label`` names the file in errors.
+
+    A line that is not valid JSON, or is JSON but not an object, is a UserError naming the line.
+    """
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{label}, line {number}, is not valid JSON: {exc.msg} (column {exc.colno})",
+                            hint=hint) from None
+        if not isinstance(value, dict):
+            raise UserError(f"{label}, line {number}, is not a JSON object", hint=hint)
+        yield number, value
