@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from refusion_cli.cli.output import console, debug_enabled
@@ -150,9 +150,9 @@ class EvalView:
 
     def __init__(self) -> None:
         self.progress = Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("[bold]{task.description}"), BarColumn(bar_width=12), MofNCompleteColumn(),
             TextColumn("acc {task.fields[accuracy]}"), TextColumn("{task.fields[tps]} tok/s"),
-            TimeElapsedColumn(), TimeRemainingColumn(), console=console,
+            TimeRemainingColumn(elapsed_when_finished=True), console=console,  # fits 80 columns
         )
         self.task: Any = None
         self.scores: list[float] = []
@@ -184,11 +184,11 @@ class EvalView:
         self.tps.append(record["tps"])
         accuracy = 100 * sum(self.scores) / len(self.scores)
         self.progress.update(self.task, advance=1, accuracy=f"{accuracy:.1f}%",
-                             tps=f"{sum(self.tps) / len(self.tps):,.1f}")
+                             tps=f"{sum(self.tps) / len(self.tps):,.0f}")
 
     def on_run_end(self, result: RunResult) -> None:
         if self.task is not None:
-            self.progress.update(self.task, accuracy=f"{result.accuracy:.1f}%", tps=f"{result.tps:,.1f}")
+            self.progress.update(self.task, accuracy=f"{result.accuracy:.1f}%", tps=f"{result.tps:,.0f}")
 
 
 def _print_summary(results: list[RunResult], run_dir: Path) -> None:
