@@ -20,6 +20,7 @@ from refusion_cli.harness.suite import EVALS_DIR, load_suite
 from refusion_cli.models.chat import user_prompt_ids
 from refusion_cli.models.loading import load_model
 from refusion_cli.tasks.synthetic import is_correct, read_jsonl
+from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 PROBLEMS = read_jsonl(EVALS_DIR / "synthetic" / "test.jsonl")
@@ -206,7 +207,7 @@ def test_two_process_data_parallel_run_equals_one_process(causal_checkpoint, tmp
     args = ["--task", "synthetic", "--decoder", "ar", "--model", str(causal_checkpoint), "--limit", "5",
             "--set", "gen_length=32", "--device", "cpu"]
     launcher = [str(Path(sys.executable).parent / "accelerate"), "launch", "--multi_gpu", "--num_processes", "2",
-                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "refusion_cli", "eval"]
+                "--main_process_port", str(free_port()), "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "refusion_cli", "eval"]
     out = subprocess.run([*launcher, *args, "--output", str(tmp_path / "dp")], capture_output=True, text=True,
                          env=cli_env(), cwd=REPO, timeout=170)
     assert out.returncode == 0, out.stderr[-2000:]

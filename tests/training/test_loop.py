@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from dataclasses import replace
@@ -19,6 +18,7 @@ from refusion_cli.errors import UserError
 from refusion_cli.models.loading import load_model
 from refusion_cli.training.loop import TrainConfig, TrainObserver, train_model
 from refusion_cli.training.modeling import ensure_mask_token
+from tests.ports import free_port
 from tests.tiny import tiny_qwen3
 from tests.training.training_helpers import (
     MASK,
@@ -45,12 +45,6 @@ def setup(tmp_path) -> TrainConfig:
 def losses(output: Path) -> list[tuple[int, float, float, float]]:
     lines = (output / "loss_log.jsonl").read_text().splitlines()
     return [(r["step"], r["loss"], r["ar_loss"], r["mdm_loss"]) for r in map(json.loads, lines)]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class CtrlCAfter(TrainObserver):
