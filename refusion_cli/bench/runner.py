@@ -42,17 +42,17 @@ from refusion_cli.decoding.registry import (
     check_decoder_fits,
     decoder_spec,
     default_model,
+    length_settings,
     run_decoder,
 )
 from refusion_cli.decoding.stats import DecodeResult
 from refusion_cli.errors import UserError
 from refusion_cli.models.chat import user_prompt_ids
-from refusion_cli.models.loading import LoadedModel, load_model, parse_device, parse_dtype, resolve_source
+from refusion_cli.models.loading import LoadedModel, inspect_checkpoint, load_model, parse_device, parse_dtype
 from refusion_cli.tasks.synthetic import is_correct
 
 DEFAULT_DECODERS = ("refusion", "ar", "llada")
 DEFAULT_GEN_LENGTH = 256
-LLADA_BLOCK_LENGTH = 32  # LLaDA's block when it divides the length (else one block of the whole length)
 RECOMPUTE = " (recompute)"  # label suffix of the kv_reuse=False ablation
 CAUSAL_FIX = " (causal fix)"  # label suffix of the causal_fix=True ablation (this toolkit's, not the paper's)
 
@@ -166,12 +166,7 @@ def decoder_config(decoder: str, gen_length: int, overrides: dict[str, str] | No
     overrides = dict(overrides or {})
     if "gen_length" in overrides:
         raise UserError(f"set the response length with --gen-length, not --set {decoder}.gen_length")
-    values: dict[str, Any] = {"gen_length": gen_length}
-    if decoder in ("llada", "dream"):
-        values["steps"] = gen_length
-    if decoder == "llada":
-        values["block_length"] = LLADA_BLOCK_LENGTH if gen_length % LLADA_BLOCK_LENGTH == 0 else gen_length
-    values.update(overrides)
+    values: dict[str, Any] = {"gen_length": gen_length, **length_settings(decoder, gen_length), **overrides}
     base = preset_config(preset) if preset is not None and decoder == "refusion" else None
     return build_config(decoder, values, base=base)
 
@@ -189,8 +184,8 @@ def plan_entries(settings: BenchSettings) -> list[BenchEntry]:
     configs = {(decoder, length): decoder_config(decoder, length, settings.overrides.get(decoder), settings.preset)
                for decoder in decoders for length in settings.gen_lengths}
     models = {decoder: settings.models.get(decoder) or default_model(decoder) for decoder in decoders}
-    for model in models.values():
-        resolve_source(model)  # a missing checkpoint fails now, not after the other decoders ran
+    for decoder, model in models.items():  # a missing or unfitting checkpoint fails now, before any row runs
+        check_decoder_fits(decoder, inspect_checkpoint(model, settings.trust_remote_code).bidirectional)
     entries: list[BenchEntry] = []
     for decoder in decoders:
         for length in settings.gen_lengths:

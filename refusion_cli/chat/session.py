@@ -8,7 +8,10 @@ Contract of :class:`ChatSession`:
   :class:`ChatAnswer`. The two turns join the history only when the decode finished: an
   interrupted or failed answer leaves the conversation as it was.
 - ``set_option(name, value)`` rebuilds the config through ``build_config`` (the value may be a
-  string); a refused value raises :class:`UserError` and nothing changes.
+  string); a refused value raises :class:`UserError` and nothing changes. A new ``gen_length``
+  (here or in the starting overrides) also moves LLaDA's / Dream's ``steps`` and LLaDA's
+  ``block_length`` as bench and eval set them (``registry.length_settings``), unless the user set
+  those.
 - ``reset()`` forgets the history; the config and the last stats are kept.
 - Sampling noise (temperature > 0) comes from one ``torch.Generator`` seeded at creation, so a
   conversation replays identically.
@@ -25,10 +28,22 @@ from typing import Any
 
 import torch
 
-from refusion_cli.decoding.registry import build_config, check_decoder_fits, run_decoder
+from refusion_cli.decoding.registry import build_config, check_decoder_fits, length_settings, run_decoder
 from refusion_cli.decoding.stats import DecodeStats
 from refusion_cli.models.chat import chat_prompt_ids
 from refusion_cli.models.loading import LoadedModel
+
+
+def with_length(decoder: str, values: dict[str, Any], explicit: frozenset[str] | set[str] = frozenset()) -> dict[str, Any]:
+    """``values`` plus the settings that follow a ``gen_length`` among them, unless in ``values`` or ``explicit``."""
+    if "gen_length" not in values:
+        return values
+    return {**length_settings(decoder, values["gen_length"], explicit=explicit | set(values)), **values}
+
+
+def chat_config(decoder: str, overrides: dict[str, Any]) -> Any:
+    """The decoder config a chat starts with: the defaults, what follows --set gen_length, then --set."""
+    return build_config(decoder, with_length(decoder, overrides))
 
 
 @dataclass
@@ -47,7 +62,8 @@ class ChatSession:
         self.loaded = loaded
         self.decoder = decoder
         self.model_name = model_name or loaded.source
-        self.config = build_config(decoder, overrides or {})
+        self.explicit = set(overrides or {})  # settings the user gave; the others may follow gen_length
+        self.config = chat_config(decoder, overrides or {})
         self.history: list[dict[str, str]] = []
         self.last: ChatAnswer | None = None
         self.generator = torch.Generator().manual_seed(seed)
@@ -71,9 +87,15 @@ class ChatSession:
         return answer
 
     def set_option(self, name: str, value: str) -> Any:
-        """Change one decoder option (validated); returns the new config."""
-        self.config = build_config(self.decoder, {name: value}, base=self.config)
+        """Change one decoder option (validated); returns the new config. A new ``gen_length`` also
+        moves the settings that follow it (``registry.length_settings``) unless they were set."""
+        self.config = build_config(self.decoder, self.with_length({name: value}), base=self.config)
+        self.explicit.add(name)
         return self.config
+
+    def with_length(self, values: dict[str, Any]) -> dict[str, Any]:
+        """``values`` plus what follows a ``gen_length`` among them (steps, block_length), unless set."""
+        return with_length(self.decoder, values, self.explicit)
 
     def options(self) -> dict[str, Any]:
         """The decoder config as name -> value."""

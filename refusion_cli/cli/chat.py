@@ -18,8 +18,9 @@ from typing import Annotated
 import typer
 
 from refusion_cli.chat import ChatApp, ChatSession
+from refusion_cli.chat.session import chat_config
 from refusion_cli.cli.output import console, err_console, quiet_library_output
-from refusion_cli.decoding.registry import DECODERS, build_config, decoder_spec, default_model
+from refusion_cli.decoding.registry import DECODERS, decoder_spec, default_model
 from refusion_cli.errors import UserError
 from refusion_cli.models.loading import load_model
 
@@ -57,7 +58,7 @@ def chat(
     """
     spec = decoder_spec(decoder)
     overrides = parse_settings(set_options or [])
-    build_config(decoder, overrides)  # refuse bad settings before loading anything
+    chat_config(decoder, overrides)  # refuse bad settings before loading anything
     if prompt is not None and not prompt.strip():
         raise UserError("--prompt is empty")
     name = model or default_model(decoder)

@@ -55,6 +55,28 @@ def build_config(decoder: str, overrides: dict[str, Any] | None = None, base: An
     return config_from_dict(spec.config_class, overrides or {}, base=base)
 
 
+LLADA_BLOCK_LENGTH = 32  # LLaDA's block when it divides the length (else one block of the whole length)
+
+
+def length_settings(decoder: str, gen_length: Any, explicit: Any = ()) -> dict[str, int]:
+    """Settings that follow the response length unless given in ``explicit``: the masked-diffusion
+    decoders unmask one token per step (``steps = gen_length``); LLaDA uses blocks of 32 when 32
+    divides the length, else one block. A ``gen_length`` that is not a positive whole number yields
+    nothing (``build_config`` refuses it)."""
+    try:
+        length = int(gen_length)
+    except (TypeError, ValueError):
+        return {}
+    if length < 1:
+        return {}
+    values: dict[str, int] = {}
+    if decoder in ("llada", "dream"):
+        values["steps"] = length
+    if decoder == "llada":
+        values["block_length"] = LLADA_BLOCK_LENGTH if length % LLADA_BLOCK_LENGTH == 0 else length
+    return {name: value for name, value in values.items() if name not in explicit}
+
+
 def default_model(decoder: str) -> str:
     spec = decoder_spec(decoder)
     if spec.default_model is None:
@@ -92,5 +114,5 @@ def run_decoder(
                   generator=generator, on_step=on_step)
 
 
-__all__ = ["DECODERS", "DecoderSpec", "build_config", "check_decoder_fits", "decoder_spec", "default_model",
-           "run_decoder"]
+__all__ = ["DECODERS", "DecoderSpec", "LLADA_BLOCK_LENGTH", "build_config", "check_decoder_fits", "decoder_spec",
+           "default_model", "length_settings", "run_decoder"]

@@ -22,7 +22,8 @@ the documents by rank, each process journals its own samples, and rank 0 (the on
 metrics and summaries) reads every process's journal.
 
 Model defaults follow ``registry.default_model``; MDM decoders take ``steps = gen_length`` (one
-token per step, the baselines' usual setting) unless ``steps`` is set.
+token per step, the baselines' usual setting) and LLaDA blocks of 32 when 32 divides the length,
+else one block (``registry.length_settings``), unless ``steps`` / ``block_length`` are set.
 """
 
 from __future__ import annotations
@@ -37,17 +38,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from refusion_cli.decoding.registry import DECODERS, build_config, decoder_spec, default_model
+from refusion_cli.decoding.registry import (DECODERS, build_config, check_decoder_fits, decoder_spec, default_model,
+                                            length_settings)
 from refusion_cli.decoding.config import config_fields
 from refusion_cli.errors import UserError
 from refusion_cli.harness.journal import JournalObserver, SampleJournal, journal_files, read_records
 from refusion_cli.harness.report import METRICS_FILE, write_reports
 from refusion_cli.harness.scoring import TaskScorer
 from refusion_cli.harness.suite import Benchmark, RenderedTask, Suite, check_data, load_suite, load_tasks, render
-from refusion_cli.models.loading import EMBEDDED, embedded_path, parse_device, parse_dtype, resolve_source
+from refusion_cli.models.loading import EMBEDDED, embedded_path, inspect_checkpoint, parse_device, parse_dtype
 from refusion_cli.paths import check_output_dir
 
-MDM_DECODERS = ("llada", "dream")
 
 
 @dataclass(frozen=True)
@@ -187,19 +188,15 @@ def decoder_overrides(values: list[str], decoders: list[str]) -> dict[str, dict[
 def plan_config(suite: Suite, benchmark: Benchmark, decoder: str, overrides: dict[str, str],
                 preset: str | None) -> Any:
     """The decoder config for one benchmark (see the module docstring for the order)."""
-    values: dict[str, Any] = {"gen_length": benchmark.gen_length}
-    if decoder in MDM_DECODERS:
-        values["steps"] = overrides.get("gen_length", benchmark.gen_length)
-    values.update(overrides)
+    gen_length = overrides.get("gen_length", benchmark.gen_length)
+    values: dict[str, Any] = {"gen_length": benchmark.gen_length, **length_settings(decoder, gen_length), **overrides}
     base = suite.preset(preset or benchmark.preset) if decoder == "refusion" else None
     return build_config(decoder, values, base=base)
 
 
-def check_local_model(model: str) -> None:
-    """An embedded name or a local path must be there (a hub id is resolved when it loads)."""
-    hub_shaped = model.count("/") == 1 and not model.startswith((".", "/", "~"))
-    if model in EMBEDDED or Path(model).expanduser().exists() or not hub_shaped:
-        resolve_source(model)
+def check_model(decoder: str, model: str, trust_remote_code: bool) -> None:
+    """The checkpoint is there (or on the hub) and fits the decoder: read from its config, before any run."""
+    check_decoder_fits(decoder, inspect_checkpoint(model, trust_remote_code).bidirectional)
 
 
 def model_fingerprint(model: str) -> str:
@@ -289,7 +286,7 @@ def plan_eval(options: EvalOptions, suite: Suite | None = None) -> Plan:
     benchmarks = suite.select(options.tasks)
     runs = decoder_runs(options.decoders, options.models)
     for run in runs:
-        check_local_model(run.model)
+        check_model(run.decoder, run.model, options.trust_remote_code)
     decoders = [run.decoder for run in runs]
     overrides = decoder_overrides(options.overrides, decoders)
     if options.preset is not None:

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 import torch
@@ -155,6 +156,36 @@ def find_mask_id(config, tokenizer) -> int | None:
     return int(vocab[MASK_TOKEN]) if MASK_TOKEN in vocab else None
 
 
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """What a checkpoint's config says, read without loading weights or tokenizer."""
+
+    source: str  # the local directory or hub id to load from
+    local_only: bool  # load from local files only (embedded, a directory, or the hub unreachable)
+    config: Any
+    family: str  # config.model_type
+    remote: bool  # its modelling code ships with the checkpoint (LLaDA, Dream)
+    bidirectional: bool  # a masked-diffusion model (remote code, or config.is_causal False)
+
+
+def inspect_checkpoint(name_or_path: str, trust_remote_code: bool = False) -> CheckpointInfo:
+    """Resolve a checkpoint and read its config: a missing or unusable one fails here, before any weights load."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    source, local_only = resolve_source(name_or_path)
+    config = load_config(source, local_only, trust_remote_code, name_or_path)
+    family = config.model_type
+    remote = bool(getattr(config, "auto_map", None)) and family not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    if remote and not trust_remote_code:
+        label = REMOTE_CODE_FAMILIES.get(family.lower(), family)
+        raise UserError(f"'{name_or_path}' is a {label} checkpoint that needs its authors' modelling code",
+                        hint="pass --trust-remote-code (trust_remote_code=True) to run it")
+    if not remote and family not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise UserError(f"'{name_or_path}' is a '{family}' checkpoint, not a causal language model")
+    bidirectional = remote or not getattr(config, "is_causal", True)
+    return CheckpointInfo(source, local_only, config, family, remote, bidirectional)
+
+
 def load_model(
     name_or_path: str = DEFAULT_MODEL,
     device: str | torch.device | None = None,
@@ -168,22 +199,13 @@ def load_model(
     ``require_mask=False`` accepts plain AR checkpoints (e.g. ``Qwen/Qwen3-8B``) that have no mask token.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     device = parse_device(device)
     if isinstance(dtype, str):
         dtype = parse_dtype(dtype)
     dtype = dtype or default_dtype(device)
-    source, local_only = resolve_source(name_or_path)
-    config = load_config(source, local_only, trust_remote_code, name_or_path)
-    family = config.model_type
-    remote = bool(getattr(config, "auto_map", None)) and family not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-    if remote and not trust_remote_code:
-        label = REMOTE_CODE_FAMILIES.get(family.lower(), family)
-        raise UserError(f"'{name_or_path}' is a {label} checkpoint that needs its authors' modelling code",
-                        hint="pass --trust-remote-code (trust_remote_code=True) to run it")
-    if not remote and family not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
-        raise UserError(f"'{name_or_path}' is a '{family}' checkpoint, not a causal language model")
+    info = inspect_checkpoint(name_or_path, trust_remote_code)
+    source, local_only, config, family, remote = info.source, info.local_only, info.config, info.family, info.remote
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_only,
                                                   trust_remote_code=trust_remote_code and remote)
@@ -207,8 +229,7 @@ def load_model(
     except (OSError, ValueError) as exc:
         raise UserError(f"cannot load the weights of '{name_or_path}': {str(exc).splitlines()[0]}") from exc
     model.to(device).eval().requires_grad_(False)
-    bidirectional = remote or not getattr(config, "is_causal", True)
-    return LoadedModel(model, tokenizer, mask_id, int(eos_id), int(pad_id), family, bidirectional, source)
+    return LoadedModel(model, tokenizer, mask_id, int(eos_id), int(pad_id), family, info.bidirectional, source)
 
 
 @contextmanager

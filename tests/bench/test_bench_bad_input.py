@@ -101,6 +101,19 @@ def test_a_failure_before_the_first_row_keeps_the_previous_run(tmp_path, monkeyp
     assert code == 2 and not (tmp_path / "new").exists()
 
 
+def test_a_model_that_does_not_fit_a_later_decoder_is_refused_before_any_row(tmp_path, monkeypatch, capsys,
+                                                                            causal_checkpoint):
+    """AR runs first; its row must not be measured (nor the folder replaced) when llada's model cannot work."""
+    output = tmp_path / "out"
+    before = previous_run(output)
+    code, out, err = run_bench_cli(["--decoder", "ar", "llada", "--model", f"ar={causal_checkpoint}",
+                                    f"llada={causal_checkpoint}", "--limit", "1", "--gen-length", "16", "-o",
+                                    str(output)], monkeypatch, capsys)
+    assert code == 2 and "finished row" not in out
+    assert "the llada decoder needs a bidirectional (masked-diffusion) model" in error_line(err)
+    assert files_in(output) == before
+
+
 def test_a_new_run_replaces_every_file_of_the_previous_one(tmp_path, monkeypatch, capsys, causal_checkpoint):
     """Prompts without targets draw no frontier plot: the previous run's must not stay behind."""
     output = tmp_path / "out"

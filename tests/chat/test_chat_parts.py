@@ -102,3 +102,15 @@ def test_a_masked_diffusion_session_streams_its_steps_to_the_canvas(bidirectiona
     answer = session.ask(QUESTION, on_step=canvas.add)
     assert canvas.iterations == 8 and len(canvas.pieces) == 16  # two tokens a step fill the whole budget
     assert answer.stats.forwards == 8
+
+
+def test_a_new_gen_length_moves_the_masked_diffusion_steps_and_blocks(bidirectional_checkpoint):
+    mdm = load_model(str(bidirectional_checkpoint), device="cpu")
+    session = ChatSession(mdm, "llada", {"gen_length": "48"}, model_name="mdm")
+    assert (session.config.gen_length, session.config.steps, session.config.block_length) == (48, 48, 48)
+    session.set_option("gen_length", "64")
+    assert (session.config.steps, session.config.block_length) == (64, 32)
+    session.set_option("block_length", "16")  # given by the user: it stays when the length changes
+    session.set_option("gen_length", "32")
+    assert (session.config.steps, session.config.block_length) == (32, 16)
+

@@ -40,3 +40,14 @@ def test_run_decoder_on_a_checkpoint_directory(causal_checkpoint, bidirectional_
         assert 1 <= result.stats.tokens <= 16 and result.stats.forwards >= 1
         assert loaded.mask_token_id not in result.tokens
     assert set(DECODERS) == {"refusion", "ar", "llada", "dream"}
+
+
+def test_length_settings_follow_gen_length_unless_given():
+    from refusion_cli.decoding.registry import length_settings
+
+    assert length_settings("llada", 64) == {"steps": 64, "block_length": 32}
+    assert length_settings("llada", "48") == {"steps": 48, "block_length": 48}  # 32 does not divide 48: one block
+    assert length_settings("llada", 64, explicit={"block_length"}) == {"steps": 64}
+    assert length_settings("dream", 16) == {"steps": 16}
+    assert length_settings("refusion", 64) == length_settings("ar", 64) == {}
+    assert length_settings("llada", "many") == length_settings("llada", 0) == {}  # build_config refuses these

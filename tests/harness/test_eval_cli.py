@@ -265,10 +265,13 @@ def run_cli(capsys, monkeypatch, *args: str) -> tuple[int, str, str]:
     (["--task", "humaneval", "--decoder", "ar"], "--confirm-run-unsafe-code"),
     (["--task", "synthetic", "--decoder", "ar", "--model", "/no/such/checkpoint"], "no such checkpoint directory"),
     (["--task", "synthetic", "--decoder", "dream"], "the dream decoder has no embedded model"),
+    (["--task", "synthetic", "--decoder", "ar", "llada", "--model", "CAUSAL"],  # found before AR decodes anything
+     "the llada decoder needs a bidirectional (masked-diffusion) model"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message, causal_checkpoint, capsys, monkeypatch, tmp_path):
     if "--model" not in args and "dream" not in args:
         args = [*args, "--model", str(causal_checkpoint)]
+    args = [str(causal_checkpoint) if arg == "CAUSAL" else arg for arg in args]
     code, stdout, stderr = run_cli(capsys, monkeypatch, *args, "--output", str(tmp_path / "run"))
     assert code == 2 and message in stderr and "Traceback" not in stderr and stdout == ""
     assert not (tmp_path / "run").exists()  # nothing is written for a run that cannot start
