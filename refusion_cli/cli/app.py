@@ -8,7 +8,7 @@ import sys
 import typer
 
 from refusion_cli.cli import bench, chat, evaluate, train
-from refusion_cli.cli.output import DEBUG_ENV, debug_enabled, fail
+from refusion_cli.cli.output import debug_enabled, fail
 from refusion_cli.errors import UserError
 
 app = typer.Typer(
@@ -37,7 +37,7 @@ def main() -> None:
     except UserError as exc:
         if debug:
             raise
-        fail(str(exc), exc.hint or f"run with --debug or {DEBUG_ENV}=1 for details")
+        fail(str(exc), exc.hint)
     except KeyboardInterrupt:
         if debug:
             raise
@@ -48,7 +48,8 @@ def main() -> None:
         if type(exc).__name__ == "NoArgsIsHelpError":  # `refusion` alone: the help, as click shows it
             app(args=argv, prog_name="refusion", standalone_mode=True)
         command = exc.ctx.command_path if getattr(exc, "ctx", None) is not None else "refusion"
-        fail(exc.format_message().replace("Value error, ", ""), f"{command} --help lists the options")
+        listed = "commands" if type(exc).__name__ == "UsageError" and "command" in exc.format_message() else "options"
+        fail(exc.format_message().replace("Value error, ", ""), f"{command} --help lists the {listed}")
     sys.exit(code if isinstance(code, int) else 0)
 
 

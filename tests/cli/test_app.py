@@ -33,7 +33,8 @@ def test_debug_shows_the_traceback():
 
 def test_unknown_command_is_one_clear_error():
     out = refusion("frobnicate")
-    assert out.returncode == 2 and "No such command" in out.stderr and "Traceback" not in out.stderr
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.splitlines() == ["error: No such command 'frobnicate'. (hint: refusion --help lists the commands)"]
 
 
 def test_option_parser_errors_are_one_line_too():
