@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 
 from refusion_cli.errors import UserError
 
@@ -24,3 +25,13 @@ def json_objects(text: str, label: str, hint: str = "it needs one JSON object pe
         if not isinstance(value, dict):
             raise UserError(f"{label}, line {number}, is not a JSON object", hint=hint)
         yield number, value
+
+
+def read_text(path: Path, label: str) -> str:
+    """A JSON-lines file's text (a UTF-8 byte-order mark is dropped); unreadable or non-UTF-8 is a UserError."""
+    try:
+        return Path(path).read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{label} is not UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise UserError(f"cannot read {label}: {exc.strerror or exc}") from None

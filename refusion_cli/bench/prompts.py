@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from refusion_cli.errors import UserError
-from refusion_cli.jsonl import json_objects
+from refusion_cli.jsonl import json_objects, read_text
 from refusion_cli.tasks.synthetic import TEST_SEED_OFFSET, generate_problems, read_jsonl
 
 SYNTHETIC_TEST = Path(__file__).resolve().parents[2] / "evals" / "synthetic" / "test.jsonl"
@@ -56,10 +56,7 @@ def read_prompt_file(path: Path) -> list[BenchPrompt]:
         raise UserError(f"the prompts file {path} is a directory", hint="give a JSONL file, one prompt a line")
     if not path.is_file():
         raise UserError(f"no such prompts file: {path}")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"cannot read the prompts file {path}: {exc}") from None
+    text = read_text(path, f"the prompts file {path}")
     hint = "give one JSON object per line with a 'prompt' or 'question' field"
     prompts = [prompt_of(record, path, number) for number, record in json_objects(text, str(path), hint)]
     if not prompts:
@@ -69,8 +66,11 @@ def read_prompt_file(path: Path) -> list[BenchPrompt]:
 
 
 def prompt_of(record: dict, path: Path, number: int) -> BenchPrompt:
-    text = next((record[name] for name in TEXT_FIELDS if name in record), None)
+    name = next((name for name in TEXT_FIELDS if name in record), None)
+    if name is None:
+        raise UserError(f"{path}, line {number}, has no 'prompt' or 'question' field")
+    text = record[name]
     if not isinstance(text, str) or not text.strip():
-        raise UserError(f"{path}, line {number}, has no 'prompt' or 'question' text")
+        raise UserError(f"{path}, line {number}: '{name}' must be a non-empty string")
     target = record.get("target")
     return BenchPrompt(text, None if target is None else str(target))

@@ -48,6 +48,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--recompute", action="store_true", help="also time kv_reuse=False (slow: quadratic)")
     args = parser.parse_args()
+    for option in ("gen_length", "repeats", "hidden", "layers", "vocab"):
+        if getattr(args, option) < 1:
+            parser.error(f"--{option.replace('_', '-')} must be at least 1")
+    if args.vocab < 3:
+        parser.error("--vocab must be at least 3 (a mask id and prompt tokens)")
     if args.threads:
         torch.set_num_threads(args.threads)
     model = tiny_model(args.vocab, args.hidden, args.layers, seed=0)

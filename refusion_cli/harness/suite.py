@@ -32,7 +32,7 @@ import yaml
 from refusion_cli.decoding.config import PRESETS, ReFusionConfig
 from refusion_cli.decoding.registry import build_config
 from refusion_cli.errors import UserError
-from refusion_cli.jsonl import json_objects
+from refusion_cli.jsonl import json_objects, read_text
 
 EVALS_DIR = Path(__file__).resolve().parent.parent.parent / "evals"
 SUITE_FILE = EVALS_DIR / "suite.yaml"
@@ -225,10 +225,7 @@ def check_json_lines(name: str, path: Path) -> None:
     are left to ``datasets``."""
     if path.suffix not in (".jsonl", ".json"):
         return
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise UserError(f"{name}: the data file {path} is not UTF-8 text (byte {exc.start})") from None
+    text = read_text(path, f"{name}: the data file {path}")
     if not text.strip():
         raise UserError(f"{name}: the data file {path} is empty",
                         hint="it needs one JSON object per line, with the task's fields")

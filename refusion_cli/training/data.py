@@ -24,7 +24,7 @@ import torch
 from torch.utils.data import Dataset, Sampler
 
 from refusion_cli.errors import UserError
-from refusion_cli.jsonl import json_objects
+from refusion_cli.jsonl import json_objects, read_text
 from refusion_cli.training.objectives import Example, Objective, Sample, pad_with_eos
 
 RECORD_FORMATS = (("query", "response"), ("prompt", "completion"), ("question", "answer"))
@@ -54,6 +54,8 @@ def check_data_file(path: Path) -> None:
     if Path(path).is_dir():
         raise UserError(f"the data path {path} is a directory, not a JSONL file",
                         hint="give --data the JSONL file itself")
+    if Path(path).exists() and not Path(path).is_file():
+        raise UserError(f"the data path {path} is not a regular file", hint="give --data a JSONL file")
     if not Path(path).is_file():
         raise UserError(f"no such data file: {path}")
 
@@ -61,10 +63,7 @@ def check_data_file(path: Path) -> None:
 def read_records(path: Path) -> list[Record]:
     """Parse a JSONL file; blank lines are skipped, anything else malformed names the file and line."""
     check_data_file(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"cannot read the data file {path}: {exc}") from exc
+    text = read_text(path, f"the data file {path}")
     return [_record(value, path, number) for number, value in json_objects(text, str(path), FORMATS_HINT)]
 
 

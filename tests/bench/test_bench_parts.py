@@ -115,3 +115,19 @@ def test_peak_memory_on_the_cpu_sees_a_large_allocation():
     if "VmHWM" in peak.method:
         assert peak.delta_mib >= 48
     assert machine.dtype == "float32" and machine.threads >= 1 and machine.cpu
+
+
+def test_prompt_files_with_a_byte_order_mark_or_bad_fields(tmp_path):
+    from refusion_cli.bench.prompts import read_prompt_file
+
+    bom = tmp_path / "bom.jsonl"
+    bom.write_bytes('{"prompt": "Hi", "target": "1"}\n'.encode("utf-8-sig"))
+    assert [(p.text, p.target) for p in read_prompt_file(bom)] == [("Hi", "1")]
+    number = tmp_path / "number.jsonl"
+    number.write_text('{"prompt": 5}\n')
+    with pytest.raises(UserError, match=r"number.jsonl, line 1: 'prompt' must be a non-empty string"):
+        read_prompt_file(number)
+    latin = tmp_path / "latin.jsonl"
+    latin.write_bytes(b'{"prompt": "caf\xe9"}\n')
+    with pytest.raises(UserError, match=r"the prompts file .*latin.jsonl is not UTF-8 text \(byte 15\)"):
+        read_prompt_file(latin)

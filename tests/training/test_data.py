@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import pytest
 import torch
@@ -102,3 +103,8 @@ def test_llada_samples_pad_every_response_with_eos_to_one_length():
     assert capped.input_ids.numel() == 6  # never past max_length
     for name in ("refusion", "ar"):  # the causal objectives are not padded
         assert ObjectiveDataset(examples, OBJECTIVES[name], mask_id=mask, seed=0)[(0, 0)].input_ids.numel() == 5
+
+
+def test_a_data_path_that_is_not_a_regular_file_is_named_so():
+    with pytest.raises(UserError, match="the data path /dev/null is not a regular file"):
+        read_records(Path("/dev/null"))
