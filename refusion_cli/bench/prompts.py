@@ -60,8 +60,7 @@ def read_prompt_file(path: Path) -> list[BenchPrompt]:
     hint = "give one JSON object per line with a 'prompt' or 'question' field"
     prompts = [prompt_of(record, path, number) for number, record in json_objects(text, str(path), hint)]
     if not prompts:
-        raise UserError(f"the prompts file {path} is empty",
-                        hint="give one JSON object per line with a 'prompt' or 'question' field")
+        raise UserError(f"the prompts file {path} is empty", hint=hint)
     return prompts
 
 

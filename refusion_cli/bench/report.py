@@ -25,7 +25,6 @@ from typing import IO, Any
 
 from refusion_cli.bench.machine import Machine
 from refusion_cli.bench.runner import RECOMPUTE, BenchRow, BenchSample
-from refusion_cli.errors import UserError
 
 ROWS_FILE = "bench.csv"
 SAMPLES_FILE = "samples.csv"

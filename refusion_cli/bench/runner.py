@@ -48,7 +48,7 @@ from refusion_cli.decoding.registry import (
 from refusion_cli.decoding.stats import DecodeResult
 from refusion_cli.errors import UserError
 from refusion_cli.models.chat import user_prompt_ids
-from refusion_cli.models.loading import LoadedModel, inspect_checkpoint, load_model, parse_device, parse_dtype
+from refusion_cli.models.loading import LoadedModel, check_model_fits, load_model, parse_device, parse_dtype
 from refusion_cli.tasks.synthetic import is_correct
 
 DEFAULT_DECODERS = ("refusion", "ar", "llada")
@@ -185,7 +185,7 @@ def plan_entries(settings: BenchSettings) -> list[BenchEntry]:
                for decoder in decoders for length in settings.gen_lengths}
     models = {decoder: settings.models.get(decoder) or default_model(decoder) for decoder in decoders}
     for decoder, model in models.items():  # a missing or unfitting checkpoint fails now, before any row runs
-        check_decoder_fits(decoder, inspect_checkpoint(model, settings.trust_remote_code).bidirectional)
+        check_model_fits(decoder, model, settings.trust_remote_code)
     entries: list[BenchEntry] = []
     for decoder in decoders:
         for length in settings.gen_lengths:

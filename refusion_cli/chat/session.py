@@ -89,13 +89,10 @@ class ChatSession:
     def set_option(self, name: str, value: str) -> Any:
         """Change one decoder option (validated); returns the new config. A new ``gen_length`` also
         moves the settings that follow it (``registry.length_settings``) unless they were set."""
-        self.config = build_config(self.decoder, self.with_length({name: value}), base=self.config)
+        self.config = build_config(self.decoder, with_length(self.decoder, {name: value}, self.explicit),
+                                   base=self.config)
         self.explicit.add(name)
         return self.config
-
-    def with_length(self, values: dict[str, Any]) -> dict[str, Any]:
-        """``values`` plus what follows a ``gen_length`` among them (steps, block_length), unless set."""
-        return with_length(self.decoder, values, self.explicit)
 
     def options(self) -> dict[str, Any]:
         """The decoder config as name -> value."""

@@ -38,17 +38,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from refusion_cli.decoding.registry import (DECODERS, build_config, check_decoder_fits, decoder_spec, default_model,
-                                            length_settings)
+from refusion_cli.decoding.registry import DECODERS, build_config, decoder_spec, default_model, length_settings
 from refusion_cli.decoding.config import config_fields
 from refusion_cli.errors import UserError
 from refusion_cli.harness.journal import JournalObserver, SampleJournal, journal_files, read_records
 from refusion_cli.harness.report import METRICS_FILE, write_reports
 from refusion_cli.harness.scoring import TaskScorer
 from refusion_cli.harness.suite import Benchmark, RenderedTask, Suite, check_data, load_suite, load_tasks, render
-from refusion_cli.models.loading import EMBEDDED, embedded_path, inspect_checkpoint, parse_device, parse_dtype
+from refusion_cli.models.loading import EMBEDDED, check_model_fits, embedded_path, parse_device, parse_dtype
 from refusion_cli.paths import check_output_dir
-
 
 
 @dataclass(frozen=True)
@@ -194,11 +192,6 @@ def plan_config(suite: Suite, benchmark: Benchmark, decoder: str, overrides: dic
     return build_config(decoder, values, base=base)
 
 
-def check_model(decoder: str, model: str, trust_remote_code: bool) -> None:
-    """The checkpoint is there (or on the hub) and fits the decoder: read from its config, before any run."""
-    check_decoder_fits(decoder, inspect_checkpoint(model, trust_remote_code).bidirectional)
-
-
 def model_fingerprint(model: str) -> str:
     """What identifies the weights: the directory's config and weight files (name, size, mtime)."""
     path = embedded_path(model) if model in EMBEDDED else Path(model).expanduser()
@@ -286,7 +279,7 @@ def plan_eval(options: EvalOptions, suite: Suite | None = None) -> Plan:
     benchmarks = suite.select(options.tasks)
     runs = decoder_runs(options.decoders, options.models)
     for run in runs:
-        check_model(run.decoder, run.model, options.trust_remote_code)
+        check_model_fits(run.decoder, run.model, options.trust_remote_code)
     decoders = [run.decoder for run in runs]
     overrides = decoder_overrides(options.overrides, decoders)
     if options.preset is not None:

@@ -22,6 +22,7 @@ from urllib.parse import urlparse
 
 import torch
 
+from refusion_cli.decoding.families import check_decoder_fits
 from refusion_cli.errors import UserError
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
@@ -184,6 +185,11 @@ def inspect_checkpoint(name_or_path: str, trust_remote_code: bool = False) -> Ch
         raise UserError(f"'{name_or_path}' is a '{family}' checkpoint, not a causal language model")
     bidirectional = remote or not getattr(config, "is_causal", True)
     return CheckpointInfo(source, local_only, config, family, remote, bidirectional)
+
+
+def check_model_fits(decoder: str, name_or_path: str, trust_remote_code: bool = False) -> None:
+    """The checkpoint is there (or on the hub) and suits ``decoder``, judged from its config alone."""
+    check_decoder_fits(decoder, inspect_checkpoint(name_or_path, trust_remote_code).bidirectional)
 
 
 def load_model(
