@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
+import traceback
 
 import typer
 
 from refusion_cli.cli import bench, chat, evaluate, train
-from refusion_cli.cli.output import debug_enabled, fail
+from refusion_cli.cli.output import DEBUG_ENV, debug_enabled, fail
 from refusion_cli.errors import UserError
 
 app = typer.Typer(
     name="refusion",
     help="ReFusion toolkit: decode, evaluate, benchmark and fine-tune slot-parallel diffusion LLMs.\n\n"
-    "Errors are one line; add --debug to any command (or set REFUSION_DEBUG=1) for the full traceback.",
+    "Errors are one line; add --debug to any command (or set REFUSION_DEBUG=1) to see the traceback too.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -26,25 +28,30 @@ app.command("train")(train.train)
 
 
 def main() -> None:
-    """Console entry point. ``--debug`` anywhere (or REFUSION_DEBUG=1) shows full tracebacks."""
+    """Console entry point. ``--debug`` anywhere (or REFUSION_DEBUG=1) prints the traceback before the error line;
+    the exit code stays the same (2 for a mistake in the input, 130 for Ctrl-C)."""
     # Ctrl-C must interrupt even when the parent started us with SIGINT ignored (a background job)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     argv = sys.argv[1:]
-    debug = debug_enabled() or "--debug" in argv
+    if "--debug" in argv:
+        os.environ[DEBUG_ENV] = "1"  # read again where a command shows more in debug mode (eval's library output)
+    debug = debug_enabled()
     argv = [a for a in argv if a != "--debug"]
     try:
         code = app(args=argv, prog_name="refusion", standalone_mode=False)
     except UserError as exc:
         if debug:
-            raise
+            traceback.print_exc()
         fail(str(exc), exc.hint)
     except KeyboardInterrupt:
         if debug:
-            raise
+            traceback.print_exc()
         fail("interrupted", code=130)
     except Exception as exc:
-        if debug or not is_usage_error(exc):
-            raise
+        if not is_usage_error(exc):
+            raise  # a bug, not a user's mistake: the traceback and exit 1
+        if debug:
+            traceback.print_exc()
         if type(exc).__name__ == "NoArgsIsHelpError":  # `refusion` alone: the help, as click shows it
             app(args=argv, prog_name="refusion", standalone_mode=True)
         command = exc.ctx.command_path if getattr(exc, "ctx", None) is not None else "refusion"

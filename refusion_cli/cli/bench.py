@@ -251,7 +251,8 @@ class BenchRun:
         self.machine: Machine | None = None
         self.written: list[str] = []
         self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TimeElapsedColumn(), console=console, transient=True)
+                                 TimeElapsedColumn(), console=console, transient=True,
+                                 disable=not console.is_terminal)  # off a terminal: the row lines only
         self.task: TaskID | None = None
 
     def execute(self, prompts: list[BenchPrompt]) -> None:

@@ -69,6 +69,11 @@ def test_writes_csv_markdown_plots_and_the_machine(bench_run):
     for label in LABELS:
         assert f"| {label} |" in report
     assert "Decoding speed (batch 1)" in out.stdout and "refusion (recompute)" in out.stdout
+    # off a terminal stdout is the row lines, then the table: no progress bar residue, no blank lines
+    lines = out.stdout.splitlines()
+    n_rows = len(LABELS) * len(LENGTHS)
+    assert all(" @ " in line and "tok/s" in line for line in lines[:n_rows])
+    assert lines[n_rows].startswith("Decoding speed (batch 1)")
 
 
 def test_one_row_per_decoder_and_length_ar_first(bench_run):

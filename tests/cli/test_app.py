@@ -26,9 +26,14 @@ def test_a_user_error_is_one_line_without_traceback():
     assert out.stdout == ""
 
 
-def test_debug_shows_the_traceback():
-    out = refusion("bench", "--tps", "--gen-length", "0", "--debug")
-    assert out.returncode != 0 and "Traceback" in out.stderr
+def test_debug_shows_the_traceback_and_keeps_the_exit_code():
+    for out in (refusion("bench", "--tps", "--gen-length", "0", "--debug"),
+                refusion("bench", "--tps", "--gen-length", "0", env_debug=True)):
+        assert out.returncode == 2 and "Traceback" in out.stderr
+        assert out.stderr.splitlines()[-1].startswith("error: ")
+    out = refusion("bench", "--tps", "--bogus", "--debug")
+    assert out.returncode == 2 and "Traceback" in out.stderr
+    assert out.stderr.splitlines()[-1].startswith("error: No such option: --bogus")
 
 
 def test_unknown_command_is_one_clear_error():
