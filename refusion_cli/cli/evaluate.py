@@ -174,7 +174,11 @@ class EvalView:
         self.description = f"{benchmark.name} · {label}"
         self.scores, self.tps = [], []
 
-    def on_requests(self, total: int, stored: int) -> None:
+    def on_requests(self, total: int, stored: int, other_settings: int) -> None:
+        if other_settings:
+            self.progress.console.print(f"{self.description}: {other_settings} sample(s) here were decoded with "
+                                        "other settings; they stay in samples/ but this run replaces their cell "
+                                        "in the summary (another --output keeps both)")
         if stored:
             self.progress.console.print(f"{self.description}: resuming, {stored} of {total} samples already done")
         self.task = self.progress.add_task(self.description, total=total, completed=stored, accuracy="-", tps="-")
@@ -192,15 +196,19 @@ class EvalView:
 
 
 def _print_summary(results: list[RunResult], run_dir: Path) -> None:
-    from refusion_cli.harness.report import CSV_FILE, MARKDOWN_FILE, METRICS_FILE, summary_tables
+    """The folder's tables (this run's cells and those earlier runs left there), as summary.md has them."""
+    from refusion_cli.harness.report import CSV_FILE, MARKDOWN_FILE, METRICS_FILE, read_results, summary_tables
 
-    for table in summary_tables(results):
+    cells = read_results(run_dir) or results
+    for table in summary_tables(cells):
         view = Table(title=table.title, title_justify="left")
         for index, header in enumerate(table.headers):
             view.add_column(header, justify="left" if index == 0 else "right")
         for row in table.rows:
             view.add_row(*row)
         console.print(view, width=None if console.is_terminal else 240)  # piped output: no squeezed cells
+    if len(cells) > len(results):
+        console.print(f"{len(cells) - len(results)} cell(s) above come from earlier runs into this folder")
     resumed = sum(r.resumed for r in results)
     if resumed:
         console.print(f"{resumed} sample(s) were read back from earlier runs, not decoded again")

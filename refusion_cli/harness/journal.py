@@ -33,8 +33,9 @@ from refusion_cli.harness.scoring import SampleScore
 
 
 class JournalObserver(Protocol):
-    def on_requests(self, total: int, stored: int) -> None:
-        """A batch of ``total`` distinct requests starts; ``stored`` of them are answered from the journal."""
+    def on_requests(self, total: int, stored: int, other_settings: int) -> None:
+        """A batch of ``total`` distinct requests starts; ``stored`` of them are answered from the journal;
+        ``other_settings`` samples in the journal were decoded with other settings (kept, not used)."""
 
     def on_sample(self, record: dict[str, Any]) -> None:
         """A sample was decoded and written."""
@@ -96,9 +97,12 @@ class SampleJournal:
         self.path = journal_path(directory, label, rank)
         _cut_torn_tail(self.path)
         self.stored: dict[str, dict[str, Any]] = {}
+        self.other_settings = 0  # records of earlier runs with another config hash
         for record in read_records(journal_files(directory, label)):
             if record.get("config_hash") == config_hash:
                 self.stored[record["key"]] = record
+            else:
+                self.other_settings += 1
         self.earlier = frozenset(self.stored)  # keys finished before this run started
         self.decoded = 0  # samples decoded (not read back) by this process
 
@@ -107,7 +111,7 @@ class SampleJournal:
     def start(self, requests: list[Instance]) -> None:
         keys = {request_key(request, self.config_hash) for request in requests}
         if self.observer is not None:
-            self.observer.on_requests(len(keys), sum(key in self.stored for key in keys))
+            self.observer.on_requests(len(keys), sum(key in self.stored for key in keys), self.other_settings)
 
     def lookup(self, request: Instance) -> str | None:
         record = self.stored.get(request_key(request, self.config_hash))

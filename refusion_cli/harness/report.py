@@ -72,6 +72,28 @@ def markdown(tables: list[Table]) -> str:
     return "\n\n".join(parts) + "\n"
 
 
+def read_results(directory: Path) -> list[RunResult]:
+    """The results in ``directory``'s metrics.json (none when there is no readable one)."""
+    from refusion_cli.harness.runner import RunResult
+
+    try:
+        payload = json.loads((directory / METRICS_FILE).read_text(encoding="utf-8"))
+        return [RunResult(**entry) for entry in payload["results"]]
+    except (OSError, ValueError, TypeError, KeyError):
+        return []
+
+
+def merge_results(earlier: list[RunResult], results: list[RunResult]) -> list[RunResult]:
+    """``earlier`` with each (benchmark, decoder:model) cell that ``results`` holds replaced, new cells after.
+
+    A folder run into several times (one decoder, then another; one task, then another) keeps
+    every cell side by side; a rerun of a cell with other settings replaces that cell.
+    """
+    fresh = {(r.benchmark, r.label): r for r in results}
+    merged = [fresh.pop((r.benchmark, r.label), r) for r in earlier]
+    return merged + [r for r in results if (r.benchmark, r.label) in fresh]
+
+
 def write_reports(directory: Path, results: list[RunResult]) -> None:
     """Rewrite metrics.json, summary.csv (both tables, one after the other) and summary.md."""
     directory.mkdir(parents=True, exist_ok=True)

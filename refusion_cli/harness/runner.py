@@ -42,7 +42,7 @@ from refusion_cli.decoding.registry import DECODERS, build_config, decoder_spec,
 from refusion_cli.decoding.config import config_fields
 from refusion_cli.errors import UserError
 from refusion_cli.harness.journal import JournalObserver, SampleJournal, journal_files, read_records
-from refusion_cli.harness.report import METRICS_FILE, write_reports
+from refusion_cli.harness.report import METRICS_FILE, merge_results, read_results, write_reports
 from refusion_cli.harness.scoring import TaskScorer
 from refusion_cli.harness.suite import Benchmark, RenderedTask, Suite, check_data, load_suite, load_tasks, render
 from refusion_cli.models.loading import EMBEDDED, check_model_fits, embedded_path, parse_device, parse_dtype
@@ -101,7 +101,7 @@ class EvalObserver(JournalObserver, Protocol):
 class SilentObserver:
     def on_run_start(self, benchmark: Benchmark, label: str, config: Any) -> None: ...
 
-    def on_requests(self, total: int, stored: int) -> None: ...
+    def on_requests(self, total: int, stored: int, other_settings: int) -> None: ...
 
     def on_sample(self, record: dict[str, Any]) -> None: ...
 
@@ -326,6 +326,7 @@ def run_eval(options: EvalOptions, observer: EvalObserver | None = None, suite: 
                   for run in plan.runs}
     loaded: dict[str, Any] = {}  # model -> LoadedModel, shared by the decoders that run on it
     results: list[RunResult] = []
+    earlier = read_results(options.output) if rank == 0 else []  # cells of earlier runs into this folder
     for benchmark in plan.benchmarks:
         seed_lm_eval(options.seed)
         task_dict = load_tasks(plan.rendered[benchmark.name])
@@ -359,7 +360,7 @@ def run_eval(options: EvalOptions, observer: EvalObserver | None = None, suite: 
                 continue
             result = summarize(benchmark, run, config, digest, evaluation, journal)
             results.append(result)
-            write_reports(options.output, results)
+            write_reports(options.output, merge_results(earlier, results))
             observer.on_run_end(result)
     return results
 

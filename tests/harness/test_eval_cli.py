@@ -93,11 +93,13 @@ class CountingObserver:
     def __init__(self) -> None:
         self.decoded = 0
         self.stored = 0
+        self.other_settings = 0
 
     def on_run_start(self, benchmark, label, config) -> None: ...
 
-    def on_requests(self, total: int, stored: int) -> None:
+    def on_requests(self, total: int, stored: int, other_settings: int) -> None:
         self.stored += stored
+        self.other_settings = other_settings
 
     def on_sample(self, record) -> None:
         self.decoded += 1
@@ -178,9 +180,32 @@ def test_a_run_interrupted_in_process_resumes_from_its_journal(causal_checkpoint
     run_eval(options, again)
     assert (again.stored, again.decoded) == (5, 0)
     changed = CountingObserver()  # another decoder setting is another run: nothing is reused
-    run_eval(eval_options(causal_checkpoint, tmp_path / "run", 5, decoders=["refusion"],
-                          overrides=["gen_length=32", "slot_threshold=0.5"]), changed)
-    assert (changed.stored, changed.decoded) == (0, 5)
+    [replaced] = run_eval(eval_options(causal_checkpoint, tmp_path / "run", 5, decoders=["refusion"],
+                                       overrides=["gen_length=32", "slot_threshold=0.5"]), changed)
+    assert (changed.stored, changed.decoded, changed.other_settings) == (0, 5, 5)
+    assert len(records(one_journal(tmp_path / "run", "refusion"))) == 10  # the first setting's samples are kept
+    [cell] = json.loads((tmp_path / "run" / "metrics.json").read_text())["results"]  # and its cell is replaced
+    assert cell["config_hash"] == replaced.config_hash != result.config_hash and cell["config"]["slot_threshold"] == 0.5
+
+
+def test_runs_into_one_folder_add_up_side_by_side(causal_checkpoint, tmp_path):
+    run_dir = tmp_path / "run"
+    common = ("--task", "synthetic", "--model", str(causal_checkpoint), "--limit", "2", "--set", "gen_length=16",
+              "--output", str(run_dir))
+    first = refusion("--decoder", "ar", *common)
+    assert first.returncode == 0, first.stderr
+    second = refusion("--decoder", "refusion", *common)
+    assert second.returncode == 0, second.stderr
+    metrics = json.loads((run_dir / "metrics.json").read_text())["results"]
+    assert [(m["decoder"], m["samples"]) for m in metrics] == [("ar", 2), ("refusion", 2)]
+    name = causal_checkpoint.name
+    table = (run_dir / "summary.md").read_text()
+    assert f"| ar:{name} |" in table and f"| refusion:{name} |" in table
+    assert f"ar:{name}" in second.stdout and "1 cell(s) above come from earlier runs into this folder" in second.stdout
+    again = refusion("--decoder", "ar", *common)  # a rerun of a cell resumes it and keeps the other one
+    assert again.returncode == 0, again.stderr
+    assert [m["decoder"] for m in json.loads((run_dir / "metrics.json").read_text())["results"]] == ["ar", "refusion"]
+    assert "2 sample(s) were read back from earlier runs" in again.stdout
 
 
 def test_the_journal_drops_a_torn_line_and_reads_every_process_file(tmp_path):
