@@ -53,9 +53,12 @@ def synthetic_prompts(limit: int) -> list[BenchPrompt]:
 
 def read_prompt_file(path: Path) -> list[BenchPrompt]:
     if path.is_dir():
-        raise UserError(f"the prompts file {path} is a directory", hint="give a JSONL file, one prompt a line")
-    if not path.is_file():
+        raise UserError(f"the prompts file {path} is a directory, not a JSONL file",
+                        hint="give a JSONL file, one prompt a line")
+    if not path.exists():
         raise UserError(f"no such prompts file: {path}")
+    if not path.is_file():
+        raise UserError(f"the prompts file {path} is not a regular file", hint="give a JSONL file, one prompt a line")
     text = read_text(path, f"the prompts file {path}")
     hint = "give one JSON object per line with a 'prompt' or 'question' field"
     prompts = [prompt_of(record, path, number) for number, record in json_objects(text, str(path), hint)]

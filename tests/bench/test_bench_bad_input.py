@@ -52,7 +52,8 @@ def error_line(err: str) -> str:
     pytest.param(["--device", "cuda"], "error: device 'cuda' asked for, but this torch has no usable CUDA device",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")),
     (["--dtype", "int8"], "error: unknown dtype 'int8'; choose one of float32"),
-    (["--prompts", "DIR"], "error: the prompts file DIR is a directory"),
+    (["--prompts", "DIR"], "error: the prompts file DIR is a directory, not a JSONL file"),
+    (["--prompts", "/dev/null"], "error: the prompts file /dev/null is not a regular file"),
     (["--set", "refusion.slot_threshold=2"], "error: slot_threshold must be in [0, 1], got 2.0"),
 ])
 def test_a_bad_option_leaves_the_previous_run_untouched(args, message, tmp_path, monkeypatch, capsys,
