@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from refusion_cli.decoding.stats import DecodeStats, counted_forward, float_logits
+from refusion_cli.decoding.stats import DecodeStats, counted_forward, float_logits, last_logits
 
 
 def group_causal(groups: torch.Tensor) -> torch.Tensor:
@@ -80,12 +80,12 @@ class Context:
         allowed = group_causal(all_groups)  # [Q', Q'] with Q' = pending + new
         allowed[n_pending:, :n_pending] = True  # new tokens see every pending committed token
         seen_cache = torch.ones(all_ids.numel(), self.cached, dtype=torch.bool, device=ids.device)
-        logits = self._call(all_ids, all_positions, torch.cat([seen_cache, allowed], dim=1))
+        logits = self._call(all_ids, all_positions, torch.cat([seen_cache, allowed], dim=1), ids.numel())
         if self.reuse:  # the pending tokens' K/V is in the cache now, followed by the fed tokens'
             self.cached += n_pending
             self.pending_ids, self.pending_positions = ids[:0], positions[:0]
         self._fed = (ids, positions)
-        return logits[n_pending:]
+        return logits
 
     def commit(self, n: int) -> None:
         """Commit the first ``n`` tokens fed by the last call (they must not depend on a later group)."""
@@ -102,8 +102,10 @@ class Context:
             self.pending_ids = torch.cat([self.pending_ids, ids[:n]])
             self.pending_positions = torch.cat([self.pending_positions, positions[:n]])
 
-    def _call(self, input_ids: torch.Tensor, position_ids: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
-        """One counted model call on a single row; ``allowed`` [Q, cached + Q]; returns logits [Q, V]."""
+    def _call(self, input_ids: torch.Tensor, position_ids: torch.Tensor, allowed: torch.Tensor,
+              n_new: int) -> torch.Tensor:
+        """One counted model call on a single row; ``allowed`` [Q, cached + Q]; returns the logits of the
+        last ``n_new`` positions [n_new, V] (the model computes no others when it can)."""
         mask = additive_mask(allowed, self.dtype)
         out = counted_forward(
             self.model,
@@ -113,5 +115,6 @@ class Context:
             attention_mask={kind: mask for kind in self.layer_types},
             cache=self.cache,
             use_cache=self.reuse,
+            **last_logits(self.model, n_new),
         )
-        return float_logits(out.logits[0])
+        return float_logits(out.logits[0, -n_new:])

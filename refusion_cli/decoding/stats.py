@@ -8,6 +8,8 @@ whole decode call. TPS = tokens / seconds and TPF = tokens / forwards.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -96,6 +98,23 @@ def counted_forward(model: torch.nn.Module, stats: DecodeStats, **inputs: torch.
     stats.forwards += 1
     stats.positions += input_ids.numel()
     return out
+
+
+def last_logits(model: torch.nn.Module, n: int) -> dict[str, int]:
+    """Keyword asking ``model`` for the logits of its last ``n`` (>= 1) input positions only.
+
+    transformers' causal LMs take ``logits_to_keep``; with a 150k-word vocabulary the logits of
+    positions nobody reads (the prompt, recomputed context) cost more memory than the K/V. A model
+    whose forward lacks the keyword gets nothing here, and the caller slices.
+    """
+    if n < 1:
+        raise ValueError(f"n must be positive, got {n}")
+    return {"logits_to_keep": n} if _keeps_logits(type(model)) else {}
+
+
+@functools.cache
+def _keeps_logits(model_class: type) -> bool:
+    return "logits_to_keep" in inspect.signature(model_class.forward).parameters
 
 
 def float_logits(logits: torch.Tensor) -> torch.Tensor:

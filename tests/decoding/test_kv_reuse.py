@@ -75,3 +75,29 @@ def test_recompute_feeds_the_whole_context_every_pass():
     assert reuse.stats.positions == (9 + 16) + 16
     assert recompute.stats.positions == (9 + 16) + (9 + 16)
     assert reuse.tokens == recompute.tokens
+
+
+def test_only_the_fed_tokens_logits_are_computed(causal_model, prompt, record_calls):
+    """The prompt and recomputed context get K/V but no logits: the LM head sees only the new tokens."""
+    from refusion_cli.decoding import decode_ar
+
+    head_rows: list[int] = []
+    handle = causal_model.lm_head.register_forward_hook(lambda module, args, out: head_rows.append(out.shape[1]))
+    try:
+        # blocks of 8 = two slots of 4: no call feeds more than 8 new tokens
+        config = ReFusionConfig(gen_length=16, slot_size=4, block_size=8, slot_threshold=0.5, token_threshold=0.5)
+        for kv_reuse in (True, False):
+            head_rows.clear()
+            calls = record_calls(causal_model)
+            decode(causal_model, prompt, config, kv_reuse)
+            fed = [call.shape[1] for call in calls]
+            assert len(head_rows) == len(fed) > 2
+            assert (fed[0], head_rows[0]) == (len(prompt) + 8, 8)  # the first plan carries the prompt along
+            assert max(head_rows) <= 8
+            if not kv_reuse:
+                assert all(length > rows for rows, length in zip(head_rows, fed))  # the context is always re-fed
+        head_rows.clear()
+        decode_ar(causal_model, prompt, max_new_tokens=8, eos_token_id=None)
+        assert head_rows == [1] * 8  # the prefill's too: only its last position
+    finally:
+        handle.remove()
