@@ -279,7 +279,7 @@ def measure_entry(
     device = next(loaded.model.parameters()).device
 
     def decode(index: int) -> DecodeResult:
-        generator = torch.Generator().manual_seed(settings.seed + index)
+        generator = torch.Generator(device=device).manual_seed(settings.seed + index)  # noise drawn where it is used
         return run_decoder(entry.decoder, loaded.model, prompt_ids[index], entry.config,
                            mask_token_id=loaded.mask_token_id, eos_token_id=loaded.eos_token_id,
                            generator=generator, kv_reuse=entry.kv_reuse, causal_fix=entry.causal_fix)

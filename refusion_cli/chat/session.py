@@ -66,7 +66,7 @@ class ChatSession:
         self.config = chat_config(decoder, overrides or {})
         self.history: list[dict[str, str]] = []
         self.last: ChatAnswer | None = None
-        self.generator = torch.Generator().manual_seed(seed)
+        self.generator = torch.Generator(device=next(loaded.model.parameters()).device).manual_seed(seed)
 
     @property
     def turns(self) -> int:

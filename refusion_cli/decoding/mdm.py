@@ -25,7 +25,8 @@ from transformers import DynamicCache
 from refusion_cli.decoding.cache import additive_mask, crop_to
 from refusion_cli.decoding.config import ConfigError, check_positive, check_probability
 from refusion_cli.decoding.refusion import check_ids, prompt_tensor
-from refusion_cli.decoding.stats import DecodeResult, DecodeStats, counted_forward, cut_after_eos, float_logits
+from refusion_cli.decoding.stats import (DecodeResult, DecodeStats, counted_forward, cut_after_eos, float_logits,
+                                         report_step, wide_float)
 
 
 @dataclass
@@ -121,13 +122,12 @@ class Canvas:
         response_offsets = (offsets + block.start - self.prompt_length).tolist()
         record = MDMStep(block.index, step, response_offsets, tokens.tolist())
         self.trace.append(record)
-        if self.on_step is not None:
-            self.on_step(record)
+        report_step(self.stats, self.on_step, record)
 
     def result(self, seconds: float) -> DecodeResult:
         """The response cut after its first EOS, with the shared counters."""
         tokens = cut_after_eos(self.ids[self.prompt_length:].tolist(), self.eos_token_id)
-        self.stats.seconds = seconds
+        self.stats.seconds = seconds - self.stats.callback_seconds
         self.stats.tokens = len(tokens)
         return DecodeResult(tokens=tokens, stats=self.stats, trace=self.trace)
 
@@ -198,9 +198,10 @@ class CanvasPasses:
 
 
 def uniform(shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
-    """U(0, 1) float64 draws from ``generator`` (on its own device), moved to ``device``."""
+    """U(0, 1) float64 draws (float32 on MPS) from ``generator`` (on its own device), moved to ``device``."""
     noise_device = generator.device if generator is not None else device
-    return torch.rand(shape, generator=generator, dtype=torch.float64, device=noise_device).to(device)
+    wide = wide_float(torch.device(device))
+    return torch.rand(shape, generator=generator, dtype=wide, device=noise_device).to(device)
 
 
 def sample(weights: torch.Tensor, count: int, generator: torch.Generator | None) -> torch.Tensor:
@@ -235,7 +236,7 @@ def choose_positions(
     otherwise ``count`` positions: the top ``count``, or, with ``alg_temp`` > 0 (Dream), drawn
     from softmax(confidence / alg_temp).
     """
-    ranked = torch.where(masked, confidence.double(), float("-inf"))  # [B]
+    ranked = torch.where(masked, confidence.to(wide_float(confidence.device)), float("-inf"))  # [B]
     if not bool(masked.any()):
         return torch.zeros(0, dtype=torch.long, device=masked.device)
     if threshold is not None:

@@ -35,7 +35,7 @@ import torch
 
 from refusion_cli.decoding.cache import Context
 from refusion_cli.decoding.config import ReFusionConfig
-from refusion_cli.decoding.stats import DecodeResult, DecodeStats, Timer, cut_after_eos
+from refusion_cli.decoding.stats import DecodeResult, DecodeStats, Timer, cut_after_eos, report_step, wide_float
 from refusion_cli.errors import UserError
 
 
@@ -99,13 +99,14 @@ def check_ids(model: torch.nn.Module, prompt: torch.Tensor, total_length: int, *
 
 
 def gumbel_argmax(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> torch.Tensor:
-    """argmax(logits / T + Gumbel noise), in float64; plain argmax at T = 0."""
+    """argmax(logits / T + Gumbel noise), in float64 (float32 on MPS); plain argmax at T = 0."""
     if temperature == 0:
         return logits.argmax(-1)
     noise_device = generator.device if generator is not None else logits.device
-    uniform = torch.rand(logits.shape, generator=generator, dtype=torch.float64, device=noise_device)
+    wide = wide_float(logits.device)
+    uniform = torch.rand(logits.shape, generator=generator, dtype=wide, device=noise_device)
     gumbel = -torch.log(-torch.log(uniform.to(logits.device)))
-    return (logits.double() + temperature * gumbel).argmax(-1)
+    return (logits.to(wide) + temperature * gumbel).argmax(-1)
 
 
 def token_probs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -279,12 +280,11 @@ def decode_refusion(
                                  offsets.tolist(), flat[:n_commit].tolist(),
                                  [KIND_NAMES[kind] for kind in kinds.flatten()[:n_commit].tolist()])
                 trace.append(step)
-                if on_step is not None:
-                    on_step(step)
+                report_step(stats, on_step, step)
             if ended:
                 break
     tokens = cut_after_eos([t for t in response.tolist() if t >= 0], eos_token_id)
-    stats.seconds = timer.seconds
+    stats.seconds = timer.seconds - stats.callback_seconds
     stats.tokens = len(tokens)
     return DecodeResult(tokens=tokens, stats=stats, trace=trace)
 

@@ -3,7 +3,8 @@
 Counting rule: ``tokens`` is the number of response tokens up to and including the first EOS
 (or the whole response if there is none); ``forwards`` counts every call of the model, whatever
 it was for (planning, verification, drafting, a CFG pass); ``seconds`` is the wall time of the
-whole decode call. TPS = tokens / seconds and TPF = tokens / forwards.
+whole decode call, less the time spent in the caller's ``on_step`` callback (a live view's
+drawing is not decoding). TPS = tokens / seconds and TPF = tokens / forwards.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import functools
 import inspect
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -24,6 +25,7 @@ class DecodeStats:
     seconds: float = 0.0  # wall time of the decode call
     positions: int = 0  # token positions the model computed (rows x input length, summed over calls)
     forward_seconds: float = 0.0  # wall time spent inside model calls
+    callback_seconds: float = 0.0  # wall time spent in the caller's on_step (not part of ``seconds``)
 
     @property
     def tpf(self) -> float:
@@ -86,6 +88,15 @@ class Timer:
         self.seconds = time.perf_counter() - self._start
 
 
+def report_step(stats: DecodeStats, on_step: Callable[[Any], None] | None, record: Any) -> None:
+    """Hand ``record`` to the caller's ``on_step``; its time is kept out of the decode's ``seconds``."""
+    if on_step is None:
+        return
+    start = time.perf_counter()
+    on_step(record)
+    stats.callback_seconds += time.perf_counter() - start
+
+
 def counted_forward(model: torch.nn.Module, stats: DecodeStats, **inputs: torch.Tensor | object):
     """Call ``model(**inputs)`` and record it in ``stats``: one forward, its positions, its time."""
     input_ids = inputs["input_ids"]
@@ -115,6 +126,11 @@ def last_logits(model: torch.nn.Module, n: int) -> dict[str, int]:
 @functools.cache
 def _keeps_logits(model_class: type) -> bool:
     return "logits_to_keep" in inspect.signature(model_class.forward).parameters
+
+
+def wide_float(device: torch.device) -> torch.dtype:
+    """float64 for noise and ranking, except on Apple's MPS, which has no float64 (float32 there)."""
+    return torch.float32 if device.type == "mps" else torch.float64
 
 
 def float_logits(logits: torch.Tensor) -> torch.Tensor:

@@ -119,7 +119,8 @@ def parse_device(device: str | torch.device | None) -> torch.device:
 
 
 def default_dtype(device: torch.device) -> torch.dtype:
-    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+    """bfloat16 on a GPU that computes it natively (compute capability 8.0 or later), else float32."""
+    if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 8:
         return torch.bfloat16
     return torch.float32
 

@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
+from refusion_cli.decoding.stats import wide_float
 from refusion_cli.errors import UserError
 from refusion_cli.training import checkpoint as ckpt
 from refusion_cli.training.data import (
@@ -369,7 +370,8 @@ def _train(config: TrainConfig, observer: TrainObserver) -> TrainResult:
     # build exactly the batches the training process would
     loader = DataLoader(dataset, sampler=stream, batch_size=micro, num_workers=config.num_workers,
                         persistent_workers=config.num_workers > 0, pin_memory=accelerator.device.type == "cuda",
-                        collate_fn=partial(collate, pad_id=trainable.pad_token_id))
+                        collate_fn=partial(collate, pad_id=trainable.pad_token_id,
+                                           weights_dtype=wide_float(accelerator.device)))
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     warmup = round(config.warmup_ratio * config.steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, cosine_with_warmup(warmup, config.steps))
@@ -418,17 +420,18 @@ def _train(config: TrainConfig, observer: TrainObserver) -> TrainResult:
             totals[4] = float(stop.requested)
             totals = accelerator.reduce(totals, reduction="sum")  # every process agrees on when to stop
             micro_batches = config.grad_accum * accelerator.num_processes
+            loss, ar_loss, mdm_loss, tokens, stopping = totals.tolist()  # waits for the step's GPU work too
             now = time.perf_counter()
-            record = StepRecord(step=step, loss=totals[0].item() / micro_batches,
-                                ar_loss=totals[1].item() / micro_batches, mdm_loss=totals[2].item() / micro_batches,
-                                lr=lr, tokens=int(totals[3].item()), seconds=now - step_start, elapsed=now - started)
+            record = StepRecord(step=step, loss=loss / micro_batches, ar_loss=ar_loss / micro_batches,
+                                mdm_loss=mdm_loss / micro_batches, lr=lr, tokens=int(tokens),
+                                seconds=now - step_start, elapsed=now - started)
             trained_tokens += record.tokens
             trained_seconds += record.seconds
             if main:
                 log.write(json.dumps(asdict(record)) + "\n")
                 log.flush()
                 observer.on_step(record)
-            if totals[4].item() > 0:
+            if stopping > 0:
                 path = save(step)
                 return TrainResult(step, True, path, None, trained_tokens, trained_seconds)
             if step % config.save_every == 0 or step == last_step:
@@ -461,10 +464,11 @@ def trainer_state(step: int, config: TrainConfig, settings: dict, examples: int,
 def optimizer_step(accelerator, model, optimizer, batches, objective, config: TrainConfig) -> torch.Tensor:
     """One optimizer step over ``grad_accum`` micro-batches of this process.
 
-    Returns [5] float64 sums over the micro-batches: loss, ar part, mdm part, real tokens, and a 0
-    slot for the stop flag.
+    Returns [5] float64 sums (float32 on MPS) over the micro-batches: loss, ar part, mdm part, real
+    tokens, and a 0 slot for the stop flag.
     """
-    totals = torch.zeros(5, dtype=torch.float64, device=accelerator.device)
+    wide = wide_float(accelerator.device)
+    totals = torch.zeros(5, dtype=wide, device=accelerator.device)
     for _ in range(config.grad_accum):
         batch = next(batches)
         with accelerator.accumulate(model):  # no gradient sync, optimizer step or zero_grad until the last one
@@ -474,8 +478,8 @@ def optimizer_step(accelerator, model, optimizer, batches, objective, config: Tr
                 accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm)
             optimizer.step()
             optimizer.zero_grad()
-        totals[:4] += torch.stack([parts.loss.detach().double(), parts.ar_loss.double(), parts.mdm_loss.double(),
-                                   batch["lengths"].sum().double()])
+        totals[:4] += torch.stack([value.to(wide) for value in (parts.loss.detach(), parts.ar_loss, parts.mdm_loss,
+                                                                batch["lengths"].sum())])
     if not accelerator.sync_gradients:
         raise RuntimeError("the optimizer step did not happen at the end of the accumulation")
     return totals

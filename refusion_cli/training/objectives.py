@@ -221,8 +221,12 @@ def get_objective(name: str) -> Objective:
     return OBJECTIVES[name]
 
 
-def collate(samples: Sequence[Sample], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-pad samples into a batch. Padding is never scored and never attended to by real tokens."""
+def collate(samples: Sequence[Sample], pad_id: int, weights_dtype: torch.dtype = torch.float64
+            ) -> dict[str, torch.Tensor]:
+    """Right-pad samples into a batch. Padding is never scored and never attended to by real tokens.
+
+    ``weights_dtype``: the loss weights' dtype (float64; float32 for Apple's MPS, which has no float64).
+    """
     lengths = torch.tensor([s.input_ids.numel() for s in samples])
     width = int(lengths.max())
 
@@ -237,7 +241,7 @@ def collate(samples: Sequence[Sample], pad_id: int) -> dict[str, torch.Tensor]:
         "input_ids": stack("input_ids", pad_id, torch.long),  # [B, S]
         "position_ids": stack("position_ids", 0, torch.long),  # [B, S]
         "labels": stack("labels", IGNORE_INDEX, torch.long),  # [B, S]
-        "loss_weights": stack("loss_weights", 0.0, torch.float64),  # [B, S]
+        "loss_weights": stack("loss_weights", 0.0, weights_dtype),  # [B, S]
         "loss_kinds": stack("loss_kinds", int(LossKind.NONE), torch.int8),  # [B, S]
         "lengths": lengths,  # [B] real tokens per row
     }

@@ -124,3 +124,31 @@ def test_decoders_accept_any_model_the_check_is_separate(causal_model, prompt):
     result = decode_llada(causal_model, prompt, LLADA, mask_token_id=MASK_ID, eos_token_id=None)
     assert len(result.tokens) == 16 and MASK_ID not in result.tokens
     assert result.stats.forwards == LLADA.steps
+
+
+def test_time_in_the_on_step_callback_is_not_decode_time(causal_model, bidirectional_model, prompt, monkeypatch):
+    """A slow live view must not lower the TPS it shows: its callback time is left out of ``seconds``.
+
+    The clock is a fake one that only the callback moves, so decoding itself takes exactly 0 s.
+    """
+    import time
+
+    from refusion_cli.decoding import LLaDAConfig, ReFusionConfig, decode_llada, decode_refusion
+
+    clock = [100.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+
+    def slow_view(step) -> None:
+        clock[0] += 0.25
+
+    runs = [
+        lambda cb: decode_refusion(causal_model, prompt, ReFusionConfig(gen_length=8, slot_size=4, block_size=8),
+                                   mask_token_id=MASK_ID, eos_token_id=None, on_step=cb),
+        lambda cb: decode_llada(bidirectional_model, prompt, LLaDAConfig(gen_length=8, steps=4, block_length=8),
+                                mask_token_id=MASK_ID, eos_token_id=None, on_step=cb),
+    ]
+    for run in runs:
+        result = run(slow_view)
+        assert len(result.trace) >= 1 and result.stats.callback_seconds == 0.25 * len(result.trace)
+        assert result.stats.seconds == 0.0
+        assert result.tokens == run(None).tokens
