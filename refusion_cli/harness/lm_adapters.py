@@ -14,7 +14,8 @@ discovery). Contract of every adapter:
   ignored: the decoder config decides; any other generation key is an error. Each request gets a
   fresh ``torch.Generator`` seeded with ``seed``, so an output never depends on request order.
   Every decoded request appends a :class:`SampleRecord` (tokens, forwards, seconds, TPS) to
-  ``adapter.samples``. An optional :class:`GenerationHook` sees every request first and may
+  ``adapter.samples``. The first request an adapter decodes is decoded once more before it, untimed
+  and discarded (warm-up: CUDA context, kernels and allocator are not billed to one sample). An optional :class:`GenerationHook` sees every request first and may
   return a stored output instead (the harness uses it to resume and to journal samples).
 - ``loglikelihood`` / ``loglikelihood_rolling`` are exact for the causal adapters (``refusion``,
   ``ar``): one causal pass per request, lm-eval's tokenisation rules (``TemplateLM``). The
@@ -215,6 +216,7 @@ class DecoderLM(TemplateLM):
         self._device = next(self.model.parameters()).device
         self.hook: GenerationHook | None = None
         self.samples: list[SampleRecord] = []
+        self.warmed_up = False  # the first decode is preceded by an untimed one
 
     # --- lm-eval plumbing -------------------------------------------------------------------
 
@@ -277,6 +279,9 @@ class DecoderLM(TemplateLM):
                 outputs.append(stored)
                 continue
             context, gen_kwargs = request.args
+            if not self.warmed_up:
+                self.generate(context, gen_kwargs)
+                self.warmed_up = True
             sample = self.generate(context, gen_kwargs)
             self.samples.append(sample)
             if self.hook is not None:

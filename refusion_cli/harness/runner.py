@@ -90,6 +90,8 @@ class RunResult:
     resumed: int  # samples read back from earlier runs instead of being decoded
     metric: str
     lm_eval_results: dict[str, Any] = field(default_factory=dict)
+    device: str = ""  # where it ran: "cpu", "cuda (<GPU name>)" (empty in a metrics.json written before this field)
+    dtype: str = ""  # the model's weights, e.g. "bfloat16"
 
 
 class EvalObserver(JournalObserver, Protocol):
@@ -207,9 +209,24 @@ def model_fingerprint(model: str) -> str:
     return "|".join(parts)
 
 
-def config_hash(decoder: str, config: Any, fingerprint: str, seed: int, chat_template: bool) -> str:
+def placement(model: Any) -> tuple[str, str]:
+    """(device, dtype) a model runs on, as recorded with its results: the device kind and GPU name
+    (no index, so a data-parallel run's processes agree), and the weights' dtype."""
+    import torch
+
+    parameter = next(model.parameters())
+    device = parameter.device.type
+    if device == "cuda":
+        device = f"cuda ({torch.cuda.get_device_name(parameter.device)})"
+    return device, str(parameter.dtype).removeprefix("torch.")
+
+
+def config_hash(decoder: str, config: Any, fingerprint: str, seed: int, chat_template: bool,
+                where: tuple[str, str]) -> str:
+    """What a journaled sample is reused under: decoder settings, model files, seed, template, and
+    device and dtype (another dtype decodes other tokens; another device measures other timings)."""
     material = {"decoder": decoder, "config": dataclasses.asdict(config), "model": fingerprint, "seed": seed,
-                "chat_template": chat_template}
+                "chat_template": chat_template, "device": where[0], "dtype": where[1]}
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -337,8 +354,9 @@ def run_eval(options: EvalOptions, observer: EvalObserver | None = None, suite: 
                 loaded[run.model] = load_model(run.model, device, options.dtype,
                                                trust_remote_code=options.trust_remote_code,
                                                require_mask=needs_mask[run.model])
+            where = placement(loaded[run.model].model)
             digest = config_hash(run.decoder, config, model_fingerprint(run.model), options.seed,
-                                 benchmark.chat_template)
+                                 benchmark.chat_template, where)
             adapter = ADAPTERS[run.decoder](pretrained=loaded[run.model], config=config, seed=options.seed,
                                             device=device)
             journal = SampleJournal(options.output / "samples" / benchmark.name, benchmark=benchmark.name,
@@ -358,7 +376,7 @@ def run_eval(options: EvalOptions, observer: EvalObserver | None = None, suite: 
             )
             if rank != 0 or evaluation is None:
                 continue
-            result = summarize(benchmark, run, config, digest, evaluation, journal)
+            result = summarize(benchmark, run, config, digest, evaluation, journal, where)
             results.append(result)
             write_reports(options.output, merge_results(earlier, results))
             observer.on_run_end(result)
@@ -366,7 +384,7 @@ def run_eval(options: EvalOptions, observer: EvalObserver | None = None, suite: 
 
 
 def summarize(benchmark: Benchmark, run: DecoderRun, config: Any, digest: str, evaluation: dict[str, Any],
-              journal: SampleJournal) -> RunResult:
+              journal: SampleJournal, where: tuple[str, str]) -> RunResult:
     """Step 3 for one (benchmark, decoder): the journal's records of the documents lm-eval scored."""
     latest: dict[tuple[str, int], dict[str, Any]] = {}
     for record in read_records(journal_files(journal.directory, journal.label)):
@@ -397,6 +415,7 @@ def summarize(benchmark: Benchmark, run: DecoderRun, config: Any, digest: str, e
         resumed=sum(r["key"] in journal.earlier for r in chosen), metric=key,
         lm_eval_results={name: _plain(values) for name, values in
                          {**evaluation["results"], **evaluation.get("groups", {})}.items()},
+        device=where[0], dtype=where[1],
     )
 
 

@@ -91,6 +91,20 @@ def test_generate_until_decodes_like_the_decoder_and_records_stats(ar, prompt):
     assert sample.stats.seconds > 0 and sample.stats.tps > 0
 
 
+def test_the_first_decode_is_preceded_by_an_untimed_warm_up(causal_checkpoint, prompt):
+    adapter = lm_adapters.ARLM(pretrained=str(causal_checkpoint), device="cpu", gen_length=24)
+    calls = []
+    handle = adapter.model.register_forward_pre_hook(lambda module, args: calls.append(1))
+    try:
+        first = adapter.generate_until([generation(prompt, until=[], max_gen_toks=6)])
+        assert len(calls) == 2 * 6 and len(adapter.samples) == 1  # the warm-up decode is not a sample
+        calls.clear()
+        assert adapter.generate_until([generation(prompt, until=[], max_gen_toks=6)]) == first
+        assert len(calls) == 6 and len(adapter.samples) == 2  # once per adapter
+    finally:
+        handle.remove()
+
+
 def test_max_gen_toks_is_the_response_budget(ar, refusion, prompt):
     for adapter, budget in ((ar, 5), (refusion, 8)):
         adapter.generate_until([generation(prompt, until=[], max_gen_toks=budget)])

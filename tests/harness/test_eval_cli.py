@@ -179,6 +179,12 @@ def test_a_run_interrupted_in_process_resumes_from_its_journal(causal_checkpoint
     again = CountingObserver()
     run_eval(options, again)
     assert (again.stored, again.decoded) == (5, 0)
+    other_dtype = CountingObserver()  # so is another dtype: its tokens and timings differ
+    shutil.copytree(tmp_path / "run", tmp_path / "bf16")
+    [bf16] = run_eval(eval_options(causal_checkpoint, tmp_path / "bf16", 5, decoders=["refusion"],
+                                   overrides=["gen_length=32"], dtype="bfloat16"), other_dtype)
+    assert (other_dtype.stored, other_dtype.decoded, other_dtype.other_settings) == (0, 5, 5)
+    assert (result.device, result.dtype, bf16.device, bf16.dtype) == ("cpu", "float32", "cpu", "bfloat16")
     changed = CountingObserver()  # another decoder setting is another run: nothing is reused
     [replaced] = run_eval(eval_options(causal_checkpoint, tmp_path / "run", 5, decoders=["refusion"],
                                        overrides=["gen_length=32", "slot_threshold=0.5"]), changed)
