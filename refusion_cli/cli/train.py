@@ -6,6 +6,8 @@ progress with Rich on the main process, and reports the result.
 
 from __future__ import annotations
 
+import signal
+import time
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -70,6 +72,8 @@ def train(
                                              rich_help_panel=SCHEDULE)] = 0,
     save_every: Annotated[int, typer.Option("--save-every", help="checkpoint every N steps",
                                             rich_help_panel=RUN)] = 500,
+    keep_checkpoints: Annotated[int, typer.Option("--keep-checkpoints", help="keep only the newest N checkpoints "
+                                                  "(0: all)", rich_help_panel=RUN)] = 0,
     seed: Annotated[int, typer.Option("--seed", help="data order, masking draws and --init weights",
                                       rich_help_panel=RUN)] = 0,
     stop_at: Annotated[int | None, typer.Option("--stop-at", help="end this run after this step (the LR schedule "
@@ -87,7 +91,7 @@ def train(
         max_length=max_length, save_every=save_every, seed=seed, resume=resume, grad_accum=grad_accum,
         mixed_precision=mixed_precision.value if mixed_precision is not None else None, warmup_ratio=warmup_ratio,
         weight_decay=weight_decay, max_grad_norm=max_grad_norm, gradient_checkpointing=gradient_checkpointing,
-        stop_at=stop_at, num_workers=num_workers,
+        stop_at=stop_at, num_workers=num_workers, keep_checkpoints=keep_checkpoints,
     )
     with ProgressView() as view:
         result = train_model(config, view)
@@ -95,22 +99,34 @@ def train(
         if result.interrupted:
             console.print(f"stopped at step {result.step}; checkpoint saved to {result.checkpoint}")
             console.print("continue with the same command plus --resume")
+            if result.stop_signal == signal.SIGTERM:
+                raise typer.Exit(128 + signal.SIGTERM)  # 143, as a process ended by SIGTERM
             raise KeyboardInterrupt
         tps = result.tokens / result.seconds if result.seconds > 0 else 0.0
-        console.print(f"done: {result.step} steps, {tps:,.0f} tokens/s; final model in {result.final}")
+        if result.step < steps:  # --stop-at: the model is written, the schedule is not over
+            console.print(f"stopped at step {result.step} of {steps} (--stop-at), {tps:,.0f} tokens/s; the model at "
+                          f"this step is in {result.final}; continue the schedule with --resume and a later "
+                          "--stop-at, or none", soft_wrap=True)
+        else:
+            console.print(f"done: {result.step} steps, {tps:,.0f} tokens/s; final model in {result.final}")
 
 
 class ProgressView:
     """Rich rendering of the loop's reports, a TrainObserver (the loop only reports on the main process)."""
 
+    LINES = 50  # off a terminal (a log file): about this many progress lines over the schedule
+
     def __init__(self) -> None:
         self.active = False  # True on the main process, once the run has started
+        self.lines = not console.is_terminal  # plain progress lines instead of a live bar
         self.progress = Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
             TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[tps]} tok/s"),
-            TimeElapsedColumn(), TimeRemainingColumn(), console=console,
+            TimeElapsedColumn(), TimeRemainingColumn(), console=console, disable=self.lines,
         )
         self.task = None
+        self.total = 0
+        self.every = 1
 
     def __enter__(self) -> ProgressView:
         return self
@@ -122,19 +138,27 @@ class ProgressView:
     def on_start(self, info: RunInfo) -> None:
         self.active = True
         where = f"resuming {info.resumed_from} at step {info.start_step}" if info.resumed_from else "fresh run"
+        mode = "" if info.distributed == "NO" else f" ({info.distributed})"
         console.print(f"[bold]{info.objective}[/] training, {where}: {info.parameters:,} parameters, "
-                      f"{info.processes} process(es) on {info.device}, precision {info.mixed_precision}")
+                      f"{info.processes} process(es){mode} on {info.device}, precision {info.mixed_precision}")
         console.print(f"data: {info.examples:,} examples of {info.records:,} records; global batch "
                       f"{info.global_batch} = {info.processes} × {info.grad_accum} × {info.micro_batch}")
         if info.skipped_too_long:
             console.print(f"[yellow]skipped {info.skipped_too_long:,} record(s) longer than --max-length[/]")
         self.task = self.progress.add_task("train", total=info.total_steps, completed=info.start_step,
                                            loss="-", tps="-")
+        self.total, self.every = info.total_steps, max(1, info.total_steps // self.LINES)
+        self.started = time.monotonic()
         self.progress.start()
 
     def on_step(self, record: StepRecord) -> None:
         self.progress.update(self.task, completed=record.step, loss=f"{record.loss:.4f}",
                              tps=f"{record.tokens_per_second:,.0f}")
+        if self.lines and (record.step % self.every == 0 or record.step == self.total):
+            elapsed = time.strftime("%H:%M:%S", time.gmtime(time.monotonic() - self.started))
+            console.print(f"step {record.step}/{self.total}  loss {record.loss:.4f} (ar {record.ar_loss:.4f}, "
+                          f"mdm {record.mdm_loss:.4f})  lr {record.lr:.3g}  {record.tokens_per_second:,.0f} tok/s  "
+                          f"{elapsed}", highlight=False, soft_wrap=True)
 
     def on_save(self, path: Path, step: int) -> None:
         self.progress.console.print(f"saved checkpoint {path} (step {step})")

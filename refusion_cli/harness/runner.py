@@ -45,7 +45,8 @@ from refusion_cli.harness.journal import JournalObserver, SampleJournal, journal
 from refusion_cli.harness.report import METRICS_FILE, merge_results, read_results, write_reports
 from refusion_cli.harness.scoring import TaskScorer
 from refusion_cli.harness.suite import Benchmark, RenderedTask, Suite, check_data, load_suite, load_tasks, render
-from refusion_cli.models.loading import EMBEDDED, check_model_fits, embedded_path, parse_device, parse_dtype
+from refusion_cli.models.loading import (EMBEDDED, check_model_fits, embedded_path, is_embedded, parse_device,
+                                         parse_dtype)
 from refusion_cli.paths import check_output_dir
 
 
@@ -160,7 +161,9 @@ def decoder_runs(decoders: list[str], models: list[str]) -> list[DecoderRun]:
     runs = []
     for name in chosen:
         model = per_decoder.get(name) or shared or default_model(name)
-        short = model if model in EMBEDDED else Path(model.rstrip("/")).name or model
+        short = model if is_embedded(model) else Path(model.rstrip("/")).name or model
+        if short in EMBEDDED and not is_embedded(model):  # a local folder named like a shipped model
+            short = model.rstrip("/") if "/" in model.rstrip("/") else f"./{short}"
         label = f"{name}:{short}"
         runs.append(DecoderRun(name, model, label, re.sub(r"[^A-Za-z0-9_.-]", "_", label.replace(":", "__"))))
     return runs
@@ -196,7 +199,7 @@ def plan_config(suite: Suite, benchmark: Benchmark, decoder: str, overrides: dic
 
 def model_fingerprint(model: str) -> str:
     """What identifies the weights: the directory's config and weight files (name, size, mtime)."""
-    path = embedded_path(model) if model in EMBEDDED else Path(model).expanduser()
+    path = embedded_path(model) if is_embedded(model) else Path(model).expanduser()
     if not path.is_dir():
         return model  # a hub id
     parts = [str(path.resolve())]

@@ -48,6 +48,11 @@ def embedded_path(name: str) -> Path:
     return ASSETS / name
 
 
+def is_embedded(name: str) -> bool:
+    """Whether ``name`` means a shipped model: one of EMBEDDED, and no local path of that name."""
+    return name in EMBEDDED and not Path(name).expanduser().exists()
+
+
 def hub_reachable(timeout: float = 3.0) -> bool:
     """True when the model hub answers a TCP connection within ``timeout`` seconds (offline mode: False)."""
     if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}:
@@ -67,8 +72,13 @@ def _probe(endpoint: str, timeout: float) -> bool:
 
 
 def resolve_source(name_or_path: str) -> tuple[str, bool]:
-    """Return (what to pass to from_pretrained, local_files_only)."""
-    if name_or_path in EMBEDDED:
+    """Return (what to pass to from_pretrained, local_files_only).
+
+    A local directory comes first, as in ``from_pretrained``: ``refusion-tiny`` is the embedded
+    model unless the working directory holds a folder of that name.
+    """
+    path = Path(name_or_path).expanduser()
+    if is_embedded(name_or_path):
         path = embedded_path(name_or_path)
         if not (path / "config.json").is_file():
             raise UserError(
@@ -76,7 +86,6 @@ def resolve_source(name_or_path: str) -> tuple[str, bool]:
                 hint="rebuild the embedded models with `make models` (see README, 'Embedded models')",
             )
         return str(path), True
-    path = Path(name_or_path).expanduser()
     if path.exists():
         if not (path / "config.json").is_file():
             raise UserError(f"'{name_or_path}' is a local path but holds no config.json: not a checkpoint directory")
@@ -230,7 +239,7 @@ def load_model(
     if remote and "AutoModelForCausalLM" not in (config.auto_map or {}):
         from transformers import AutoModel as load_class  # LLaDA and Dream register AutoModel only
     try:
-        with _no_progress_bar(name_or_path in EMBEDDED):  # a 10 MB model needs no "Loading weights" bar
+        with _no_progress_bar(is_embedded(name_or_path)):  # a 10 MB model needs no "Loading weights" bar
             model = load_class.from_pretrained(source, config=config, dtype=dtype, local_files_only=local_only,
                                                trust_remote_code=trust_remote_code and remote)
     except (OSError, ValueError) as exc:

@@ -17,7 +17,7 @@ Contract of ``train_tokenizer(texts, vocab_size, out_dir)``:
   deterministic: the same texts and vocab size give the same files.
 
 CLI: ``python -m refusion_cli.tasks.tokenizer --data <train.jsonl> --out <dir> [--vocab-size N]``
-trains on the chat turns (``corpus_texts``) of a JSONL file written by ``refusion_cli.tasks.synthetic``.
+trains on the chat turns (``chat_texts``) of a JSONL file in any format ``refusion train`` reads.
 On that corpus the merges run out at about 460 tokens: any ``--vocab-size`` above that gives the same
 tokenizer, so read the size from ``len(tokenizer)``, never from the argument.
 """
@@ -92,24 +92,39 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: str | Path) 
 
 
 def corpus_texts(rows: Iterable[dict[str, str]]) -> Iterable[str]:
-    """The training texts of a synthetic split: each chat turn as the template lays it out between
-    its special tokens ("user\\n<question>", "assistant\\n<answer>"), so the role names get merged
-    too. The special tokens themselves stay out: the trainer would learn merges of their bytes."""
-    for row in rows:
-        yield f"user\n{row['question']}"
-        yield f"assistant\n{row['answer']}"
+    """The training texts of a synthetic split (``question`` / ``answer`` rows); see :func:`chat_texts`."""
+    return chat_texts((row["question"], row["answer"]) for row in rows)
+
+
+def chat_texts(pairs: Iterable[tuple[str, str]]) -> Iterable[str]:
+    """Each (prompt, response) as the chat template lays its turns out between its special tokens
+    ("user\\n<prompt>", "assistant\\n<response>"), so the role names get merged too. The special
+    tokens themselves stay out: the trainer would learn merges of their bytes."""
+    for prompt, response in pairs:
+        yield f"user\n{prompt}"
+        yield f"assistant\n{response}"
 
 
 def main(argv: list[str] | None = None) -> None:
-    from refusion_cli.tasks.synthetic import read_jsonl
+    from refusion_cli.errors import UserError
+    from refusion_cli.training.data import read_records
 
     parser = argparse.ArgumentParser(prog="python -m refusion_cli.tasks.tokenizer",
                                      description="Train the byte-level BPE tokenizer of the tiny models.")
-    parser.add_argument("--data", required=True, type=Path, help="a train.jsonl from refusion_cli.tasks.synthetic")
+    parser.add_argument("--data", required=True, type=Path, help="JSONL of {query, response}, {prompt, completion} "
+                        "or {question, answer} records (what refusion train reads)")
     parser.add_argument("--out", required=True, type=Path, help="folder for the tokenizer files")
     parser.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB_SIZE)
     args = parser.parse_args(argv)
-    tokenizer = train_tokenizer(corpus_texts(read_jsonl(args.data)), args.vocab_size, args.out)
+    try:
+        if args.vocab_size < 1:
+            raise UserError(f"--vocab-size must be positive, got {args.vocab_size}")
+        records = read_records(args.data)
+        if not records:
+            raise UserError(f"{args.data} holds no records")
+    except UserError as exc:
+        parser.exit(2, f"error: {exc}" + (f" (hint: {exc.hint})" if exc.hint else "") + "\n")
+    tokenizer = train_tokenizer(chat_texts((r.prompt, r.response) for r in records), args.vocab_size, args.out)
     print(f"wrote a {len(tokenizer)}-token tokenizer to {args.out}")
 
 

@@ -83,6 +83,7 @@ class TrainConfig:
     gradient_checkpointing: bool = False
     stop_at: int | None = None  # end this run after this step; the schedule still spans `steps`
     num_workers: int = 0  # DataLoader worker processes building the batches (0: in the training process)
+    keep_checkpoints: int = 0  # keep only the newest N checkpoint directories (0: keep all)
 
     def __post_init__(self) -> None:
         get_objective(self.objective)
@@ -95,6 +96,8 @@ class TrainConfig:
                 raise UserError(f"{option} must be at least 1 (got {value})")
         if self.num_workers < 0:
             raise UserError(f"--num-workers cannot be negative (got {self.num_workers})")
+        if self.keep_checkpoints < 0:
+            raise UserError(f"--keep-checkpoints cannot be negative (got {self.keep_checkpoints}); 0 keeps all")
         if self.max_length < 2:
             raise UserError(f"--max-length must be at least 2 (got {self.max_length})")
         if not 0 <= self.seed < 2**64:  # what torch.manual_seed takes
@@ -154,6 +157,7 @@ class RunInfo:
     mixed_precision: str
     output: Path
     resumed_from: Path | None
+    distributed: str = "NO"  # Accelerate's distributed type: NO, MULTI_CPU, MULTI_GPU, FSDP, DEEPSPEED, ...
 
 
 @dataclass(frozen=True)
@@ -182,6 +186,7 @@ class TrainResult:
     final: Path | None  # the output directory holding the final model, when the run finished
     tokens: int  # tokens trained on by this invocation
     seconds: float  # wall time of its optimizer steps (checkpoint saving excluded)
+    stop_signal: int | None = None  # the signal that stopped an interrupted run (on this process)
 
 
 class TrainObserver:
@@ -207,12 +212,14 @@ class StopRequest:
 
     def __init__(self) -> None:
         self.requested = False
+        self.signum: int | None = None  # the first signal received
         self._previous: dict[int, object] = {}
 
     def _handle(self, signum: int, frame: object) -> None:
         if self.requested and signum == signal.SIGINT:
             raise KeyboardInterrupt
         self.requested = True
+        self.signum = self.signum or signum
 
     def __enter__(self) -> StopRequest:
         if threading.current_thread() is threading.main_thread():
@@ -235,6 +242,20 @@ def cosine_with_warmup(warmup_steps: int, total_steps: int):
         return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
 
     return factor
+
+
+def follow_schedule(scheduler) -> None:
+    """Set the optimizer's learning rate from the schedule at the scheduler's restored step.
+
+    A checkpoint restores the learning rate the old run would have used next; when --steps was
+    raised on resume, the schedule (built from the new --steps) says otherwise, and it decides.
+    Unchanged --steps give the same value, so an exact resume stays exact.
+    """
+    inner = getattr(scheduler, "scheduler", scheduler)  # Accelerate wraps it
+    rates = [base * factor(inner.last_epoch) for base, factor in zip(inner.base_lrs, inner.lr_lambdas)]
+    for group, rate in zip(inner.optimizer.param_groups, rates):
+        group["lr"] = rate
+    inner._last_lr = rates
 
 
 def launched_processes() -> int:
@@ -379,13 +400,15 @@ def _train(config: TrainConfig, observer: TrainObserver) -> TrainResult:
     check_accumulation(accelerator, config)  # DeepSpeed settles its value in prepare()
     if resume_from is not None:
         accelerator.load_state(str(resume_from / ckpt.ACCELERATE_DIR))
+        follow_schedule(scheduler)
 
     info = RunInfo(
         objective=objective.name, start_step=start_step, total_steps=config.steps, records=data.records,
         examples=len(data.examples), skipped_too_long=data.skipped_too_long, global_batch=config.batch_size,
         micro_batch=micro, grad_accum=config.grad_accum, processes=accelerator.num_processes,
         parameters=count_parameters(accelerator.unwrap_model(model)), device=str(accelerator.device),
-        mixed_precision=accelerator.mixed_precision, output=config.output, resumed_from=resume_from)
+        mixed_precision=accelerator.mixed_precision, output=config.output, resumed_from=resume_from,
+        distributed=str(getattr(accelerator.distributed_type, "value", accelerator.distributed_type)))
     if main:
         observer.on_start(info)
 
@@ -396,6 +419,9 @@ def _train(config: TrainConfig, observer: TrainObserver) -> TrainResult:
         save_checkpoint(accelerator, model, tokenizer, path, state)
         if main:
             observer.on_save(path, step)
+            if config.keep_checkpoints:
+                for _, old in ckpt.list_checkpoints(config.output)[:-config.keep_checkpoints]:
+                    shutil.rmtree(old, ignore_errors=True)
         return path
 
     # 4) train
@@ -433,7 +459,7 @@ def _train(config: TrainConfig, observer: TrainObserver) -> TrainResult:
                 observer.on_step(record)
             if stopping > 0:
                 path = save(step)
-                return TrainResult(step, True, path, None, trained_tokens, trained_seconds)
+                return TrainResult(step, True, path, None, trained_tokens, trained_seconds, stop.signum)
             if step % config.save_every == 0 or step == last_step:
                 last_saved = save(step)
 

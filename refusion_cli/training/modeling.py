@@ -9,6 +9,7 @@ objective trains (False for ``llada``), so the saved checkpoint loads with the r
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,7 +17,8 @@ import torch
 from huggingface_hub.errors import StrictDataclassError
 
 from refusion_cli.errors import UserError
-from refusion_cli.models.loading import MASK_TOKEN, find_mask_id, load_model
+from refusion_cli.models.loading import (MASK_TOKEN, embedded_path, find_mask_id, hub_reachable, is_embedded,
+                                         load_model)
 
 # Named configs for --init; every field can be overridden with --model-config.
 TINY_CONFIGS: dict[str, dict[str, int | float | bool]] = {
@@ -112,10 +114,15 @@ def pad_id_of(tokenizer) -> int:
 
 
 def load_tokenizer(path: str):
-    """The tokenizer for --init (a local directory, or anything AutoTokenizer finds offline)."""
+    """The tokenizer for --init: a local directory, an embedded model's name, or a hub id (tried
+    only when the hub answers, as for models)."""
     from transformers import AutoTokenizer
 
     local = Path(path).expanduser()
+    local_only = True
+    if is_embedded(path):
+        local = embedded_path(path)
+        path = str(local)
     if local.exists() or path.startswith((".", "/", "~")):  # a path, not a hub id
         if not local.exists():
             raise UserError(f"the tokenizer directory '{path}' does not exist")
@@ -125,8 +132,12 @@ def load_tokenizer(path: str):
             raise UserError(f"'{path}' holds no tokenizer ({' or '.join(TOKENIZER_FILES)})",
                             hint="give a directory written by save_pretrained, e.g. refusion_cli/assets/refusion-tiny")
         path = str(local)
+    elif hub_reachable():
+        local_only = False
+    else:
+        os.environ["HF_HUB_OFFLINE"] = "1"  # the hub did not answer: read the local cache, wait for nothing
     try:
-        return AutoTokenizer.from_pretrained(path)
+        return AutoTokenizer.from_pretrained(path, local_files_only=local_only)
     except (OSError, ValueError, TypeError) as exc:
         raise UserError(f"cannot load a tokenizer from '{path}': {str(exc).splitlines()[0]}") from exc
 

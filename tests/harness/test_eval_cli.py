@@ -265,6 +265,8 @@ def test_models_default_to_the_embedded_ones_and_take_per_decoder_overrides():
     runs = decoder_runs(["refusion", "ar"], ["/ckpt/shared", "ar=/ckpt/qwen3"])
     assert [(r.model, r.label, r.file_label) for r in runs] == [
         ("/ckpt/shared", "refusion:shared", "refusion__shared"), ("/ckpt/qwen3", "ar:qwen3", "ar__qwen3")]
+    runs = decoder_runs(["refusion"], ["runs/refusion-tiny/"])  # a folder named like a shipped model
+    assert [(r.model, r.label) for r in runs] == [("runs/refusion-tiny/", "refusion:runs/refusion-tiny")]
     assert decoder_overrides(["gen_length=64", "refusion.slot_size=4", "steps=16"], ["refusion", "ar", "llada"]) == {
         "refusion": {"gen_length": "64", "slot_size": "4"}, "ar": {"gen_length": "64"},
         "llada": {"gen_length": "64", "steps": "16"}}

@@ -140,3 +140,20 @@ def test_remote_code_checkpoints_need_explicit_trust(tmp_path):
 def test_a_directory_without_config_is_not_a_checkpoint(tmp_path):
     with pytest.raises(UserError, match="holds no config.json"):
         load_model(str(tmp_path))
+
+
+def test_a_local_folder_named_like_an_embedded_model_wins(tmp_path, monkeypatch):
+    """As with from_pretrained, a directory in the working directory comes before the shipped name."""
+    from refusion_cli.harness.runner import decoder_runs
+    from refusion_cli.models.loading import embedded_path, is_embedded, resolve_source
+
+    assert resolve_source("refusion-tiny") == (str(embedded_path("refusion-tiny")), True)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "refusion-tiny").mkdir()
+    assert not is_embedded("refusion-tiny")
+    with pytest.raises(UserError, match="'refusion-tiny' is a local path but holds no config.json"):
+        resolve_source("refusion-tiny")
+    (tmp_path / "refusion-tiny" / "config.json").write_text("{}")
+    assert resolve_source("refusion-tiny") == ("refusion-tiny", True)
+    assert decoder_runs(["refusion"], ["refusion-tiny"])[0].label == "refusion:./refusion-tiny"
+    assert is_embedded("ar-tiny") and decoder_runs(["ar"], [])[0].label == "ar:ar-tiny"

@@ -127,3 +127,22 @@ def test_cli_trains_from_a_jsonl_file(tmp_path: Path) -> None:
     loaded = AutoTokenizer.from_pretrained(tmp_path / "tok", local_files_only=True)
     assert len(loaded) == 300
     assert loaded.eos_token == EOS_TOKEN
+
+
+def test_cli_reads_every_training_record_format_and_names_a_bad_line(tmp_path: Path, capsys) -> None:
+    rows = generate_problems(100, seed=3)
+    data = tmp_path / "mine.jsonl"
+    data.write_text("".join(json.dumps({"query": r["question"], "response": r["answer"]}) + "\n" for r in rows[:50])
+                    + "".join(json.dumps({"prompt": r["question"], "completion": r["answer"]}) + "\n"
+                              for r in rows[50:]), encoding="utf-8")
+    main(["--data", str(data), "--out", str(tmp_path / "tok"), "--vocab-size", "300"])
+    same = tmp_path / "same.jsonl"  # the same records as question / answer give the same tokenizer
+    same.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    main(["--data", str(same), "--out", str(tmp_path / "tok2"), "--vocab-size", "300"])
+    assert (tmp_path / "tok" / "tokenizer.json").read_bytes() == (tmp_path / "tok2" / "tokenizer.json").read_bytes()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"query": "q", "response": "r"}) + "\n" + json.dumps({"text": "x"}) + "\n")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--data", str(bad), "--out", str(tmp_path / "tok3")])
+    assert exit_info.value.code == 2 and not (tmp_path / "tok3").exists()
+    assert capsys.readouterr().err.startswith(f"error: {bad}, line 2, has none of the record formats")

@@ -190,3 +190,54 @@ def test_resuming_a_finished_run_says_so_and_steps_cannot_go_below_the_checkpoin
     assert error_line(err).startswith("error: cannot resume: --stop-at 2 but the run is already at step 2")
     assert sorted(p.name for p in (tmp_path / "run").glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
     assert (tmp_path / "run" / "loss_log.jsonl").read_text() == log
+
+
+def test_stop_at_says_the_schedule_is_not_over_and_a_log_file_gets_progress_lines(fresh, tmp_path, capsys,
+                                                                                  monkeypatch):
+    args = [*fresh, "--stop-at", "1"]
+    code, out, err = run_cli(args, capsys, monkeypatch)
+    assert code == 0, err
+    assert "done:" not in out
+    assert (f"stopped at step 1 of 2 (--stop-at), " in out and f"the model at this step is in {tmp_path / 'run'}; "
+            "continue the schedule with --resume and a later --stop-at, or none" in out)
+    # stdout is not a terminal here: one plain line per step (a 2-step schedule), as a cluster job's log shows
+    [line] = [line for line in out.splitlines() if line.startswith("step ")]
+    assert line.startswith("step 1/2  loss ") and " (ar " in line and " lr " in line and " tok/s " in line
+    code, out, err = run_cli([*fresh, "--resume"], capsys, monkeypatch)
+    assert code == 0, err
+    assert "done: 2 steps" in out and [line[:8] for line in out.splitlines() if line.startswith("step ")] == [
+        "step 2/2"]
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_143(fresh, tmp_path):
+    import signal
+    import subprocess
+    import time
+
+    args = [*fresh]
+    args[args.index("--steps") + 1] = "100000"
+    args[args.index("--save-every") + 1] = "100000"
+    env = {**os.environ, "COLUMNS": "500"}
+    process = subprocess.Popen([sys.executable, "-m", "refusion_cli", *args], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=env)
+    log = tmp_path / "run" / "loss_log.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (log.exists() and log.stat().st_size > 0) and process.poll() is None:
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 143, err
+    assert "stopped at step" in out and "checkpoint saved to" in out and "Traceback" not in err
+    assert any((tmp_path / "run").glob("checkpoint-*"))
+
+
+def test_init_takes_an_embedded_models_tokenizer_by_name(fresh, tmp_path, capsys, monkeypatch):
+    args = [*fresh]
+    args[args.index("--tokenizer") + 1] = "refusion-tiny"
+    args[args.index("--max-length") + 1] = "256"  # the shipped tokenizer has fewer merges for these records
+    code, out, err = run_cli(args, capsys, monkeypatch)
+    assert code == 0, err
+    loaded = load_model(str(tmp_path / "run"), device="cpu")
+    shipped = load_model("refusion-tiny", device="cpu")
+    assert loaded.tokenizer.get_vocab() == shipped.tokenizer.get_vocab()
+    assert loaded.mask_token_id == shipped.mask_token_id

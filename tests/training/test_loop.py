@@ -89,6 +89,28 @@ def test_stop_at_ends_inside_the_schedule_and_resume_finishes_it(setup, tmp_path
         replace(setup, stop_at=5)
 
 
+def test_raising_steps_on_resume_follows_the_new_schedule_from_the_first_step(setup, tmp_path):
+    from refusion_cli.training.loop import cosine_with_warmup
+
+    train_model(replace(setup, output=tmp_path / "run"))  # 4 steps: the last LR is near 0
+    longer = replace(setup, output=tmp_path / "run", steps=8, resume=True)
+    assert train_model(longer).step == 8
+    rates = [json.loads(line)["lr"] for line in (tmp_path / "run" / "loss_log.jsonl").read_text().splitlines()]
+    schedule = cosine_with_warmup(round(longer.warmup_ratio * 8), 8)
+    assert rates[4:] == pytest.approx([setup.lr * schedule(step) for step in range(4, 8)], rel=1e-12)
+    assert rates[4] > rates[3]  # step 5 is not spent at the old schedule's final rate
+
+
+def test_keep_checkpoints_keeps_the_newest_and_resume_still_works(setup, tmp_path):
+    run = replace(setup, output=tmp_path / "run", save_every=1, keep_checkpoints=2, stop_at=3)
+    train_model(run)
+    assert sorted(p.name for p in run.output.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-3"]
+    train_model(replace(run, stop_at=None, resume=True))
+    assert sorted(p.name for p in run.output.glob("checkpoint-*")) == ["checkpoint-3", "checkpoint-4"]
+    with pytest.raises(UserError, match="--keep-checkpoints cannot be negative"):
+        replace(setup, keep_checkpoints=-1)
+
+
 def test_dataloader_workers_train_on_the_same_batches(setup, tmp_path):
     train_model(replace(setup, output=tmp_path / "inline"))
     train_model(replace(setup, output=tmp_path / "workers", num_workers=2))
