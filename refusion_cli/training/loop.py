@@ -441,7 +441,8 @@ def _train(config: TrainConfig, observer: TrainObserver) -> TrainResult:
             step_start = time.perf_counter()
             lr = scheduler.get_last_lr()[0]
             totals = optimizer_step(accelerator, model, optimizer, batches, objective, config)
-            scheduler.step()
+            if not getattr(optimizer, "step_was_skipped", False):  # fp16: the loss scaler skipped an overflow
+                scheduler.step()
             step += 1
             totals[4] = float(stop.requested)
             totals = accelerator.reduce(totals, reduction="sum")  # every process agrees on when to stop
