@@ -54,7 +54,7 @@ from refusion_cli.bench.runner import (
     plan_entries,
     run_bench,
 )
-from refusion_cli.cli.output import console, quiet_library_output
+from refusion_cli.cli.output import console, print_table, quiet_library_output
 from refusion_cli.decoding.registry import DECODERS
 from refusion_cli.errors import UserError
 from refusion_cli.models.loading import LoadedModel
@@ -140,7 +140,7 @@ def bench(
                    f"(evals/synthetic/{SYNTHETIC_TEST.name})")
     run = BenchRun(settings, entries, len(prompt_list), output, source)
     run.execute(prompt_list)
-    console.print(result_table(run.rows))
+    print_table(result_table(run.rows))
     console.print(models_line(run.rows), highlight=False, soft_wrap=True)
     if run.machine is not None:
         console.print(machine_line(run.machine), highlight=False, soft_wrap=True)

@@ -19,7 +19,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from refusion_cli.cli.output import console, debug_enabled
+from refusion_cli.cli.output import console, debug_enabled, print_table
 from refusion_cli.errors import UserError
 
 if TYPE_CHECKING:
@@ -206,7 +206,7 @@ def _print_summary(results: list[RunResult], run_dir: Path) -> None:
             view.add_column(header, justify="left" if index == 0 else "right")
         for row in table.rows:
             view.add_row(*row)
-        console.print(view, width=None if console.is_terminal else 240)  # piped output: no squeezed cells
+        print_table(view)
     if len(cells) > len(results):
         console.print(f"{len(cells) - len(results)} cell(s) above come from earlier runs into this folder")
     resumed = sum(r.resumed for r in results)

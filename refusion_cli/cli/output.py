@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.text import Text
 
 console = Console()
@@ -28,6 +28,15 @@ def fail(message: str, hint: str | None = None, code: int = 2) -> None:
         line.append(" (hint: ", style="dim").append(hint).append(")", style="dim")
     err_console.print(line, highlight=False, soft_wrap=True)
     sys.exit(code)
+
+
+def print_table(table: RenderableType) -> None:
+    """A table on stdout: at the terminal's width there, at its natural width in a file or pipe
+    (where Rich would otherwise squeeze it into 80 columns and cut cells)."""
+    if console.is_terminal:
+        console.print(table)
+    else:
+        Console(width=1000, color_system=None).print(table)
 
 
 def quiet_library_output() -> None:

@@ -34,6 +34,7 @@ import hashlib
 import json
 import random
 import re
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -291,10 +292,13 @@ class Plan:
     runs: list[DecoderRun]
     configs: dict[tuple[str, str], Any]  # (benchmark, decoder) -> config
     rendered: dict[str, RenderedTask]
+    tasks: dict[str, dict[str, Any]]  # benchmark -> lm-eval's task dict, built over the local data
 
 
 def plan_eval(options: EvalOptions, suite: Suite | None = None) -> Plan:
-    """Step 1: everything that can fail without loading a model or a dataset."""
+    """Step 1: everything that can fail before a model loads or a file is written: the options, each
+    checkpoint's config, the data files, and lm-eval's tasks built over them (a missing package or a
+    record without the fields a task reads stops the run here, not after the benchmarks before it)."""
     suite = suite or load_suite()
     benchmarks = suite.select(options.tasks)
     runs = decoder_runs(options.decoders, options.models)
@@ -326,7 +330,12 @@ def plan_eval(options: EvalOptions, suite: Suite | None = None) -> Plan:
         check_data_dir(options.data_dir, rendered)
     for task in rendered.values():
         check_data(task)
-    return Plan(benchmarks, runs, configs, rendered)
+    tasks = {}
+    with tempfile.TemporaryDirectory(prefix="refusion-tasks-") as scratch:  # the run folder does not exist yet
+        for benchmark in benchmarks:
+            seed_lm_eval(options.seed)  # GPQA shuffles its choices while it is built
+            tasks[benchmark.name] = load_tasks(rendered[benchmark.name], Path(scratch) / benchmark.name)
+    return Plan(benchmarks, runs, configs, rendered, tasks)
 
 
 def run_eval(options: EvalOptions, observer: EvalObserver | None = None, suite: Suite | None = None,
@@ -348,8 +357,8 @@ def run_eval(options: EvalOptions, observer: EvalObserver | None = None, suite: 
     results: list[RunResult] = []
     earlier = read_results(options.output) if rank == 0 else []  # cells of earlier runs into this folder
     for benchmark in plan.benchmarks:
-        seed_lm_eval(options.seed)
-        task_dict = load_tasks(plan.rendered[benchmark.name])
+        plan.rendered[benchmark.name].write()  # the task YAML, kept with the results
+        task_dict = plan.tasks[benchmark.name]
         scorer = TaskScorer(task_dict["tasks"], benchmark.metric, benchmark.metric_filter)
         for run in plan.runs:
             config = plan.configs[(benchmark.name, run.decoder)]

@@ -218,6 +218,23 @@ def check_data(rendered: RenderedTask) -> None:
                         hint=hint)
     for path in rendered.data_files:
         check_json_lines(benchmark.name, path)
+    if benchmark.lm_eval_task == "mmlu_pro":
+        check_mmlu_pro_categories(rendered.data_files[0])
+
+
+def check_mmlu_pro_categories(path: Path) -> None:
+    """Each of lm-eval's 14 MMLU-Pro subtasks keeps the records of one ``category``; one left empty
+    (a file cut from the split's start, say) would fail deep inside lm-eval."""
+    subjects = sorted(p.stem.removeprefix("mmlu_pro_").replace("_", " ")
+                      for p in (lm_eval_tasks_dir() / "mmlu_pro").glob("mmlu_pro_*.yaml"))
+    if path.suffix != ".jsonl" or not subjects:
+        return
+    found = {record.get("category") for _, record in json_objects(read_text(path, f"mmlu_pro: {path}"), str(path))}
+    empty = [subject for subject in subjects if subject not in found]
+    if empty:
+        raise UserError(f"mmlu_pro: {path} has no records of {len(empty)} of its {len(subjects)} categories "
+                        f"({', '.join(empty)}); each category is a subtask of lm-eval's mmlu_pro group",
+                        hint="export the whole test split and use --limit N for a smaller run (N per category)")
 
 
 def check_json_lines(name: str, path: Path) -> None:
@@ -242,21 +259,43 @@ def check_json_lines(name: str, path: Path) -> None:
 # --- loading -----------------------------------------------------------------------------------
 
 
-def load_tasks(rendered: RenderedTask) -> dict[str, Any]:
-    """lm-eval's task dict (``{"tasks", "groups", "group_map"}``) for the rendered benchmark."""
+def load_tasks(rendered: RenderedTask, directory: Path | None = None) -> dict[str, Any]:
+    """lm-eval's task dict (``{"tasks", "groups", "group_map"}``) for the rendered benchmark, its YAML
+    written to ``directory`` (default: where the run keeps it)."""
     from lm_eval.tasks import TaskManager
 
     benchmark = rendered.benchmark
-    rendered.write()
-    manager = TaskManager(include_path=[*rendered.index_dirs, rendered.path.parent], include_defaults=False)
+    if directory is None:
+        path = rendered.write()
+    else:
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / rendered.path.name
+        path.write_text(rendered.text, encoding="utf-8")
+    manager = TaskManager(include_path=[*rendered.index_dirs, path.parent], include_defaults=False)
     try:
         return manager.load([benchmark.lm_eval_task])
-    except ModuleNotFoundError as exc:
-        raise UserError(f"{benchmark.name}: lm-eval's task code needs the '{exc.name}' package",
-                        hint='pip install "lm-eval[math]"' if benchmark.name == "math" else f"pip install {exc.name}") from exc
+    except ImportError as exc:  # lm-eval re-raises some without the module's name
+        missing = _missing_module(exc)
+        extras = 'pip install "lm-eval[math]"' if benchmark.name == "math" else None
+        what = f"the '{missing}' package" if missing else f"a package that does not import ({_first_line(exc)})"
+        raise UserError(f"{benchmark.name}: lm-eval's task code needs {what}",
+                        hint=extras or (f"pip install {missing}" if missing else None)) from exc
     except Exception as exc:  # lm-eval and datasets raise many kinds; each becomes one line
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = _first_line(exc)
         files = rendered.data_files
         data = "" if not files else f" over {files[0]}" + (f" and {len(files) - 1} more" if len(files) > 1 else "")
         raise UserError(f"{benchmark.name}: lm-eval could not build the task{data}: {first}",
                         hint=f"each record needs the fields that {benchmark.yaml} reads") from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def _missing_module(exc: BaseException) -> str | None:
+    """The name of the module whose import failed, from ``exc`` or the exceptions it chains."""
+    while exc is not None:
+        if isinstance(exc, ModuleNotFoundError) and exc.name:
+            return exc.name
+        exc = exc.__cause__ or exc.__context__
+    return None

@@ -37,7 +37,12 @@ def data_dir(tmp_path_factory) -> Path:
     write_jsonl(root / "arc_challenge/test.jsonl", [
         {"id": f"q{i}", "question": "Which one is a fruit?",
          "choices": {"text": ["apple", "rock", "car", "sky"], "label": ["A", "B", "C", "D"]}, "answerKey": "A"}
-        for i in range(2)])
+        for i in range(2)] + [
+        {"id": "q5", "question": "Which one is a vegetable?",
+         "choices": {"text": ["rock", "car", "sky", "sea", "leek"], "label": ["A", "B", "C", "D", "E"]},
+         "answerKey": "E"},
+        {"id": "q1", "question": "Which one is a number?",
+         "choices": {"text": ["one", "rock", "car", "sky"], "label": ["1", "2", "3", "4"]}, "answerKey": "1"}])
     categories = ["biology", "business", "chemistry", "computer science", "economics", "engineering", "health",
                   "history", "law", "math", "other", "philosophy", "physics", "psychology"]
     write_jsonl(root / "mmlu_pro/test.jsonl", [
@@ -64,7 +69,7 @@ def right_answer(benchmark: str, doc: dict) -> str:
                          f"{doc['answer'].split('####')[-1].strip()}.",
         "arc_challenge": lambda: " A",
         "mmlu_pro": lambda: "Let's think. The answer is (A).",
-        "math": lambda: "Final Answer: The final answer is 2. I hope it is correct.",
+        "math": lambda: "Adding the two gives $\\boxed{2}$.",  # zero-shot: no "Final Answer:" sentence
         "gpqa": lambda: f"The answer is {doc['answer']}.",
         "humaneval": lambda: doc["canonical_solution"],
         "mbpp": lambda: "def add(a, b):\n    return a + b\n",
@@ -141,3 +146,42 @@ def test_each_benchmark_builds_offline_and_scores_a_right_answer(name, data_dir,
     doc = task.eval_docs[0]
     assert scorer(task_name, doc, right_answer(name, doc)).correct
     assert not scorer(task_name, doc, "I do not know.").correct
+
+
+def test_arc_prompts_have_line_breaks_and_every_choice(data_dir, tmp_path):
+    rendered = render(load_suite().benchmarks["arc_challenge"], tmp_path / "tasks", data_dir=data_dir)
+    [task] = load_tasks(rendered)["tasks"].values()
+    five, numbered = task.eval_docs[2], task.eval_docs[3]
+    assert task.doc_to_text(five) == (
+        "Given the following question and 5 candidate answers (A, B, C, D, E), choose the best answer.\n"
+        "Question: Which one is a vegetable?\nA. rock\nB. car\nC. sky\nD. sea\nE. leek\n"
+        'Your response should end with "The best answer is [the_answer_letter]" where the [the_answer_letter] '
+        "is one of A, B, C, D, E.")
+    assert task.doc_to_target(five) == "E" and task.doc_to_target(numbered) == "A"
+    assert "\\n" not in task.doc_to_text(numbered) and "\nA. one\nB. rock" in task.doc_to_text(numbered)
+
+
+def test_math_scores_a_boxed_answer_and_the_final_answer_sentence(data_dir, tmp_path):
+    pytest.importorskip("math_verify", reason="MATH needs lm-eval's math extras")
+    from refusion_cli.harness.scoring import TaskScorer
+
+    benchmark = load_suite().benchmarks["math"]
+    tasks = load_tasks(render(benchmark, tmp_path / "tasks", data_dir=data_dir))["tasks"]
+    scorer = TaskScorer(tasks, benchmark.metric, benchmark.metric_filter)
+    name, task = next(iter(tasks.items()))
+    doc = task.eval_docs[0]
+    for right in ("So $1+1=\\boxed{2}$.", "Final Answer: The final answer is $2$. I hope it is correct."):
+        assert scorer(name, doc, right).correct, right
+    assert not scorer(name, doc, "So $1+1=\\boxed{3}$.").correct
+
+
+def test_an_mmlu_pro_file_without_some_categories_names_them(tmp_path):
+    from refusion_cli.errors import UserError
+
+    write_jsonl(tmp_path / "mmlu_pro/test.jsonl", [
+        {"question_id": 1, "question": "Q?", "options": ["a", "b"], "answer": "A", "answer_index": 0,
+         "cot_content": "", "category": category, "src": "test"} for category in ("biology", "law")])
+    rendered = render(load_suite().benchmarks["mmlu_pro"], tmp_path / "tasks", data_dir=tmp_path)
+    with pytest.raises(UserError, match=r"has no records of 12 of its 14 categories \(business, chemistry, "
+                                        r"computer science, .*psychology\)"):
+        check_data(rendered)
