@@ -42,6 +42,7 @@ from typing import Any, Protocol
 from refusion_cli.decoding.registry import DECODERS, build_config, decoder_spec, default_model, length_settings
 from refusion_cli.decoding.config import config_fields
 from refusion_cli.errors import UserError
+from refusion_cli.distributed import leave_process_group
 from refusion_cli.harness.journal import JournalObserver, SampleJournal, journal_files, read_records
 from refusion_cli.harness.report import METRICS_FILE, merge_results, read_results, write_reports
 from refusion_cli.harness.scoring import TaskScorer
@@ -226,11 +227,12 @@ def placement(model: Any) -> tuple[str, str]:
 
 
 def config_hash(decoder: str, config: Any, fingerprint: str, seed: int, chat_template: bool,
-                where: tuple[str, str]) -> str:
-    """What a journaled sample is reused under: decoder settings, model files, seed, template, and
-    device and dtype (another dtype decodes other tokens; another device measures other timings)."""
+                where: tuple[str, str], metric: str) -> str:
+    """What a journaled sample is reused under: decoder settings, model files, seed, template, device
+    and dtype (another dtype decodes other tokens; another device measures other timings), and the
+    metric its stored score is (another metric must score it again)."""
     material = {"decoder": decoder, "config": dataclasses.asdict(config), "model": fingerprint, "seed": seed,
-                "chat_template": chat_template, "device": where[0], "dtype": where[1]}
+                "chat_template": chat_template, "device": where[0], "dtype": where[1], "metric": metric}
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -368,7 +370,7 @@ def run_eval(options: EvalOptions, observer: EvalObserver | None = None, suite: 
                                                require_mask=needs_mask[run.model])
             where = placement(loaded[run.model].model)
             digest = config_hash(run.decoder, config, model_fingerprint(run.model), options.seed,
-                                 benchmark.chat_template, where)
+                                 benchmark.chat_template, where, f"{benchmark.metric},{benchmark.metric_filter}")
             adapter = ADAPTERS[run.decoder](pretrained=loaded[run.model], config=config, seed=options.seed,
                                             device=device)
             journal = SampleJournal(options.output / "samples" / benchmark.name, benchmark=benchmark.name,
@@ -392,6 +394,7 @@ def run_eval(options: EvalOptions, observer: EvalObserver | None = None, suite: 
             results.append(result)
             write_reports(options.output, merge_results(earlier, results))
             observer.on_run_end(result)
+    leave_process_group()
     return results
 
 

@@ -34,6 +34,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from refusion_cli.decoding.stats import wide_float
+from refusion_cli.distributed import leave_process_group
 from refusion_cli.errors import UserError
 from refusion_cli.training import checkpoint as ckpt
 from refusion_cli.training.data import (
@@ -350,10 +351,12 @@ def train_model(config: TrainConfig, observer: TrainObserver | None = None) -> T
     """
     created = ckpt.missing_dirs(config.output)
     try:
-        return _train(config, observer or TrainObserver())
+        result = _train(config, observer or TrainObserver())
     except BaseException:
         ckpt.remove_empty_dirs(created)
         raise
+    leave_process_group()
+    return result
 
 
 def _train(config: TrainConfig, observer: TrainObserver) -> TrainResult:
