@@ -193,6 +193,11 @@ class EvalView:
     def on_run_end(self, result: RunResult) -> None:
         if self.task is not None:
             self.progress.update(self.task, accuracy=f"{result.accuracy:.1f}%", tps=f"{result.tps:,.0f}")
+        if result.prompts_cut:
+            self.progress.console.print(
+                f"[yellow]{self.description}: {result.prompts_cut} of {result.samples} prompt(s) were longer than the "
+                f"model's positions leave room for beside a {result.config['gen_length']}-token response; their "
+                "start was cut[/] (prompt_cut in the samples)", highlight=False, soft_wrap=True)
 
 
 def _print_summary(results: list[RunResult], run_dir: Path) -> None:

@@ -127,7 +127,7 @@ class SampleJournal:
             "decoder": self.decoder, "model": self.model, "config_hash": self.config_hash,
             "prompt": context, "output": sample.text, "target": score.target, "score": score.score,
             "correct": score.correct, "tokens": stats.tokens, "seconds": stats.seconds, "forwards": stats.forwards,
-            "tps": stats.tps, "tpf": stats.tpf, "prompt_tokens": sample.prompt_tokens,
+            "tps": stats.tps, "tpf": stats.tpf, "prompt_tokens": sample.prompt_tokens, "prompt_cut": sample.prompt_cut,
         }
         with self.path.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(record, ensure_ascii=False) + "\n")

@@ -67,8 +67,9 @@ class SampleRecord:
     """One decoded request: the text lm-eval receives and the decode's counts."""
 
     text: str  # the response after the EOS cut, special-token stripping and the ``until`` cut
-    prompt_tokens: int
+    prompt_tokens: int  # the prompt as decoded (after any cut)
     stats: DecodeStats  # forwards, tokens (up to EOS), seconds; tps and tpf derived
+    prompt_cut: int = 0  # tokens cut from the prompt's start to fit the model's positions
 
 
 class GenerationHook(Protocol):
@@ -306,12 +307,13 @@ class DecoderLM(TemplateLM):
         if room < 1:
             raise UserError(f"a {response}-token response leaves no room for a prompt in the model's "
                             f"{self.max_length} positions")
-        prompt_ids = prompt_ids[-room:]  # keep the end of an over-long prompt, as lm-eval's HF model does
+        cut = max(0, len(prompt_ids) - room)
+        prompt_ids = prompt_ids[cut:]  # keep the end of an over-long prompt, as lm-eval's HF model does
         generator = torch.Generator(device=self._device).manual_seed(self.seed)
         result = run_decoder(self.decoder, self.model, prompt_ids, config, mask_token_id=self.loaded.mask_token_id,
                              eos_token_id=self.loaded.eos_token_id, generator=generator)
         text = cut_at_stop(self.tok_decode(result.tokens), until)
-        return SampleRecord(text=text, prompt_tokens=len(prompt_ids), stats=result.stats)
+        return SampleRecord(text=text, prompt_tokens=len(prompt_ids), stats=result.stats, prompt_cut=cut)
 
     # --- likelihoods ------------------------------------------------------------------------
 

@@ -93,6 +93,7 @@ class RunResult:
     resumed: int  # samples read back from earlier runs instead of being decoded
     metric: str
     lm_eval_results: dict[str, Any] = field(default_factory=dict)
+    prompts_cut: int = 0  # samples whose prompt lost its start to fit the model's positions
     device: str = ""  # where it ran: "cpu", "cuda (<GPU name>)" (empty in a metrics.json written before this field)
     dtype: str = ""  # the model's weights, e.g. "bfloat16"
 
@@ -430,7 +431,7 @@ def summarize(benchmark: Benchmark, run: DecoderRun, config: Any, digest: str, e
         resumed=sum(r["key"] in journal.earlier for r in chosen), metric=key,
         lm_eval_results={name: _plain(values) for name, values in
                          {**evaluation["results"], **evaluation.get("groups", {})}.items()},
-        device=where[0], dtype=where[1],
+        device=where[0], dtype=where[1], prompts_cut=sum(r.get("prompt_cut", 0) > 0 for r in chosen),
     )
 
 

@@ -105,6 +105,19 @@ def test_the_first_decode_is_preceded_by_an_untimed_warm_up(causal_checkpoint, p
         handle.remove()
 
 
+def test_a_prompt_too_long_for_the_model_keeps_its_end_and_says_how_much_was_cut(ar, prompt):
+    long_prompt = "word " * 1100 + prompt
+    ids = ar.tok_encode(long_prompt)
+    [text] = ar.generate_until([generation(long_prompt, until=[], max_gen_toks=24)])
+    sample = ar.samples[-1]
+    assert sample.prompt_tokens == ar.max_length - 24 and sample.prompt_cut == len(ids) - (ar.max_length - 24) > 0
+    direct = run_decoder("ar", ar.model, ids[sample.prompt_cut:], ar.config, mask_token_id=None,
+                         eos_token_id=ar.loaded.eos_token_id)
+    assert text == ar.tok_decode(direct.tokens)
+    ar.generate_until([generation(prompt, until=[], max_gen_toks=24)])
+    assert ar.samples[-1].prompt_cut == 0
+
+
 def test_max_gen_toks_is_the_response_budget(ar, refusion, prompt):
     for adapter, budget in ((ar, 5), (refusion, 8)):
         adapter.generate_until([generation(prompt, until=[], max_gen_toks=budget)])
