@@ -1,7 +1,13 @@
 import os
+import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# caches (datasets' Arrow files of the eval tests' data, matplotlib's font list) in a temporary
+# folder, not in the user's home: subprocesses inherit these
+_CACHES = tempfile.mkdtemp(prefix="refusion-tests-")
+os.environ["HF_HOME"] = os.path.join(_CACHES, "huggingface")
+os.environ["MPLCONFIGDIR"] = os.path.join(_CACHES, "matplotlib")
 
 import pytest
 

@@ -10,10 +10,11 @@ kept: runs resume from the samples there).
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TextIO
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -82,12 +83,14 @@ def evaluate(
         confirm_run_unsafe_code=confirm_run_unsafe_code, device=device, dtype=dtype, seed=seed,
         trust_remote_code=trust_remote_code,
     )
-    plan = plan_eval(options)  # every option and data file is checked before anything is written
+    planning = io.StringIO()  # datasets' "Generating test split" bars and the like, for eval.log
+    with _stderr_to(planning):
+        plan = plan_eval(options)  # every option, data file and task is checked before anything is written
     created = make_output(run_dir)
     main_process = int(os.environ.get("RANK", "0")) == 0
     view = EvalView() if main_process else None
     try:
-        with view or contextlib.nullcontext(), _library_output(run_dir):
+        with view or contextlib.nullcontext(), _library_output(run_dir, planning.getvalue()):
             results = run_eval(options, view, plan=plan)
     except (Exception, KeyboardInterrupt) as exc:
         if main_process and created and not has_results(run_dir):
@@ -122,8 +125,18 @@ def _absorb_extra_values(extra: list[str], tasks: list[str], decoders: list[str]
 
 
 @contextlib.contextmanager
-def _library_output(run_dir: Path):
-    """Send what libraries write to stderr (progress bars, warnings) to <run>/eval.log."""
+def _library_output(run_dir: Path, earlier: str = ""):
+    """Send what libraries write to stderr (progress bars, warnings) to <run>/eval.log, after
+    ``earlier`` (what they wrote while the run was planned, before the folder existed)."""
+    with (run_dir / "eval.log").open("a", encoding="utf-8") as log:
+        log.write(earlier)
+        with _stderr_to(log):
+            yield
+
+
+@contextlib.contextmanager
+def _stderr_to(stream: TextIO):
+    """What lm-eval, datasets, transformers and Accelerate write to stderr goes to ``stream`` instead."""
     import logging
 
     if debug_enabled():
@@ -134,15 +147,15 @@ def _library_output(run_dir: Path):
         logger.setLevel(logging.WARNING)
     # handlers made at import hold the terminal's stderr (datasets' prints pyarrow's parse errors): use the log
     handlers = [h for logger in loggers for h in logger.handlers if type(h) is logging.StreamHandler]
-    streams = [handler.stream for handler in handlers]
-    with (run_dir / "eval.log").open("a", encoding="utf-8") as log, contextlib.redirect_stderr(log):
+    originals = [handler.stream for handler in handlers]
+    with contextlib.redirect_stderr(stream):
         try:
             for handler in handlers:
-                handler.stream = log  # not setStream: that flushes the old stream, which may be closed
+                handler.stream = stream  # not setStream: that flushes the old stream, which may be closed
             yield
         finally:
-            for handler, stream in zip(handlers, streams):
-                handler.stream = stream
+            for handler, original in zip(handlers, originals):
+                handler.stream = original
 
 
 class EvalView:

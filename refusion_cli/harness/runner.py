@@ -41,8 +41,8 @@ from typing import Any, Protocol
 
 from refusion_cli.decoding.registry import DECODERS, build_config, decoder_spec, default_model, length_settings
 from refusion_cli.decoding.config import config_fields
-from refusion_cli.errors import UserError
 from refusion_cli.distributed import leave_process_group
+from refusion_cli.errors import UserError
 from refusion_cli.harness.journal import JournalObserver, SampleJournal, journal_files, read_records
 from refusion_cli.harness.report import METRICS_FILE, merge_results, read_results, write_reports
 from refusion_cli.harness.scoring import TaskScorer

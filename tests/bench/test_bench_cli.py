@@ -18,6 +18,7 @@ import pytest
 
 from refusion_cli.bench.prompts import load_prompts
 from refusion_cli.tasks.synthetic import is_correct
+from tests.envs import cache_env
 
 REPO = Path(__file__).resolve().parents[2]
 LENGTHS = (16, 32)
@@ -27,7 +28,7 @@ N_PROMPTS, REPEATS = 2, 2
 
 def cli_env() -> dict[str, str]:
     return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
-            "TOKENIZERS_PARALLELISM": "false"}
+            "TOKENIZERS_PARALLELISM": "false", **cache_env()}
 
 
 def refusion(*args: str) -> subprocess.CompletedProcess:

@@ -19,6 +19,7 @@ import pytest
 
 from refusion_cli.models.loading import embedded_path
 from refusion_cli.tasks.synthetic import is_correct, read_jsonl
+from tests.envs import cache_env
 
 REPO = Path(__file__).resolve().parents[2]
 QUESTION = "Mia has 3 apples. She buys 4 more apples. How many apples does Mia have now?"
@@ -38,7 +39,7 @@ EMBEDDED_SKIP = "the embedded refusion-tiny is not built in this checkout (refus
 
 def cli_env(**extra: str) -> dict[str, str]:
     return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
-            "TOKENIZERS_PARALLELISM": "false", **extra}
+            "TOKENIZERS_PARALLELISM": "false", **cache_env(), **extra}
 
 
 def spawn_chat(*args: str) -> pexpect.spawn:

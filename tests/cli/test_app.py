@@ -3,9 +3,11 @@
 import subprocess
 import sys
 
+from tests.envs import cache_env
+
 
 def refusion(*args: str, env_debug: bool = False) -> subprocess.CompletedProcess:
-    env = {"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}
+    env = {"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", **cache_env()}
     if env_debug:
         env["REFUSION_DEBUG"] = "1"
     return subprocess.run([sys.executable, "-m", "refusion_cli", *args], capture_output=True, text=True, env=env,

@@ -20,6 +20,7 @@ from refusion_cli.harness.suite import EVALS_DIR, load_suite
 from refusion_cli.models.chat import user_prompt_ids
 from refusion_cli.models.loading import load_model
 from refusion_cli.tasks.synthetic import is_correct, read_jsonl
+from tests.envs import cache_env
 from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -29,7 +30,7 @@ PROBLEMS = read_jsonl(EVALS_DIR / "synthetic" / "test.jsonl")
 def cli_env() -> dict[str, str]:
     return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
             "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "COLUMNS": "200",
-            "HOME": os.environ.get("HOME", "/tmp")}
+            "HOME": os.environ.get("HOME", "/tmp"), **cache_env()}
 
 
 def refusion(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -408,3 +409,16 @@ def test_library_log_handlers_write_to_eval_log_not_the_terminal(capsys, monkeyp
         logger.error("Failed to load JSON from file with error pyarrow.lib.ArrowInvalid")
     assert handler.stream is sys.stderr  # given back afterwards
     assert "pyarrow" not in capsys.readouterr().err and "pyarrow" in (tmp_path / "eval.log").read_text()
+
+
+def test_what_libraries_print_while_planning_goes_to_eval_log(causal_checkpoint, capsys, monkeypatch, tmp_path):
+    """Building the tasks (before the run folder exists) makes datasets print a progress bar for a
+    new data file; it lands in eval.log with the rest, not on the terminal."""
+    data = tmp_path / "two.jsonl"
+    data.write_text("".join(json.dumps(problem) + "\n" for problem in PROBLEMS[7:9]), encoding="utf-8")
+    run_dir = tmp_path / "run"
+    code, out, err = run_cli(capsys, monkeypatch, "--task", "synthetic", "--decoder", "ar", "--model",
+                             str(causal_checkpoint), "--limit", "1", "--set", "gen_length=8", "--data-file",
+                             f"synthetic={data}", "--output", str(run_dir))
+    assert code == 0, err
+    assert err == "" and "Generating test split" in (run_dir / "eval.log").read_text()

@@ -5,6 +5,7 @@ import torch
 
 from refusion_cli.errors import UserError
 from refusion_cli.models.loading import parse_device
+from tests.envs import cache_env
 
 
 def test_cpu_and_default():
@@ -28,7 +29,7 @@ def test_error_is_one_line(tmp_path):
     import sys
 
     out = subprocess.run([sys.executable, "-m", "refusion_cli", "chat", "--device", "foo", "--prompt", "hi"],
-                         capture_output=True, text=True, env={"COLUMNS": "40", "PATH": "/usr/bin:/bin"})
+                         capture_output=True, text=True, env={"COLUMNS": "40", "PATH": "/usr/bin:/bin", **cache_env()})
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == ["error: unknown device 'foo' (hint: use cpu, cuda, cuda:N or mps)"]
     assert out.stdout == ""
