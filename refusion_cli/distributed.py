@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import torch
-
 
 def leave_process_group() -> None:
     """Wait for every process, then destroy the process group (when there is one).
@@ -11,6 +9,8 @@ def leave_process_group() -> None:
     A process that exits with its group still up can tear a gloo connection while a slower peer
     still uses it, and that peer aborts (SIGABRT) although its work was done.
     """
+    import torch  # the command line imports this module; torch loads only when a command runs
+
     if not torch.distributed.is_available() or not torch.distributed.is_initialized():
         return
     torch.distributed.barrier()

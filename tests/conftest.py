@@ -1,4 +1,6 @@
+import atexit
 import os
+import shutil
 import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network
@@ -6,6 +8,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # caches (datasets' Arrow files of the eval tests' data, matplotlib's font list) in a temporary
 # folder, not in the user's home: subprocesses inherit these
 _CACHES = tempfile.mkdtemp(prefix="refusion-tests-")
+atexit.register(shutil.rmtree, _CACHES, ignore_errors=True)
 os.environ["HF_HOME"] = os.path.join(_CACHES, "huggingface")
 os.environ["MPLCONFIGDIR"] = os.path.join(_CACHES, "matplotlib")
 

@@ -21,6 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from refusion_cli.cli.output import console, debug_enabled, print_table
+from refusion_cli.distributed import leave_process_group
 from refusion_cli.errors import UserError
 
 if TYPE_CHECKING:
@@ -92,6 +93,7 @@ def evaluate(
     try:
         with view or contextlib.nullcontext(), _library_output(run_dir, planning.getvalue()):
             results = run_eval(options, view, plan=plan)
+        leave_process_group()  # every process is done before any exits
     except (Exception, KeyboardInterrupt) as exc:
         if main_process and created and not has_results(run_dir):
             shutil.rmtree(run_dir, ignore_errors=True)  # only eval.log and tasks/: nothing to resume from

@@ -16,6 +16,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from refusion_cli.cli.output import console, quiet_library_output
+from refusion_cli.distributed import leave_process_group
 from refusion_cli.training.modeling import TINY_CONFIGS, parse_model_config
 from refusion_cli.training.objectives import OBJECTIVES
 
@@ -39,7 +40,8 @@ def train(
                                               "directory or hub id", rich_help_panel=SOURCE)] = None,
     init: Annotated[str | None, typer.Option("--init", help=f"start from a fresh model with a named config "
                                              f"({', '.join(TINY_CONFIGS)})", rich_help_panel=SOURCE)] = None,
-    tokenizer: Annotated[str | None, typer.Option("--tokenizer", help="tokenizer directory for --init",
+    tokenizer: Annotated[str | None, typer.Option("--tokenizer", help="tokenizer for --init: a directory, an "
+                                                  "embedded model's name or a hub id",
                                                   rich_help_panel=SOURCE)] = None,
     model_config: Annotated[str | None, typer.Option("--model-config", help="JSON object of Qwen3Config overrides "
                                                      "for --init, e.g. '{\"num_hidden_layers\": 2}'",
@@ -95,6 +97,7 @@ def train(
     )
     with ProgressView() as view:
         result = train_model(config, view)
+    leave_process_group()  # every process is done before any exits
     if view.active:
         if result.interrupted:
             console.print(f"stopped at step {result.step}; checkpoint saved to {result.checkpoint}")
@@ -125,7 +128,7 @@ class ProgressView:
             TimeElapsedColumn(), TimeRemainingColumn(), console=console, disable=self.lines,
         )
         self.task = None
-        self.total = 0
+        self.total = self.last = 0
         self.every = 1
 
     def __enter__(self) -> ProgressView:
@@ -147,15 +150,16 @@ class ProgressView:
             console.print(f"[yellow]skipped {info.skipped_too_long:,} record(s) longer than --max-length[/]")
         self.task = self.progress.add_task("train", total=info.total_steps, completed=info.start_step,
                                            loss="-", tps="-")
-        self.total, self.every = info.total_steps, max(1, info.total_steps // self.LINES)
+        self.total, self.last, self.every = info.total_steps, info.last_step, max(1, info.total_steps // self.LINES)
         self.started = time.monotonic()
         self.progress.start()
 
     def on_step(self, record: StepRecord) -> None:
         self.progress.update(self.task, completed=record.step, loss=f"{record.loss:.4f}",
                              tps=f"{record.tokens_per_second:,.0f}")
-        if self.lines and (record.step % self.every == 0 or record.step == self.total):
-            elapsed = time.strftime("%H:%M:%S", time.gmtime(time.monotonic() - self.started))
+        if self.lines and (record.step % self.every == 0 or record.step == self.last):
+            hours, rest = divmod(int(time.monotonic() - self.started), 3600)
+            elapsed = f"{hours}:{rest // 60:02d}:{rest % 60:02d}"  # hours keep counting past a day
             console.print(f"step {record.step}/{self.total}  loss {record.loss:.4f} (ar {record.ar_loss:.4f}, "
                           f"mdm {record.mdm_loss:.4f})  lr {record.lr:.3g}  {record.tokens_per_second:,.0f} tok/s  "
                           f"{elapsed}", highlight=False, soft_wrap=True)

@@ -73,14 +73,20 @@ def markdown(tables: list[Table]) -> str:
 
 
 def read_results(directory: Path) -> list[RunResult]:
-    """The results in ``directory``'s metrics.json (none when there is no readable one)."""
+    """The results in ``directory``'s metrics.json: every entry that has RunResult's required fields
+    (fields this version does not know are dropped), none when the file is missing or not JSON."""
     from refusion_cli.harness.runner import RunResult
 
     try:
         payload = json.loads((directory / METRICS_FILE).read_text(encoding="utf-8"))
-        return [RunResult(**entry) for entry in payload["results"]]
-    except (OSError, ValueError, TypeError, KeyError):
+    except (OSError, ValueError):
         return []
+    entries = payload.get("results") if isinstance(payload, dict) else None
+    known = {f.name for f in dataclasses.fields(RunResult)}
+    required = {f.name for f in dataclasses.fields(RunResult)
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+    return [RunResult(**{k: v for k, v in entry.items() if k in known})
+            for entry in entries or [] if isinstance(entry, dict) and required <= entry.keys()]
 
 
 def merge_results(earlier: list[RunResult], results: list[RunResult]) -> list[RunResult]:

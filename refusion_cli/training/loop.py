@@ -34,7 +34,6 @@ import torch
 from torch.utils.data import DataLoader
 
 from refusion_cli.decoding.stats import wide_float
-from refusion_cli.distributed import leave_process_group
 from refusion_cli.errors import UserError
 from refusion_cli.training import checkpoint as ckpt
 from refusion_cli.training.data import (
@@ -159,6 +158,7 @@ class RunInfo:
     output: Path
     resumed_from: Path | None
     distributed: str = "NO"  # Accelerate's distributed type: NO, MULTI_CPU, MULTI_GPU, FSDP, DEEPSPEED, ...
+    last_step: int = 0  # where this invocation ends: --stop-at, else --steps
 
 
 @dataclass(frozen=True)
@@ -351,12 +351,10 @@ def train_model(config: TrainConfig, observer: TrainObserver | None = None) -> T
     """
     created = ckpt.missing_dirs(config.output)
     try:
-        result = _train(config, observer or TrainObserver())
+        return _train(config, observer or TrainObserver())
     except BaseException:
         ckpt.remove_empty_dirs(created)
         raise
-    leave_process_group()
-    return result
 
 
 def _train(config: TrainConfig, observer: TrainObserver) -> TrainResult:
@@ -411,7 +409,8 @@ def _train(config: TrainConfig, observer: TrainObserver) -> TrainResult:
         micro_batch=micro, grad_accum=config.grad_accum, processes=accelerator.num_processes,
         parameters=count_parameters(accelerator.unwrap_model(model)), device=str(accelerator.device),
         mixed_precision=accelerator.mixed_precision, output=config.output, resumed_from=resume_from,
-        distributed=str(getattr(accelerator.distributed_type, "value", accelerator.distributed_type)))
+        distributed=str(getattr(accelerator.distributed_type, "value", accelerator.distributed_type)),
+        last_step=config.stop_at or config.steps)
     if main:
         observer.on_start(info)
 

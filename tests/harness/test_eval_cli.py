@@ -422,3 +422,17 @@ def test_what_libraries_print_while_planning_goes_to_eval_log(causal_checkpoint,
                              f"synthetic={data}", "--output", str(run_dir))
     assert code == 0, err
     assert err == "" and "Generating test split" in (run_dir / "eval.log").read_text()
+
+
+def test_earlier_cells_survive_an_entry_this_version_cannot_read(tmp_path):
+    from refusion_cli.harness.report import read_results
+
+    good = {"benchmark": "synthetic", "title": "Synthetic", "decoder": "ar", "model": "ar-tiny", "label": "ar:ar-tiny",
+            "config_hash": "abc", "config": {}, "samples": 2, "accuracy": 50.0, "lm_eval_accuracy": 50.0, "tps": 1.0,
+            "tpf": 1.0, "tokens": 4, "forwards": 4, "seconds": 4.0, "decoded": 2, "resumed": 0, "metric": "m"}
+    newer = {**good, "label": "refusion:x", "decoder": "refusion", "field_of_a_later_version": 1}
+    broken = {"benchmark": "synthetic"}
+    (tmp_path / "metrics.json").write_text(json.dumps({"results": [good, newer, broken, "junk"]}))
+    assert [(r.label, r.accuracy) for r in read_results(tmp_path)] == [("ar:ar-tiny", 50.0), ("refusion:x", 50.0)]
+    (tmp_path / "metrics.json").write_text("{not json")
+    assert read_results(tmp_path) == []
