@@ -42,8 +42,8 @@ from refusion_cli.decoding.registry import (
     check_decoder_fits,
     decoder_spec,
     default_model,
-    length_settings,
     run_decoder,
+    with_length,
 )
 from refusion_cli.decoding.stats import DecodeResult
 from refusion_cli.errors import UserError
@@ -166,7 +166,7 @@ def decoder_config(decoder: str, gen_length: int, overrides: dict[str, str] | No
     overrides = dict(overrides or {})
     if "gen_length" in overrides:
         raise UserError(f"set the response length with --gen-length, not --set {decoder}.gen_length")
-    values: dict[str, Any] = {"gen_length": gen_length, **length_settings(decoder, gen_length), **overrides}
+    values = with_length(decoder, {"gen_length": gen_length, **overrides})
     base = preset_config(preset) if preset is not None and decoder == "refusion" else None
     return build_config(decoder, values, base=base)
 

@@ -28,17 +28,10 @@ from typing import Any
 
 import torch
 
-from refusion_cli.decoding.registry import build_config, check_decoder_fits, length_settings, run_decoder
+from refusion_cli.decoding.registry import build_config, check_decoder_fits, run_decoder, with_length
 from refusion_cli.decoding.stats import DecodeStats
 from refusion_cli.models.chat import chat_prompt_ids
 from refusion_cli.models.loading import LoadedModel
-
-
-def with_length(decoder: str, values: dict[str, Any], explicit: frozenset[str] | set[str] = frozenset()) -> dict[str, Any]:
-    """``values`` plus the settings that follow a ``gen_length`` among them, unless in ``values`` or ``explicit``."""
-    if "gen_length" not in values:
-        return values
-    return {**length_settings(decoder, values["gen_length"], explicit=explicit | set(values)), **values}
 
 
 def chat_config(decoder: str, overrides: dict[str, Any]) -> Any:

@@ -7,7 +7,6 @@ progress with Rich on the main process, and reports the result.
 from __future__ import annotations
 
 import signal
-import time
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -151,14 +150,13 @@ class ProgressView:
         self.task = self.progress.add_task("train", total=info.total_steps, completed=info.start_step,
                                            loss="-", tps="-")
         self.total, self.last, self.every = info.total_steps, info.last_step, max(1, info.total_steps // self.LINES)
-        self.started = time.monotonic()
         self.progress.start()
 
     def on_step(self, record: StepRecord) -> None:
         self.progress.update(self.task, completed=record.step, loss=f"{record.loss:.4f}",
                              tps=f"{record.tokens_per_second:,.0f}")
         if self.lines and (record.step % self.every == 0 or record.step == self.last):
-            hours, rest = divmod(int(time.monotonic() - self.started), 3600)
+            hours, rest = divmod(int(record.elapsed), 3600)
             elapsed = f"{hours}:{rest // 60:02d}:{rest % 60:02d}"  # hours keep counting past a day
             console.print(f"step {record.step}/{self.total}  loss {record.loss:.4f} (ar {record.ar_loss:.4f}, "
                           f"mdm {record.mdm_loss:.4f})  lr {record.lr:.3g}  {record.tokens_per_second:,.0f} tok/s  "

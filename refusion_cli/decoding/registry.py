@@ -77,6 +77,14 @@ def length_settings(decoder: str, gen_length: Any, explicit: Any = ()) -> dict[s
     return {name: value for name, value in values.items() if name not in explicit}
 
 
+def with_length(decoder: str, values: dict[str, Any], explicit: Any = frozenset()) -> dict[str, Any]:
+    """``values`` plus the settings that follow the ``gen_length`` among them (:func:`length_settings`),
+    unless given in ``values`` or named in ``explicit``; ``values`` without a ``gen_length`` as they are."""
+    if "gen_length" not in values:
+        return values
+    return {**length_settings(decoder, values["gen_length"], explicit=set(explicit) | set(values)), **values}
+
+
 def default_model(decoder: str) -> str:
     spec = decoder_spec(decoder)
     if spec.default_model is None:
@@ -115,4 +123,4 @@ def run_decoder(
 
 
 __all__ = ["DECODERS", "DecoderSpec", "LLADA_BLOCK_LENGTH", "build_config", "check_decoder_fits", "decoder_spec",
-           "default_model", "length_settings", "run_decoder"]
+           "default_model", "length_settings", "run_decoder", "with_length"]

@@ -14,8 +14,9 @@ discovery). Contract of every adapter:
   ignored: the decoder config decides; any other generation key is an error. Each request gets a
   fresh ``torch.Generator`` seeded with ``seed``, so an output never depends on request order.
   Every decoded request appends a :class:`SampleRecord` (tokens, forwards, seconds, TPS) to
-  ``adapter.samples``. The first request an adapter decodes is decoded once more before it, untimed
-  and discarded (warm-up: CUDA context, kernels and allocator are not billed to one sample). An optional :class:`GenerationHook` sees every request first and may
+  ``adapter.samples``. Unless ``warmed_up`` is set, the first request an adapter decodes is decoded
+  once more before it, untimed and discarded (warm-up: CUDA context, kernels and allocator are not
+  billed to one sample). An optional :class:`GenerationHook` sees every request first and may
   return a stored output instead (the harness uses it to resume and to journal samples).
 - ``loglikelihood`` / ``loglikelihood_rolling`` are exact for the causal adapters (``refusion``,
   ``ar``): one causal pass per request, lm-eval's tokenisation rules (``TemplateLM``). The

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from refusion_cli.decoding.registry import DECODERS, build_config, decoder_spec, default_model, length_settings
+from refusion_cli.decoding.registry import DECODERS, build_config, decoder_spec, default_model, with_length
 from refusion_cli.decoding.config import config_fields
 from refusion_cli.errors import UserError
 from refusion_cli.harness.journal import JournalObserver, SampleJournal, journal_files, read_records
@@ -194,8 +194,7 @@ def decoder_overrides(values: list[str], decoders: list[str]) -> dict[str, dict[
 def plan_config(suite: Suite, benchmark: Benchmark, decoder: str, overrides: dict[str, str],
                 preset: str | None) -> Any:
     """The decoder config for one benchmark (see the module docstring for the order)."""
-    gen_length = overrides.get("gen_length", benchmark.gen_length)
-    values: dict[str, Any] = {"gen_length": benchmark.gen_length, **length_settings(decoder, gen_length), **overrides}
+    values = with_length(decoder, {"gen_length": benchmark.gen_length, **overrides})
     base = suite.preset(preset or benchmark.preset) if decoder == "refusion" else None
     return build_config(decoder, values, base=base)
 
@@ -372,7 +371,7 @@ def run_eval(options: EvalOptions, observer: EvalObserver | None = None, suite: 
                                                require_mask=needs_mask[run.model])
             where = placement(loaded[run.model].model)
             digest = config_hash(run.decoder, config, model_fingerprint(run.model), options.seed,
-                                 benchmark.chat_template, where, f"{benchmark.metric},{benchmark.metric_filter}")
+                                 benchmark.chat_template, where, benchmark.metric_key)
             adapter = ADAPTERS[run.decoder](pretrained=loaded[run.model], config=config, seed=options.seed,
                                             device=device)
             adapter.warmed_up = (run.model, run.decoder) in warmed  # once per model and decoder, not per task
@@ -419,9 +418,8 @@ def summarize(benchmark: Benchmark, run: DecoderRun, config: Any, digest: str, e
                 raise RuntimeError(f"no journal record for {subtask} document {sample['doc_id']} in {journal.directory}")
             chosen.append(record)
     n = len(chosen)
-    key = f"{benchmark.metric},{benchmark.metric_filter}"
     top = evaluation.get("groups", {}).get(benchmark.lm_eval_task) or evaluation["results"].get(benchmark.lm_eval_task, {})
-    lm_eval_value = top.get(key)
+    lm_eval_value = top.get(benchmark.metric_key)
     return RunResult(
         benchmark=benchmark.name, title=benchmark.title, decoder=run.decoder, model=run.model, label=run.label,
         config_hash=digest, config=dataclasses.asdict(config), samples=n,
@@ -431,7 +429,7 @@ def summarize(benchmark: Benchmark, run: DecoderRun, config: Any, digest: str, e
         tpf=sum(r["tpf"] for r in chosen) / n if n else 0.0,
         tokens=sum(r["tokens"] for r in chosen), forwards=sum(r["forwards"] for r in chosen),
         seconds=sum(r["seconds"] for r in chosen), decoded=journal.decoded,
-        resumed=sum(r["key"] in journal.earlier for r in chosen), metric=key,
+        resumed=sum(r["key"] in journal.earlier for r in chosen), metric=benchmark.metric_key,
         lm_eval_results={name: _plain(values) for name, values in
                          {**evaluation["results"], **evaluation.get("groups", {})}.items()},
         device=where[0], dtype=where[1], prompts_cut=sum(r.get("prompt_cut", 0) > 0 for r in chosen),

@@ -64,6 +64,11 @@ class Benchmark:
     def paper(self) -> bool:
         return self.name != SYNTHETIC
 
+    @property
+    def metric_key(self) -> str:
+        """The metric as lm-eval names it in its results: ``metric,filter``."""
+        return f"{self.metric},{self.metric_filter}"
+
 
 @dataclass(frozen=True)
 class Suite:
@@ -131,10 +136,12 @@ class RenderedTask:
     data_files: tuple[Path, ...]  # every local file the task reads
     data_file: Path | None = None  # the --data-file the user gave, resolved (one of data_files)
 
-    def write(self) -> Path:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text(self.text, encoding="utf-8")
-        return self.path
+    def write(self, directory: Path | None = None) -> Path:
+        """Write the YAML where it was rendered for, or under the same name into ``directory``."""
+        path = self.path if directory is None else directory / self.path.name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(self.text, encoding="utf-8")
+        return path
 
 
 def lm_eval_tasks_dir() -> Path:
@@ -217,20 +224,19 @@ def check_data(rendered: RenderedTask) -> None:
                 + (f", or --data-file {benchmark.name}=PATH" if _DATA_FILE.search(benchmark.yaml.read_text()) else ""))
         raise UserError(f"{benchmark.name}: its data is not available offline: {missing[0]} is missing{more}",
                         hint=hint)
-    for path in rendered.data_files:
-        check_json_lines(benchmark.name, path)
-    if benchmark.lm_eval_task == "mmlu_pro":
-        check_mmlu_pro_categories(rendered.data_files[0])
+    records = {path: check_json_lines(benchmark.name, path) for path in rendered.data_files}
+    if benchmark.lm_eval_task == "mmlu_pro" and records[rendered.data_files[0]] is not None:
+        check_mmlu_pro_categories(rendered.data_files[0], records[rendered.data_files[0]])
 
 
-def check_mmlu_pro_categories(path: Path) -> None:
+def check_mmlu_pro_categories(path: Path, records: list[dict]) -> None:
     """Each of lm-eval's 14 MMLU-Pro subtasks keeps the records of one ``category``; one left empty
     (a file cut from the split's start, say) would fail deep inside lm-eval."""
     subjects = sorted(p.stem.removeprefix("mmlu_pro_").replace("_", " ")
                       for p in (lm_eval_tasks_dir() / "mmlu_pro").glob("mmlu_pro_*.yaml"))
     if path.suffix != ".jsonl" or not subjects:
         return
-    found = {record.get("category") for _, record in json_objects(read_text(path, f"mmlu_pro: {path}"), str(path))}
+    found = {record.get("category") for record in records}
     empty = [subject for subject in subjects if subject not in found]
     if empty:
         raise UserError(f"mmlu_pro: {path} has no records of {len(empty)} of its {len(subjects)} categories "
@@ -238,11 +244,11 @@ def check_mmlu_pro_categories(path: Path) -> None:
                         hint="export the whole test split and use --limit N for a smaller run (N per category)")
 
 
-def check_json_lines(name: str, path: Path) -> None:
+def check_json_lines(name: str, path: Path) -> list[dict] | None:
     """``path`` holds records: a JSON-lines file (or, for ``.json``, one JSON document); compressed files
-    are left to ``datasets``."""
+    are left to ``datasets``. Returns the JSON-lines records (None for a JSON document or a compressed file)."""
     if path.suffix not in (".jsonl", ".json"):
-        return
+        return None
     text = read_text(path, f"{name}: the data file {path}")
     if not text.strip():
         raise UserError(f"{name}: the data file {path} is empty",
@@ -250,11 +256,10 @@ def check_json_lines(name: str, path: Path) -> None:
     if path.suffix == ".json":
         try:
             json.loads(text)
-            return
+            return None
         except json.JSONDecodeError:
             pass  # JSON lines under a .json name
-    for _ in json_objects(text, f"{name}: the data file {path}"):
-        pass  # each line is checked as it is read
+    return [record for _, record in json_objects(text, f"{name}: the data file {path}")]
 
 
 # --- loading -----------------------------------------------------------------------------------
@@ -266,12 +271,7 @@ def load_tasks(rendered: RenderedTask, directory: Path | None = None) -> dict[st
     from lm_eval.tasks import TaskManager
 
     benchmark = rendered.benchmark
-    if directory is None:
-        path = rendered.write()
-    else:
-        directory.mkdir(parents=True, exist_ok=True)
-        path = directory / rendered.path.name
-        path.write_text(rendered.text, encoding="utf-8")
+    path = rendered.write(directory)
     manager = TaskManager(include_path=[*rendered.index_dirs, path.parent], include_defaults=False)
     try:
         return manager.load([benchmark.lm_eval_task])

@@ -93,10 +93,16 @@ def resolve_source(name_or_path: str) -> tuple[str, bool]:
     if name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") != 1:
         raise UserError(f"no such checkpoint directory: '{name_or_path}'",
                         hint=f"give a local directory, a hub id such as GSAI-ML/ReFusion, or one of {', '.join(EMBEDDED)}")
+    return name_or_path, offline_unless_hub_answers()
+
+
+def offline_unless_hub_answers() -> bool:
+    """For a hub id: False (download) when the hub answers; else True (the local cache only), with
+    HF_HUB_OFFLINE set so that no later call waits for the hub either."""
     if hub_reachable():
-        return name_or_path, False
-    os.environ["HF_HUB_OFFLINE"] = "1"  # the hub did not answer: no later call should wait for it
-    return name_or_path, True
+        return False
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    return True
 
 
 def default_device() -> torch.device:

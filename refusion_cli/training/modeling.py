@@ -9,7 +9,6 @@ objective trains (False for ``llada``), so the saved checkpoint loads with the r
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,8 +16,8 @@ import torch
 from huggingface_hub.errors import StrictDataclassError
 
 from refusion_cli.errors import UserError
-from refusion_cli.models.loading import (MASK_TOKEN, embedded_path, find_mask_id, hub_reachable, is_embedded,
-                                         load_model)
+from refusion_cli.models.loading import (MASK_TOKEN, embedded_path, find_mask_id, is_embedded, load_model,
+                                         offline_unless_hub_answers)
 
 # Named configs for --init; every field can be overridden with --model-config.
 TINY_CONFIGS: dict[str, dict[str, int | float | bool]] = {
@@ -132,10 +131,8 @@ def load_tokenizer(path: str):
             raise UserError(f"'{path}' holds no tokenizer ({' or '.join(TOKENIZER_FILES)})",
                             hint="give a directory written by save_pretrained, e.g. refusion_cli/assets/refusion-tiny")
         path = str(local)
-    elif hub_reachable():
-        local_only = False
     else:
-        os.environ["HF_HUB_OFFLINE"] = "1"  # the hub did not answer: read the local cache, wait for nothing
+        local_only = offline_unless_hub_answers()
     try:
         return AutoTokenizer.from_pretrained(path, local_files_only=local_only)
     except (OSError, ValueError, TypeError) as exc:
