@@ -3,7 +3,7 @@
 - :func:`plot_frontier`: accuracy against TPS, one point per decoder and length, the
   accuracy/speed Pareto frontier drawn through the points no other point beats on both axes.
 - :func:`plot_length_sweep`: TPS and median latency against the response length, one line per
-  decoder: how the cost of each decoder grows with the length it is asked for.
+  decoder: how the cost of each decoder grows with the length it is asked for (two lengths or more).
 
 matplotlib is imported when a plot is drawn; :func:`plotting_available` says whether it can be.
 """
@@ -47,12 +47,29 @@ def _labels(rows: Sequence[BenchRow]) -> list[str]:
     return list(dict.fromkeys(row.decoder for row in rows))
 
 
+def _log_scale_if_wide(axes, values: Sequence[float], axis: str = "y") -> None:
+    """A log scale when the positive values span more than 10×, so the small ones stay apart."""
+    positive = [value for value in values if value > 0]
+    if positive and max(positive) / min(positive) > 10:
+        (axes.set_xscale if axis == "x" else axes.set_yscale)("log")
+
+
 def plot_frontier(rows: Sequence[BenchRow], path: Path) -> bool:
     """Accuracy (%) against TPS; False (and no file) when no row has an accuracy."""
+    figure = frontier_figure(rows)
+    if figure is None:
+        return False
+    figure.savefig(path, dpi=120)
+    return True
+
+
+def frontier_figure(rows: Sequence[BenchRow]):
+    """The frontier plot's figure, or None when no row has an accuracy. The legend sits right of
+    the axes and the accuracy axis has a margin beyond 0 and 100 %, so no point is hidden."""
     scored = [row for row in rows if row.accuracy is not None]
     if not scored:
-        return False
-    figure, (axes,) = _figure(6.5, 4.5)
+        return None
+    figure, (axes,) = _figure(8, 4.5)
     lengths = sorted({row.gen_length for row in scored})
     for color, label in enumerate(_labels(scored)):
         mine = [row for row in scored if row.decoder == label]
@@ -64,42 +81,51 @@ def plot_frontier(rows: Sequence[BenchRow], path: Path) -> bool:
         for index, length in enumerate(lengths):
             axes.scatter([], [], color="grey", marker=MARKERS[index % len(MARKERS)], label=f"gen_length {length}")
     frontier = pareto_frontier([(row.tps, row.accuracy * 100) for row in scored])
-    axes.plot([tps for tps, _ in frontier], [acc for _, acc in frontier], color="grey", linestyle="--",
-              linewidth=1, zorder=2, label="frontier")
+    if len(frontier) > 1:  # one point that beats all others draws no line
+        axes.plot([tps for tps, _ in frontier], [acc for _, acc in frontier], color="grey", linestyle="--",
+                  linewidth=1, zorder=2, label="frontier")
     accuracies = [row.accuracy * 100 for row in scored]
-    axes.set_ylim(max(0.0, min(accuracies) - 5), min(100.0, max(accuracies) + 5) if max(accuracies) > 0 else 5)
-    tps_values = [row.tps for row in scored if row.tps > 0]
-    if tps_values and max(tps_values) / min(tps_values) > 10:
-        axes.set_xscale("log")
+    low, high = max(0.0, min(accuracies) - 5), min(100.0, max(accuracies) + 5) if max(accuracies) > 0 else 5
+    margin = (high - low) * 0.05  # a point at 0 or 100 % is drawn whole, not cut by the frame
+    axes.set_ylim(low - margin, high + margin)
+    _log_scale_if_wide(axes, [row.tps for row in scored], axis="x")
     axes.set_xlabel("tokens per second (batch 1)")
     axes.set_ylabel("accuracy (%)")
     axes.set_title("Accuracy against decoding speed")
     axes.grid(alpha=0.3)
-    axes.legend(fontsize=8)
+    axes.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1), borderaxespad=0)  # outside: covers no point
+    return figure
+
+
+def plot_length_sweep(rows: Sequence[BenchRow], path: Path) -> bool:
+    """TPS and p50 latency against gen_length, one line per decoder; False (and no file) when the
+    rows hold fewer than two lengths (a single length is no sweep: the table says it all)."""
+    figure = length_figure(rows)
+    if figure is None:
+        return False
     figure.savefig(path, dpi=120)
     return True
 
 
-def plot_length_sweep(rows: Sequence[BenchRow], path: Path) -> bool:
-    """TPS and p50 latency against gen_length, one line per decoder; False when there are no rows."""
-    if not rows:
-        return False
-    figure, (tps_axes, latency_axes) = _figure(10, 4, columns=2)
+def length_figure(rows: Sequence[BenchRow]):
+    """The length plot's figure, or None with fewer than two lengths; the legend sits right of both axes."""
     lengths = sorted({row.gen_length for row in rows})
+    if len(lengths) < 2:
+        return None
+    figure, (tps_axes, latency_axes) = _figure(10, 4, columns=2)
     for color, label in enumerate(_labels(rows)):
         mine = sorted((row for row in rows if row.decoder == label), key=lambda row: row.gen_length)
         x = [row.gen_length for row in mine]
         tps_axes.plot(x, [row.tps for row in mine], marker="o", color=f"C{color}", label=label)
         latency_axes.plot(x, [row.latency_p50_ms for row in mine], marker="o", color=f"C{color}", label=label)
     for axes, ylabel in ((tps_axes, "tokens per second"), (latency_axes, "median latency per decode (ms)")):
-        if len(lengths) > 1:
-            axes.set_xscale("log", base=2)
+        axes.set_xscale("log", base=2)
+        _log_scale_if_wide(axes, [value for line in axes.get_lines() for value in line.get_ydata()])
         axes.set_xticks(lengths, [str(length) for length in lengths])
         axes.set_xlabel("response length budget (gen_length)")
         axes.set_ylabel(ylabel)
         axes.grid(alpha=0.3)
     tps_axes.set_title("Speed against response length")
     latency_axes.set_title("Latency against response length")
-    tps_axes.legend(fontsize=8)
-    figure.savefig(path, dpi=120)
-    return True
+    figure.legend(*tps_axes.get_legend_handles_labels(), fontsize=8, loc="outside right upper")  # covers no line
+    return figure

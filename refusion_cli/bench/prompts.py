@@ -6,20 +6,22 @@ Contract of :func:`load_prompts`:
   (``evals/synthetic/test.jsonl``; regenerated identically from its seed when the package is
   installed without the repository), each with its ``target`` answer.
 - A file: one JSON object per line with a ``prompt`` or ``question`` field (the user turn) and
-  an optional ``target`` (the expected final answer, scored with the synthetic task's
+  an optional ``target`` (the expected final answer, a number, scored with the synthetic task's
   ``is_correct``); blank lines are skipped; ``limit`` keeps the first N.
 - An empty file, a missing file, a directory, a line that is not a JSON object with a text
-  field, or a ``limit`` below 1 is a :class:`UserError` naming the file and line.
+  field, a ``target`` no answer could match (not a number), or a ``limit`` below 1 is a
+  :class:`UserError` naming the file and line.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from refusion_cli.errors import UserError
 from refusion_cli.jsonl import json_objects, read_text
-from refusion_cli.tasks.synthetic import TEST_SEED_OFFSET, generate_problems, read_jsonl
+from refusion_cli.tasks.synthetic import TEST_SEED_OFFSET, generate_problems, is_correct, read_jsonl
 
 SYNTHETIC_TEST = Path(__file__).resolve().parents[2] / "evals" / "synthetic" / "test.jsonl"
 SYNTHETIC_SEED = 0  # the seed evals/synthetic/test.jsonl was written with
@@ -75,4 +77,10 @@ def prompt_of(record: dict, path: Path, number: int) -> BenchPrompt:
     if not isinstance(text, str) or not text.strip():
         raise UserError(f"{path}, line {number}: '{name}' must be a non-empty string")
     target = record.get("target")
-    return BenchPrompt(text, None if target is None else str(target))
+    if target is None:
+        return BenchPrompt(text, None)
+    if not is_correct(str(target), str(target)):  # not a number: no answer could ever match it
+        raise UserError(f"{path}, line {number}: 'target' must be a number (answers are scored by the number "
+                        f"after '####', else the last number), got {json.dumps(target, ensure_ascii=False)}",
+                        hint="leave 'target' out to time a prompt without scoring it")
+    return BenchPrompt(text, str(target))

@@ -11,7 +11,7 @@ finishes at least one row, see ``refusion_cli.cli.bench.BenchRun``):
                    the decoder configs and the plots;
 - ``machine.json`` the machine as data;
 - ``frontier.png`` accuracy against TPS (only when prompts have targets);
-- ``tps_vs_gen_length.png`` TPS and median latency against the response length.
+- ``tps_vs_gen_length.png`` TPS and median latency against the response length (two lengths or more).
 """
 
 from __future__ import annotations

@@ -181,14 +181,15 @@ def preset_config(name: str) -> Any:
 def plan_entries(settings: BenchSettings) -> list[BenchEntry]:
     """Every row of the run, in measuring order (AR first); everything is checked here."""
     decoders = sorted(dict.fromkeys(settings.decoders), key=lambda name: name != "ar")  # stable: AR first
+    lengths = tuple(dict.fromkeys(settings.gen_lengths))  # a length given twice is measured once
     configs = {(decoder, length): decoder_config(decoder, length, settings.overrides.get(decoder), settings.preset)
-               for decoder in decoders for length in settings.gen_lengths}
+               for decoder in decoders for length in lengths}
     models = {decoder: settings.models.get(decoder) or default_model(decoder) for decoder in decoders}
     for decoder, model in models.items():  # a missing or unfitting checkpoint fails now, before any row runs
         check_model_fits(decoder, model, settings.trust_remote_code)
     entries: list[BenchEntry] = []
     for decoder in decoders:
-        for length in settings.gen_lengths:
+        for length in lengths:
             config = configs[decoder, length]
             entries.append(BenchEntry(decoder, decoder, models[decoder], length, config))
             if decoder == "refusion" and settings.ablation:
@@ -258,6 +259,7 @@ def run_bench(
             if on_entry is not None:
                 on_entry(entry, loaded)
             row = measure_entry(entry, loaded, prompt_ids, prompts, settings, ar_tps.get(entry.gen_length), on_sample)
+            del loaded  # the slot holds the only reference: switching models frees this one before the next loads
             if entry.decoder == "ar":
                 ar_tps[entry.gen_length] = row.tps
                 row.speedup_vs_ar = 1.0 if row.tps > 0 else None

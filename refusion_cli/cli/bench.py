@@ -206,6 +206,8 @@ def parse_models(values: list[str], decoders: tuple[str, ...]) -> dict[str, str]
             name, checkpoint = decoders[0], value
         if not checkpoint:
             raise UserError(f"--model {value}: no checkpoint after '='")
+        if models.get(name, checkpoint) != checkpoint:
+            raise UserError(f"--model gives {name} two checkpoints: {models[name]} and {checkpoint}")
         models[name] = checkpoint
     return models
 
@@ -217,7 +219,10 @@ def parse_overrides(values: list[str]) -> dict[str, dict[str, str]]:
         name, dot, option = key.partition(".")
         if not sep or not dot or not name or not option:
             raise UserError(f"--set takes DECODER.OPTION=VALUE, got '{value}'", hint="e.g. --set refusion.slot_size=16")
-        overrides.setdefault(name, {})[option] = setting
+        options = overrides.setdefault(name, {})
+        if options.get(option, setting) != setting:
+            raise UserError(f"--set gives {name}.{option} two values: {options[option]} and {setting}")
+        options[option] = setting
     return overrides
 
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from refusion_cli.bench.machine import PeakMemory, describe_machine
-from refusion_cli.bench.plots import pareto_frontier
-from refusion_cli.bench.prompts import SYNTHETIC_TEST, load_prompts
-from refusion_cli.bench.runner import BenchSettings, decoder_config, percentile
+from refusion_cli.bench.plots import frontier_figure, length_figure, pareto_frontier, plot_length_sweep
+from refusion_cli.bench.prompts import SYNTHETIC_TEST, BenchPrompt, load_prompts
+from refusion_cli.bench.runner import BenchRow, BenchSettings, decoder_config, percentile, plan_entries, run_bench
 from refusion_cli.cli.bench import MultiValues, parse_models, parse_overrides, route_stray_values, split_commas
 from refusion_cli.errors import UserError
 from refusion_cli.harness.suite import load_suite
@@ -131,3 +131,100 @@ def test_prompt_files_with_a_byte_order_mark_or_bad_fields(tmp_path):
     latin.write_bytes(b'{"prompt": "caf\xe9"}\n')
     with pytest.raises(UserError, match=r"the prompts file .*latin.jsonl is not UTF-8 text \(byte 15\)"):
         read_prompt_file(latin)
+
+
+def test_a_length_given_twice_is_measured_once(causal_checkpoint):
+    settings = BenchSettings(decoders=("ar", "refusion"), gen_lengths=(16, 16, 32),
+                             models={"ar": str(causal_checkpoint), "refusion": str(causal_checkpoint)})
+    assert [(entry.label, entry.gen_length) for entry in plan_entries(settings)] == [
+        ("ar", 16), ("ar", 32), ("refusion", 16), ("refusion (recompute)", 16), ("refusion", 32),
+        ("refusion (recompute)", 32)]
+
+
+def test_switching_models_frees_the_previous_one_before_the_next_loads(causal_checkpoint, bidirectional_checkpoint,
+                                                                      monkeypatch):
+    """One model at a time: with two 8B checkpoints on one GPU, holding both during the load doubles the weights."""
+    import gc
+    import weakref
+
+    from refusion_cli.bench import runner
+
+    loaded_before: list[weakref.ref] = []
+    alive_at_load: list[list[bool]] = []
+
+    def load_and_watch(*args, **kwargs):
+        gc.collect()
+        alive_at_load.append([ref() is not None for ref in loaded_before])
+        loaded = load_model(*args, **kwargs)
+        loaded_before.append(weakref.ref(loaded.model))
+        return loaded
+
+    load_model = runner.load_model
+    monkeypatch.setattr(runner, "load_model", load_and_watch)
+    settings = BenchSettings(decoders=("ar", "llada"), gen_lengths=(8,), warmup=0,
+                             models={"ar": str(causal_checkpoint), "llada": str(bidirectional_checkpoint)})
+    rows = list(run_bench(settings, [BenchPrompt("Say hi.", None)]))
+    assert [row.decoder for row in rows] == ["ar", "llada"]
+    assert alive_at_load == [[], [False]]
+
+
+def test_one_decoder_given_two_checkpoints_or_one_option_two_values_is_refused():
+    with pytest.raises(UserError, match=r"^--model gives ar two checkpoints: ar-tiny and other$"):
+        parse_models(["ar=ar-tiny", "ar=other"], ("ar", "refusion"))
+    assert parse_models(["ar=ar-tiny", "ar=ar-tiny"], ("ar",)) == {"ar": "ar-tiny"}
+    with pytest.raises(UserError, match=r"^--set gives refusion.slot_size two values: 8 and 16$"):
+        parse_overrides(["refusion.slot_size=8", "refusion.slot_size=16"])
+    assert parse_overrides(["refusion.slot_size=8", "refusion.slot_size=8"]) == {"refusion": {"slot_size": "8"}}
+
+
+@pytest.mark.parametrize("target", ['"Paris"', '""', "[4]", "true", '"$18"'])
+def test_a_target_no_answer_can_match_is_refused(target, tmp_path):
+    """Scoring reads a number: a text target would be scored wrong on every decode, a silent 0 % accuracy."""
+    path = tmp_path / "prompts.jsonl"
+    path.write_text('{"prompt": "ok", "target": 4}\n' + '{"prompt": "Capital of France?", "target": ' + target + "}\n")
+    with pytest.raises(UserError) as error:
+        load_prompts(path)
+    assert str(error.value) == (f"{path}, line 2: 'target' must be a number (answers are scored by the number after "
+                                f"'####', else the last number), got {target}")
+
+
+def test_numeric_targets_are_kept_as_written(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text('{"prompt": "a", "target": 4}\n{"prompt": "b", "target": "1,000"}\n'
+                    '{"prompt": "c", "target": -2.5}\n{"prompt": "d", "target": null}\n')
+    assert [p.target for p in load_prompts(path)] == ["4", "1,000", "-2.5", None]
+
+
+def bench_row(decoder: str, gen_length: int, tps: float, accuracy: float | None) -> BenchRow:
+    return BenchRow(decoder=decoder, model="m", gen_length=gen_length, prompts=1, decodes=1, tps=tps,
+                    speedup_vs_ar=None, tpf=1.0, forwards=1.0, tokens=1.0, latency_p50_ms=1000 / tps,
+                    latency_p95_ms=1000 / tps, peak_mem_mib=0.0, accuracy=accuracy, scored=1, config="")
+
+
+def overlaps(box, other) -> bool:
+    return box.x0 < other.x1 and other.x0 < box.x1 and box.y0 < other.y1 and other.y0 < box.y1
+
+
+def test_the_frontier_plot_hides_no_point_behind_its_legend_or_frame():
+    rows = [bench_row("ar", 64, 30.0, 1.0), bench_row("refusion", 64, 120.0, 1.0), bench_row("llada", 64, 10.0, 0.0),
+            bench_row("refusion (recompute)", 64, 90.0, 0.0)]
+    figure = frontier_figure(rows)
+    figure.draw_without_rendering()
+    (axes,) = figure.axes
+    low, high = axes.get_ylim()
+    assert low < 0 and high > 100  # points at 0 % and 100 % are drawn whole
+    assert not overlaps(axes.get_legend().get_window_extent(), axes.get_window_extent())
+    assert "frontier" not in [text.get_text() for text in axes.get_legend().get_texts()]  # one point: no line
+
+
+def test_the_length_plot_needs_two_lengths_and_keeps_its_legend_off_the_lines(tmp_path):
+    single = [bench_row("ar", 64, 30.0, None), bench_row("refusion", 64, 120.0, None)]
+    assert plot_length_sweep(single, tmp_path / "one.png") is False and not (tmp_path / "one.png").exists()
+    rows = single + [bench_row("ar", 128, 29.0, None), bench_row("refusion", 128, 110.0, None)]
+    assert plot_length_sweep(rows, tmp_path / "two.png") is True
+    assert (tmp_path / "two.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    figure = length_figure(rows)
+    figure.draw_without_rendering()
+    (legend,) = figure.legends
+    assert [text.get_text() for text in legend.get_texts()] == ["ar", "refusion"]
+    assert not any(overlaps(legend.get_window_extent(), axes.get_window_extent()) for axes in figure.axes)
