@@ -6,13 +6,16 @@ Contract of :class:`ChatApp`:
   ``/help``, ``/quit``) or a question; it returns False when the chat should end.
 - A question is answered with the live view (when stdout is a terminal), then the answer's text
   and a stats line (tokens, TPS, tokens per forward, forwards, seconds).
-- Ctrl-C during an answer interrupts it and the chat goes on with the conversation unchanged: the
-  first Ctrl-C is honoured at the decoder's next step (``on_step`` raises :class:`AnswerInterrupted`),
-  or at once when the decoder has not reported a step yet (AR never does); a second one is
-  honoured at once.
+- In the interactive chat (``run_interactive()``), Ctrl-C during an answer interrupts it and the
+  chat goes on with the conversation unchanged: the first Ctrl-C is honoured at the decoder's next
+  step (``on_step`` raises :class:`AnswerInterrupted`), or at once when the decoder has not reported
+  a step yet (AR never does); a second one is honoured at once. Elsewhere (``--prompt``, piped
+  stdin) Ctrl-C is not caught: it stops the whole run, as in any other command.
 - ``run_interactive()`` prompts on a terminal; Ctrl-C at the prompt is ignored with a hint;
   Ctrl-D or ``/quit`` leaves. ``run_lines(lines)`` answers each non-empty line (commands work too)
-  and stops at the end of the input: piped stdin.
+  and stops at the end of the input: piped stdin. It returns the numbers of the lines that failed
+  (a refused or unknown command, a question that could not be answered), so that the caller can
+  exit non-zero.
 - Off a terminal, consecutive answers are separated by one blank line.
 - Where output goes: answers to stdout; everything else (stats, command replies, notices) to
   stdout on a terminal, else to stderr, so ``refusion chat < questions > answers`` leaves only
@@ -60,9 +63,11 @@ class AnswerInterrupted(Exception):
 
 
 class InterruptGuard:
-    """While active, Ctrl-C interrupts the answer: at the next decoder step, or at once (see module doc)."""
+    """While active, Ctrl-C interrupts the answer: at the next decoder step, or at once (see module doc).
+    Not ``enabled``: Ctrl-C keeps its usual meaning (KeyboardInterrupt at once)."""
 
-    def __init__(self) -> None:
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
         self.requested = False  # Ctrl-C seen, waiting for the next step
         self.stepping = False  # the decoder has reported a step: it will reach check() again
         self.previous: Any = None
@@ -79,7 +84,7 @@ class InterruptGuard:
         self.requested = True
 
     def __enter__(self) -> InterruptGuard:
-        if threading.current_thread() is threading.main_thread():
+        if self.enabled and threading.current_thread() is threading.main_thread():
             self.previous = signal.signal(signal.SIGINT, self._handle)
         return self
 
@@ -102,6 +107,8 @@ class ChatApp:
         self.strict = strict
         self.pieces = PieceCache(session.loaded.tokenizer)
         self.answered = 0  # answers printed so far
+        self.failures = 0  # refused or unknown commands, questions that could not be answered
+        self.interactive = False  # set by run_interactive: Ctrl-C stops only the answer
 
     # -- lines -------------------------------------------------------------------------------
 
@@ -115,23 +122,31 @@ class ChatApp:
         self.answer(line)
         return True
 
-    def run_lines(self, lines: Iterable[str]) -> None:
-        for line in lines:
-            if not self.handle(line):
-                return
+    def run_lines(self, lines: Iterable[str]) -> list[int]:
+        """Handle each line until the end or ``/quit``; the numbers (from 1) of the lines that failed."""
+        failed: list[int] = []
+        for number, line in enumerate(lines, 1):
+            before = self.failures
+            go_on = self.handle(line)
+            if self.failures > before:
+                failed.append(number)
+            if not go_on:
+                break
+        return failed
 
     def run_interactive(self) -> None:
         self.notice(Text.assemble(("refusion chat", "bold"), f" · model {self.session.model_name}"
                                   f" · decoder {self.session.decoder}"))
         self.notice("[dim]/help for commands, Ctrl-C stops an answer, Ctrl-D leaves[/]")
+        self.interactive = True
         while True:
             try:
                 line = self.info.input(Text("you › ", style="bold cyan"))  # the prompt is not an answer
             except EOFError:
-                self.out.print()
+                self.info.print()  # ends the prompt's line where the prompt is (stdout may be a file)
                 return
             except KeyboardInterrupt:
-                self.out.print()
+                self.info.print()
                 self.notice("[dim](/quit or Ctrl-D leaves)[/]")
                 continue
             if not self.handle(line):
@@ -141,21 +156,28 @@ class ChatApp:
 
     def answer(self, question: str) -> ChatAnswer | None:
         try:
-            with InterruptGuard() as guard, LiveAnswer(self.out, self.pieces, enabled=self.live) as view:
+            with InterruptGuard(enabled=self.interactive) as guard, \
+                    LiveAnswer(self.out, self.pieces, enabled=self.live) as view:
                 def on_step(step: Any) -> None:
                     guard.check()
                     view.on_step(step)
 
                 answer = self.session.ask(question, on_step=on_step)
         except (AnswerInterrupted, KeyboardInterrupt):
+            if not self.interactive:
+                raise  # --prompt or piped stdin: Ctrl-C stops the run (exit 130), no answer is skipped silently
             self.notice("[yellow]answer interrupted[/] [dim](the conversation is unchanged)[/]")
             return None
         except UserError as exc:
             if self.strict:
                 raise
+            self.failures += 1
             self.notice(Text.assemble(("error: ", "bold red"), str(exc)))
-            if exc.hint:
-                self.notice(Text.assemble(("hint: ", "dim"), exc.hint))
+            hint = exc.hint
+            if hint is None and self.session.turns:  # e.g. the conversation outgrew the model's context
+                hint = f"the {self.session.turns} earlier turn(s) are part of the prompt; /reset forgets them"
+            if hint:
+                self.notice(Text.assemble(("hint: ", "dim"), hint))
             return None
         if self.answered and not self.live:
             self.out.print()  # off a terminal a blank line separates one answer from the next
@@ -181,17 +203,20 @@ class ChatApp:
         elif name == "/help":
             self.show_help()
         else:
+            self.failures += 1
             self.notice(Text(f"unknown command {name}; /help lists the commands"))
         return True
 
     def set_option(self, args: list[str]) -> None:
         if len(args) != 2:
+            self.failures += 1
             self.notice(Text(f"usage: {COMMANDS['/set'].usage}; settings: {', '.join(self.session.options())}"))
             return
         name, value = args
         try:
             config = self.session.set_option(name, value)
         except UserError as exc:
+            self.failures += 1
             self.notice(Text.assemble(("refused: ", "red"), f"{exc}; nothing changed"))
             return
         self.notice(Text(f"{name} = {getattr(config, name)!r}"))

@@ -72,6 +72,9 @@ class LiveAnswer:
 
     def __exit__(self, *exc: object) -> None:
         if self.live is not None:
+            # Live.stop() draws its renderable once more uncropped, then erases it: the lines of a canvas
+            # taller than the terminal would scroll out of reach and stay. Stop on an empty view instead.
+            self.live.update(Text(""), refresh=False)
             self.live.stop()
 
 

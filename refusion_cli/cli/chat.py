@@ -3,10 +3,15 @@
 A thin wrapper over :mod:`refusion_cli.chat`: checks the options, loads the model, then runs one
 of three modes:
 
-- ``--prompt "..."``: answer that one question and exit (errors exit non-zero);
+- ``--prompt "..."``: answer that one question (a leading ``/`` is part of it) and exit (errors
+  exit non-zero);
 - stdin is a terminal: the interactive chat (live view when stdout is a terminal too);
 - stdin is a pipe or a file: answer each line in turn (one conversation, or each question on its
-  own with ``--no-history``; slash commands work) and exit at the end of the input.
+  own with ``--no-history``; slash commands work) and exit at the end of the input, with exit
+  status 2 when a line failed (a refused or unknown command, a question that could not be
+  answered; each is reported where it happens and the run goes on).
+
+Bytes of stdin that are not valid in its encoding are read as U+FFFD, not refused.
 """
 
 from __future__ import annotations
@@ -62,6 +67,9 @@ def chat(
     if prompt is not None and not prompt.strip():
         raise UserError("--prompt is empty")
     name = model or default_model(decoder)
+    if prompt is None and sys.stdin is None:
+        raise UserError("stdin is closed: there is nothing to read questions from",
+                        hint="pass a question with --prompt, or give the chat a terminal or a file")
     quiet_library_output()
     interactive = prompt is None and sys.stdin.isatty()
     with console.status(f"loading {name} …") if interactive and console.is_terminal else nullcontext():
@@ -69,12 +77,17 @@ def chat(
     session = ChatSession(loaded, decoder, overrides, model_name=name, seed=seed, keep_history=history)
     app = ChatApp(session, console, err_console, strict=prompt is not None)
     if prompt is not None:
-        app.handle(prompt)
-    elif interactive:
+        app.answer(prompt.strip())  # a question, even one that starts with "/"
+        return
+    _lenient_stdin()
+    if interactive:
         _line_editing()
         app.run_interactive()
-    else:
-        app.run_lines(sys.stdin)
+        return
+    failed = app.run_lines(sys.stdin)
+    if failed:
+        lines = ", ".join(str(number) for number in failed)
+        raise UserError(f"input line{'s' if len(failed) > 1 else ''} {lines} failed (reported above)")
 
 
 def parse_settings(values: list[str]) -> dict[str, str]:
@@ -85,6 +98,14 @@ def parse_settings(values: list[str]) -> dict[str, str]:
             raise UserError(f"--set takes NAME=VALUE, got '{value}'", hint="e.g. --set slot_threshold=0.8")
         settings[name.strip()] = setting.strip()
     return settings
+
+
+def _lenient_stdin() -> None:
+    """Read bytes that are not valid in stdin's encoding as U+FFFD (a stray Latin-1 byte in a file of
+    questions, or typed at a terminal set to another encoding), not as an error or a lone surrogate."""
+    reconfigure = getattr(sys.stdin, "reconfigure", None)
+    if reconfigure is not None:
+        reconfigure(errors="replace")
 
 
 def _line_editing() -> None:

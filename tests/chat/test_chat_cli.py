@@ -8,6 +8,7 @@ a question of the synthetic task and check its answer.
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import subprocess
@@ -121,11 +122,21 @@ def test_prompt_mode_prints_the_answer_and_exits(causal_checkpoint):
 
 
 def test_piped_stdin_answers_each_line_and_exits_at_eof(causal_checkpoint):
-    lines = f"{QUESTION}\n\n/set slot_threshold 7\nHow many apples does Mia have?\n"
+    lines = f"{QUESTION}\n\n/set slot_threshold 0.5\nHow many apples does Mia have?\n"
     out = run_chat("--model", str(causal_checkpoint), "--set", "gen_length=32", stdin=lines)
     assert out.returncode == 0, out.stderr
     assert len(re.findall(STATS, out.stderr)) == 2  # two questions, two answers; the blank line is skipped
-    assert "refused: slot_threshold must be in [0, 1], got 7.0" in out.stderr
+    assert "slot_threshold = 0.5" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_piped_stdin_with_a_bad_line_goes_on_then_exits_2(causal_checkpoint):
+    lines = f"/set slot_threshold 7\n{QUESTION}\n/frob\n"
+    out = run_chat("--model", str(causal_checkpoint), "--set", "gen_length=32", stdin=lines)
+    assert out.returncode == 2, out.stderr
+    assert len(re.findall(STATS, out.stderr)) == 1 and out.stdout.strip()  # the question was still answered
+    assert "refused: slot_threshold must be in [0, 1], got 7.0; nothing changed" in out.stderr
+    assert out.stderr.splitlines()[-1] == "error: input lines 1, 3 failed (reported above)"
     assert "Traceback" not in out.stderr
 
 
@@ -183,3 +194,50 @@ def test_embedded_refusion_tiny_answers_a_file_of_questions_without_history(embe
     answers = out.stdout.strip().split("\n\n")
     assert len(answers) == 2 and answers[0] == answers[1]
     assert is_correct(answers[1], embedded_problem["target"]), answers[1]
+
+
+def run_main(monkeypatch, capsys, *args: str, stdin: object = None) -> tuple[int, object]:
+    """`refusion chat ARGS` through the real entry point, in-process (for speed); stdin replaced when given."""
+    from refusion_cli.cli.app import main
+
+    monkeypatch.setattr(sys, "argv", ["refusion", "chat", *args])
+    if stdin is not None:
+        monkeypatch.setattr(sys, "stdin", stdin)
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    return exit_info.value.code, capsys.readouterr()
+
+
+@pytest.mark.parametrize("errors", ["strict", "surrogateescape"])  # a UTF-8 locale; the C locale
+def test_piped_bytes_that_are_not_utf8_are_read_not_fatal(errors, causal_checkpoint, monkeypatch, capsys):
+    stdin = io.TextIOWrapper(io.BytesIO(b"Mia has 3 \xff\xfe apples. How many apples does Mia have?\n"),
+                             encoding="utf-8", errors=errors)
+    code, out = run_main(monkeypatch, capsys, "--model", str(causal_checkpoint), "--set", "gen_length=16",
+                         stdin=stdin)
+    assert code == 0, out.err
+    assert re.search(STATS, out.err) and out.out.strip()
+
+
+def test_prompt_is_a_question_even_when_it_starts_with_a_slash(causal_checkpoint, monkeypatch, capsys):
+    code, out = run_main(monkeypatch, capsys, "--model", str(causal_checkpoint), "--set", "gen_length=16",
+                         "--prompt", "/quit")
+    assert code == 0, out.err
+    assert re.search(STATS, out.err) and out.out.endswith("\n")  # answered (the random model's text may be empty)
+
+
+def test_a_closed_stdin_is_one_error_line(causal_checkpoint, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "stdin", None)
+    code, out = run_main(monkeypatch, capsys, "--model", str(causal_checkpoint))
+    assert code == 2 and out.err.startswith("error: stdin is closed") and out.out == ""
+
+
+def test_ctrl_c_during_a_prompt_answer_exits_130(causal_checkpoint):
+    """--prompt is not the chat: Ctrl-C stops the command (no exit 0 with an empty answer)."""
+    child = spawn_chat("--model", str(causal_checkpoint), "--set", "gen_length=960", "--set", "slot_size=4",
+                       "--set", "slot_threshold=1", "--set", "token_threshold=1", "--prompt", QUESTION)
+    child.expect("░")  # decoding has started
+    child.sendintr()
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 130 and "Traceback" not in child.before
+    assert "answer interrupted" not in child.before

@@ -114,3 +114,76 @@ def test_a_new_gen_length_moves_the_masked_diffusion_steps_and_blocks(bidirectio
     session.set_option("gen_length", "32")
     assert (session.config.steps, session.config.block_length) == (32, 16)
 
+
+
+def test_a_live_view_taller_than_the_terminal_leaves_nothing_behind():
+    """Rows past the terminal's height scroll out of reach of the view's erasing, so they must never be drawn."""
+    from refusion_cli.chat import LiveAnswer
+
+    screen = io.StringIO()
+    console = Console(file=screen, force_terminal=True, width=20, height=5, color_system=None)
+    with LiveAnswer(console, piece=lambda token: f"row{token}\n") as view:
+        for token in range(12):  # twelve rows of answer on a five-row terminal
+            view.on_step(step([token], [token]))
+    drawn = screen.getvalue()
+    assert "row0" in drawn and "row3" in drawn  # the view was up, cropped to the screen
+    assert "row4" not in drawn and "row11" not in drawn
+
+
+def test_leaving_the_chat_writes_nothing_to_a_redirected_stdout(loaded, monkeypatch):
+    """`refusion chat > answers.txt` at a terminal: Ctrl-C and Ctrl-D at the prompt end the prompt's line
+    where the prompt is (stderr), not in the answers file."""
+    out, err = io.StringIO(), io.StringIO()
+    app = ChatApp(ChatSession(loaded, "refusion", {"gen_length": "16"}, model_name="ckpt"),
+                  Console(file=out, force_terminal=False, width=200), Console(file=err, width=200))
+    keys = iter([KeyboardInterrupt, EOFError])
+
+    def press(*args):
+        raise next(keys)
+
+    monkeypatch.setattr("builtins.input", press)
+    app.run_interactive()
+    assert out.getvalue() == ""
+    assert "(/quit or Ctrl-D leaves)" in err.getvalue() and err.getvalue().endswith("you › \n")
+
+
+def test_ctrl_c_outside_the_interactive_chat_stops_the_run(loaded, monkeypatch):
+    """With piped lines (or --prompt) an interrupted answer is not skipped in silence: Ctrl-C propagates."""
+    out, err = io.StringIO(), io.StringIO()
+    session = ChatSession(loaded, "refusion", {"gen_length": "16"}, model_name="ckpt")
+    app = ChatApp(session, Console(file=out, width=200), Console(file=err, width=200))
+    asked = []
+
+    def interrupted(question, on_step=None):
+        asked.append(question)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(session, "ask", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        app.run_lines(["first\n", "second\n"])
+    assert asked == ["first"] and out.getvalue() == "" and "interrupted" not in err.getvalue()
+
+
+def test_piped_lines_report_which_lines_failed(loaded):
+    out, err = io.StringIO(), io.StringIO()
+    app = ChatApp(ChatSession(loaded, "refusion", {"gen_length": "16"}, model_name="ckpt"),
+                  Console(file=out, width=200), Console(file=err, width=200))
+    lines = [QUESTION, "\n", "/set slot_threshold 2", "/set slot_threshold", "/frob", "/set slot_threshold 0.5",
+             "/stats", QUESTION]
+    assert app.run_lines(lines) == [3, 4, 5]
+    assert len(out.getvalue().strip().split("\n\n")) == 2  # both questions answered all the same
+
+
+def test_a_conversation_outgrowing_the_context_says_how_to_go_on(loaded):
+    out, err = io.StringIO(), io.StringIO()
+    app = ChatApp(ChatSession(loaded, "refusion", {"gen_length": "16"}, model_name="ckpt"),
+                  Console(file=out, width=300), Console(file=err, width=300))
+    first = app.answer(QUESTION)
+    room = (loaded.model.config.max_position_embeddings - first.prompt_tokens) // 8 * 8
+    app.handle(f"/set gen_length {room}")  # the question alone fits; with the first turn before it, not
+    assert app.answer(QUESTION) is None and app.session.turns == 1
+    notes = err.getvalue().splitlines()
+    assert "exceeds the model's context of 1024" in notes[-2]
+    assert notes[-1] == "hint: the 1 earlier turn(s) are part of the prompt; /reset forgets them"
+    app.handle("/reset")
+    assert app.answer(QUESTION) is not None
