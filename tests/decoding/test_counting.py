@@ -152,3 +152,22 @@ def test_time_in_the_on_step_callback_is_not_decode_time(causal_model, bidirecti
         assert len(result.trace) >= 1 and result.stats.callback_seconds == 0.25 * len(result.trace)
         assert result.stats.seconds == 0.0
         assert result.tokens == run(None).tokens
+
+
+def test_model_calls_off_the_cpu_are_counted_without_a_synchronisation_each(monkeypatch):
+    # On a GPU a sync around every call would stall the queue inside the timed decode; only the
+    # decode call as a whole is synchronised. A "meta" tensor stands in for a GPU tensor here.
+    import torch
+
+    from refusion_cli.decoding import stats as stats_module
+
+    def no_sync(device):
+        raise AssertionError(f"synchronised {device} around a single model call")
+
+    monkeypatch.setattr(stats_module, "synchronize", no_sync)
+    monkeypatch.setattr(torch.cuda, "synchronize", no_sync)
+    seen = []
+    stats = stats_module.DecodeStats()
+    out = stats_module.counted_forward(lambda **inputs: seen.append(inputs) or "logits", stats,
+                                       input_ids=torch.empty(2, 5, dtype=torch.long, device="meta"))
+    assert (out, len(seen), stats.forwards, stats.positions, stats.forward_seconds) == ("logits", 1, 1, 10, None)
