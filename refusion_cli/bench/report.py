@@ -114,8 +114,9 @@ def write_machine(path: Path, machine: Machine) -> None:
 
 
 def write_markdown(path: Path, rows: Sequence[BenchRow], machine: Machine, *, prompts: str, warmup: int,
-                   repeats: int, seed: int, plots: Sequence[str], interrupted: bool = False) -> None:
-    """The human-readable report (``plots``: file names next to it)."""
+                   repeats: int, seed: int, plots: Sequence[str], interrupted: bool = False,
+                   notes: Sequence[str] = ()) -> None:
+    """The human-readable report (``plots``: file names next to it; ``notes``: caveats about the run)."""
     lines = ["# Decoding speed benchmark", ""]
     if interrupted:
         lines += ["**Interrupted**: the rows below are the ones that finished.", ""]
@@ -125,6 +126,7 @@ def write_markdown(path: Path, rows: Sequence[BenchRow], machine: Machine, *, pr
         f"- Counting rule: {COUNTING_RULE}",
         "- Speed-up vs AR: the row's TPS ÷ AR's TPS at the same response length, in the same run",
         f"- Peak memory: {machine.memory_method}, over the row's measured decodes",
+        *(f"- Note: {note}" for note in notes),
         "",
         "| " + " | ".join(TABLE_HEADER) + " |",
         "|" + "---|" * len(TABLE_HEADER),

@@ -201,6 +201,20 @@ def plan_entries(settings: BenchSettings) -> list[BenchEntry]:
     return entries
 
 
+def budget_notes(entries: list[BenchEntry]) -> list[str]:
+    """Where ReFusion's response budget differs from the --gen-length the other decoders stop at:
+    its ``gen_length`` is rounded up to whole slots, so it may decode more tokens than they can."""
+    notes = {}
+    for entry in entries:
+        padded = getattr(entry.config, "padded_length", entry.gen_length)
+        if padded != entry.gen_length:
+            notes[entry.gen_length, padded] = (
+                f"at --gen-length {entry.gen_length} refusion may decode up to {padded} tokens (gen_length is "
+                f"rounded up to a multiple of slot_size {entry.config.slot_size}); the other decoders stop at "
+                f"{entry.gen_length}")
+    return list(notes.values())
+
+
 # ---------------------------------------------------------------------------------------------
 # measuring
 

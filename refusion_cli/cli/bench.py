@@ -51,6 +51,7 @@ from refusion_cli.bench.runner import (
     BenchRow,
     BenchSample,
     BenchSettings,
+    budget_notes,
     plan_entries,
     run_bench,
 )
@@ -138,7 +139,10 @@ def bench(
     source = (f"{len(prompt_list)} prompts from {prompts}" if prompts is not None
               else f"the first {len(prompt_list)} problems of the synthetic task "
                    f"(evals/synthetic/{SYNTHETIC_TEST.name})")
-    run = BenchRun(settings, entries, len(prompt_list), output, source)
+    notes = budget_notes(entries) if len(set(decoders)) > 1 else []
+    for note in notes:
+        console.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
+    run = BenchRun(settings, entries, len(prompt_list), output, source, notes)
     run.execute(prompt_list)
     print_table(result_table(run.rows))
     console.print(models_line(run.rows), highlight=False, soft_wrap=True)
@@ -242,8 +246,9 @@ class BenchRun:
     """
 
     def __init__(self, settings: BenchSettings, entries: list[BenchEntry], n_prompts: int, output: Path,
-                 prompts_source: str):
+                 prompts_source: str, notes: list[str] | None = None):
         self.settings = settings
+        self.notes = notes or []  # caveats for the report (budget_notes)
         self.entries = entries
         self.n_prompts = n_prompts
         self.output = output
@@ -335,7 +340,7 @@ class BenchRun:
             console.print("[yellow]matplotlib is not installed: no plots[/] (pip install matplotlib)")
         write_markdown(self.output / REPORT_FILE, self.rows, self.machine, prompts=self.prompts_source,
                        warmup=self.settings.warmup, repeats=self.settings.repeats, seed=self.settings.seed,
-                       plots=plots, interrupted=interrupted)
+                       plots=plots, interrupted=interrupted, notes=self.notes)
         self.written += [REPORT_FILE, MACHINE_FILE, *plots]
         if interrupted:
             console.print(f"[yellow]stopped:[/] {len(self.rows)} finished row(s) kept in {self.output}",

@@ -10,7 +10,8 @@ import torch
 from refusion_cli.bench.machine import PeakMemory, describe_machine
 from refusion_cli.bench.plots import frontier_figure, length_figure, pareto_frontier, plot_length_sweep
 from refusion_cli.bench.prompts import SYNTHETIC_TEST, BenchPrompt, load_prompts
-from refusion_cli.bench.runner import BenchRow, BenchSettings, decoder_config, percentile, plan_entries, run_bench
+from refusion_cli.bench.runner import (BenchRow, BenchSettings, budget_notes, decoder_config, percentile, plan_entries,
+                                       run_bench)
 from refusion_cli.cli.bench import MultiValues, parse_models, parse_overrides, route_stray_values, split_commas
 from refusion_cli.errors import UserError
 from refusion_cli.harness.suite import load_suite
@@ -139,6 +140,26 @@ def test_a_length_given_twice_is_measured_once(causal_checkpoint):
     assert [(entry.label, entry.gen_length) for entry in plan_entries(settings)] == [
         ("ar", 16), ("ar", 32), ("refusion", 16), ("refusion (recompute)", 16), ("refusion", 32),
         ("refusion (recompute)", 32)]
+
+
+def test_a_length_refusion_rounds_up_to_whole_slots_is_named(causal_checkpoint):
+    """ReFusion may decode more tokens than AR at a length that is not a multiple of its slot size."""
+    settings = BenchSettings(decoders=("ar", "refusion"), gen_lengths=(30, 32),
+                             models={"ar": str(causal_checkpoint), "refusion": str(causal_checkpoint)},
+                             overrides={"refusion": {"slot_size": "8"}})
+    assert budget_notes(plan_entries(settings)) == [
+        "at --gen-length 30 refusion may decode up to 32 tokens (gen_length is rounded up to a multiple of "
+        "slot_size 8); the other decoders stop at 30"]
+
+
+def test_the_report_states_the_runs_notes(tmp_path):
+    from refusion_cli.bench.machine import Machine
+    from refusion_cli.bench.report import write_markdown
+
+    machine = Machine("cpu", "a CPU", "a CPU", "2.13.0", 2, "float32", "a method")
+    write_markdown(tmp_path / "bench.md", [], machine, prompts="2 prompts", warmup=0, repeats=1, seed=0, plots=[],
+                   notes=["refusion may decode up to 32 tokens"])
+    assert "- Note: refusion may decode up to 32 tokens\n" in (tmp_path / "bench.md").read_text()
 
 
 def test_switching_models_frees_the_previous_one_before_the_next_loads(causal_checkpoint, bidirectional_checkpoint,
