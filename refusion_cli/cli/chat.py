@@ -96,7 +96,10 @@ def parse_settings(values: list[str]) -> dict[str, str]:
         name, sep, setting = value.partition("=")
         if not sep or not name.strip():
             raise UserError(f"--set takes NAME=VALUE, got '{value}'", hint="e.g. --set slot_threshold=0.8")
-        settings[name.strip()] = setting.strip()
+        name, setting = name.strip(), setting.strip()
+        if settings.get(name, setting) != setting:
+            raise UserError(f"--set gives {name} two values: {settings[name]} and {setting}")
+        settings[name] = setting
     return settings
 
 

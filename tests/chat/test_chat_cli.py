@@ -144,6 +144,8 @@ def test_piped_stdin_with_a_bad_line_goes_on_then_exits_2(causal_checkpoint):
     (["--set", "slot_threshold=2"], "slot_threshold must be in [0, 1]"),
     (["--decoder", "beam"], "unknown decoder 'beam'"),
     (["--decoder", "llada"], "needs a bidirectional (masked-diffusion) model"),
+    (["--set", "slot_threshold=0.8", "--set", "slot_threshold=0.9"],
+     "--set gives slot_threshold two values: 0.8 and 0.9"),
 ])
 def test_bad_options_are_one_line_and_exit_2(args, message, causal_checkpoint, monkeypatch, capsys):
     """Through the real entry point (in-process, for speed)."""
