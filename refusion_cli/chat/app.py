@@ -11,7 +11,7 @@ Contract of :class:`ChatApp`:
   step (``on_step`` raises :class:`AnswerInterrupted`), or at once when the decoder has not reported
   a step yet (AR never does); a second one is honoured at once. Elsewhere (``--prompt``, piped
   stdin) Ctrl-C is not caught: it stops the whole run, as in any other command.
-- ``run_interactive()`` prompts on a terminal; Ctrl-C at the prompt is ignored with a hint;
+- ``run_interactive()`` prompts on a terminal; Ctrl-C at the prompt (or outside an answer) only prints a hint;
   Ctrl-D or ``/quit`` leaves. ``run_lines(lines)`` answers each non-empty line (commands work too)
   and stops at the end of the input: piped stdin. It returns the numbers of the lines that failed
   (a refused or unknown command, a question that could not be answered), so that the caller can
@@ -149,7 +149,13 @@ class ChatApp:
                 self.info.print()
                 self.notice("[dim](/quit or Ctrl-D leaves)[/]")
                 continue
-            if not self.handle(line):
+            try:
+                go_on = self.handle(line)
+            except KeyboardInterrupt:  # outside an answer's guard, e.g. while the answer is printed
+                self.info.print()
+                self.notice("[dim](/quit or Ctrl-D leaves)[/]")
+                continue
+            if not go_on:
                 return
 
     # -- answers -----------------------------------------------------------------------------

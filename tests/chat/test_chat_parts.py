@@ -187,3 +187,26 @@ def test_a_conversation_outgrowing_the_context_says_how_to_go_on(loaded):
     assert notes[-1] == "hint: the 1 earlier turn(s) are part of the prompt; /reset forgets them"
     app.handle("/reset")
     assert app.answer(QUESTION) is not None
+
+
+def test_ctrl_c_just_after_an_answer_does_not_leave_the_chat(loaded, monkeypatch):
+    """Between the answer's interrupt guard and the next prompt (the answer being printed) Ctrl-C only
+    prints the hint, as at the prompt: the conversation is not lost."""
+    out, err = io.StringIO(), io.StringIO()
+    app = ChatApp(ChatSession(loaded, "refusion", {"gen_length": "16"}, model_name="ckpt"),
+                  Console(file=out, width=200), Console(file=err, width=200))
+    lines = iter(["/stats"])
+
+    def typed(*args):
+        line = next(lines, None)
+        if line is None:
+            raise EOFError
+        return line
+
+    def pressed():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("builtins.input", typed)
+    monkeypatch.setattr(app, "show_stats", pressed)
+    app.run_interactive()  # returns at EOF, no KeyboardInterrupt
+    assert "(/quit or Ctrl-D leaves)" in err.getvalue()
