@@ -19,6 +19,13 @@ right. Each iteration of a block:
 Committed tokens join the context in commit order and keep their true position ids, so their K/V
 is reused, never recomputed (``kv_reuse=False`` recomputes it on every pass, the paper's ablation).
 
+An EOS ends the response after its block, and the block's slots right of the EOS slot are dropped;
+slots left of it that are still masked are decoded as usual. This holds for both paths. The public
+reference (``generate.py``) does so on the fast path, but after an EOS inside the completion step it
+drops the block's remaining slots from the index of the EOS *row* among the chosen slots, not from
+the EOS slot, so unchosen slots left of the EOS can be dropped undecoded and the response closes
+up over the gap. This decoder does not reproduce that.
+
 ``causal_fix=True`` is an ablation of this toolkit, not the paper's decoder: where the completion
 step would force in a re-drafted token that failed its check, it takes the causal head's own
 prediction for that position instead (as speculative decoding does with a rejected draft), and

@@ -142,6 +142,24 @@ def test_eos_inside_completion_drops_the_later_rows():
     assert step.tokens == truth[:3]  # the row is cut right after the EOS
 
 
+def test_eos_inside_completion_still_decodes_the_masked_slots_left_of_it():
+    """Only slots right of the EOS slot are dropped, on the completion path as on the fast path.
+
+    The public reference drops the block's slots from the EOS row's index (0 here) instead, which
+    would leave slot 0 undecoded; see the module docstring of refusion.py.
+    """
+    truth = truth_of(12)
+    truth[6] = EOS
+    # slots 0 and 2 are unsure at planning: slot 1 alone is chosen; token 5 fails, so it is completed
+    model = ScriptedModel(3, truth, plan={0: 0.5, 8: 0.5}, ar={5: 0.5})
+    config = ReFusionConfig(gen_length=12, slot_size=4, block_size=12, slot_threshold=0.9, token_threshold=0.9)
+    result = run(model, config)
+    assert [(s.path, s.chosen, s.committed, s.eos) for s in result.trace] == [
+        ("completion", [1], [1], True), ("fast", [0], [0], False)]
+    assert result.tokens == truth[:7]  # slot 0, then slot 1 up to its EOS; slot 2 is never decoded
+    assert fed_positions(model, len(model.calls) - 2) == [0, 1, 2, 3]  # the last plan: slot 0 alone
+
+
 def test_no_slot_above_threshold_chooses_the_single_best():
     truth = truth_of(16)
     model = ScriptedModel(3, truth, plan={0: 0.3, 4: 0.4, 8: 0.7, 12: 0.6})

@@ -68,6 +68,16 @@ def test_too_long_records_are_skipped_and_counted(tmp_path):
         load_training_data(tmp_path / "d.jsonl", make_tokenizer(), max_length=5)
 
 
+def test_a_record_of_exactly_max_length_tokens_is_kept(tmp_path):
+    """As in the reference train.py: a record is skipped only when prompt + response + EOS exceed max_length."""
+    path = write_jsonl(tmp_path / "d.jsonl", arithmetic_records(1))
+    (example,) = load_training_data(path, make_tokenizer(), max_length=10_000).examples
+    length = len(example.prompt_ids) + len(example.response_ids)
+    assert load_training_data(path, make_tokenizer(), max_length=length).examples == [example]
+    with pytest.raises(UserError, match="longer than --max-length"):
+        load_training_data(path, make_tokenizer(), max_length=length - 1)
+
+
 def test_stream_is_a_fresh_permutation_per_epoch_and_resumes_at_any_position():
     stream = list(itertools.islice(ShuffledStream(7, seed=3), 21))
     epochs = [stream[i * 7:(i + 1) * 7] for i in range(3)]
