@@ -2,7 +2,11 @@
 
 Either way the result carries a ``<|mask|>`` token: it is added to the tokenizer (and the
 embeddings resized) when missing, and its id is stored as ``config.mask_token_id``, as the
-reference does when it turns Qwen3 into ReFusion. ``config.is_causal`` records the attention the
+reference does when it turns Qwen3 into ReFusion. Unlike the reference's train.py, no
+``<|beginoftext|>`` is added before it (so on a Qwen3 tokenizer the mask id is 151669, not 151670)
+and the embeddings are only ever grown, never cut to the tokenizer's length (the reference cuts
+Qwen3's 151,936 padded rows to 151,671, so its softmax has no logits for the unused ids).
+``config.is_causal`` records the attention the
 objective trains (False for ``llada``), so the saved checkpoint loads with the right attention.
 """
 
