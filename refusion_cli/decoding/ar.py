@@ -9,7 +9,8 @@ from transformers import DynamicCache
 
 from refusion_cli.decoding.config import ConfigError
 from refusion_cli.decoding.refusion import check_ids, prompt_tensor
-from refusion_cli.decoding.stats import DecodeResult, DecodeStats, Timer, counted_forward, last_logits
+from refusion_cli.decoding.stats import (DecodeResult, DecodeStats, Timer, cache_argument, counted_forward,
+                                         last_logits)
 
 
 @torch.no_grad()
@@ -32,8 +33,8 @@ def decode_ar(
         cache = DynamicCache(config=model.config)
         next_input = prompt[None]  # [1, P] prefill, then [1, 1]
         for _ in range(max_new_tokens):
-            out = counted_forward(model, stats, input_ids=next_input, cache=cache, use_cache=True,
-                                  **last_logits(model, 1))
+            out = counted_forward(model, stats, input_ids=next_input, use_cache=True,
+                                  **cache_argument(model, cache), **last_logits(model, 1))
             token = int(out.logits[0, -1].argmax())
             tokens.append(token)
             if token == eos_token_id:

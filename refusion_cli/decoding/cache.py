@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from refusion_cli.decoding.stats import DecodeStats, counted_forward, float_logits, last_logits
+from refusion_cli.decoding.stats import DecodeStats, cache_argument, counted_forward, float_logits, last_logits
 
 
 def group_causal(groups: torch.Tensor) -> torch.Tensor:
@@ -113,8 +113,8 @@ class Context:
             input_ids=input_ids[None],
             position_ids=position_ids[None],
             attention_mask={kind: mask for kind in self.layer_types},
-            cache=self.cache,
             use_cache=self.reuse,
+            **cache_argument(self.model, self.cache),
             **last_logits(self.model, n_new),
         )
         return float_logits(out.logits[0, -n_new:])

@@ -135,6 +135,29 @@ def _keeps_logits(model_class: type) -> bool:
     return "logits_to_keep" in inspect.signature(model_class.forward).parameters
 
 
+def cache_argument(model: torch.nn.Module, cache: Any) -> dict[str, Any]:
+    """Keyword that hands ``model`` its KV cache: ``cache`` (transformers >= 5.24) or
+    ``past_key_values`` (earlier releases, and remote code written for them).
+
+    Passing the wrong one is silent: the model's ``**kwargs`` swallow it and the model runs
+    without the cache. A forward that names neither gets ``cache`` if it takes ``**kwargs``; one
+    that takes neither at all is an error.
+    """
+    name = _cache_keyword(type(model))
+    if name is None:
+        raise TypeError(f"{type(model).__name__}.forward takes no KV cache (neither 'cache' nor 'past_key_values')")
+    return {name: cache}
+
+
+@functools.cache
+def _cache_keyword(model_class: type) -> str | None:
+    parameters = inspect.signature(model_class.forward).parameters
+    named = next((name for name in ("cache", "past_key_values") if name in parameters), None)
+    if named is None and any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return "cache"
+    return named
+
+
 def wide_float(device: torch.device) -> torch.dtype:
     """float64 for noise and ranking, except on Apple's MPS, which has no float64 (float32 there)."""
     return torch.float32 if device.type == "mps" else torch.float64

@@ -11,6 +11,7 @@ import dataclasses
 from typing import Callable
 
 import pytest
+import torch
 
 from refusion_cli.decoding import (
     DecodeResult,
@@ -171,3 +172,28 @@ def test_model_calls_off_the_cpu_are_counted_without_a_synchronisation_each(monk
     out = stats_module.counted_forward(lambda **inputs: seen.append(inputs) or "logits", stats,
                                        input_ids=torch.empty(2, 5, dtype=torch.long, device="meta"))
     assert (out, len(seen), stats.forwards, stats.positions, stats.forward_seconds) == ("logits", 1, 1, 10, None)
+
+
+def test_the_kv_cache_goes_to_the_keyword_the_models_forward_names():
+    # transformers < 5.24 calls it past_key_values, later releases cache; the wrong name is swallowed
+    # by **kwargs and the model silently runs without its cache
+    from refusion_cli.decoding.stats import cache_argument
+
+    class Current(torch.nn.Module):
+        def forward(self, input_ids, cache=None, **kwargs): ...
+
+    class Earlier(torch.nn.Module):
+        def forward(self, input_ids, past_key_values=None, **kwargs): ...
+
+    class KeywordsOnly(torch.nn.Module):
+        def forward(self, **kwargs): ...
+
+    class NoCache(torch.nn.Module):
+        def forward(self, input_ids): ...
+
+    cache = object()
+    assert cache_argument(Current(), cache) == {"cache": cache}
+    assert cache_argument(Earlier(), cache) == {"past_key_values": cache}
+    assert cache_argument(KeywordsOnly(), cache) == {"cache": cache}
+    with pytest.raises(TypeError, match="NoCache.forward takes no KV cache"):
+        cache_argument(NoCache(), cache)
