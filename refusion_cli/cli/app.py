@@ -13,6 +13,8 @@ from refusion_cli.cli import bench, chat, evaluate, train
 from refusion_cli.cli.output import DEBUG_ENV, debug_enabled, fail
 from refusion_cli.errors import UserError
 
+INTERRUPTED = 130  # exit code after Ctrl-C (128 + SIGINT)
+
 app = typer.Typer(
     name="refusion",
     help="ReFusion toolkit: decode, evaluate, benchmark and fine-tune slot-parallel diffusion LLMs.\n\n"
@@ -46,7 +48,7 @@ def main() -> None:
     except KeyboardInterrupt:
         if debug:
             traceback.print_exc()
-        fail("interrupted", code=130)
+        fail("interrupted", code=INTERRUPTED)
     except Exception as exc:
         if not is_usage_error(exc):
             raise  # a bug, not a user's mistake: the traceback and exit 1
@@ -57,6 +59,8 @@ def main() -> None:
         command = exc.ctx.command_path if getattr(exc, "ctx", None) is not None else "refusion"
         listed = "commands" if type(exc).__name__ == "UsageError" and "command" in exc.format_message() else "options"
         fail(exc.format_message().replace("Value error, ", ""), f"{command} --help lists the {listed}")
+    if code == INTERRUPTED:  # Typer turns Ctrl-C inside a command into this return value, without a word
+        fail("interrupted", code=INTERRUPTED)
     sys.exit(code if isinstance(code, int) else 0)
 
 

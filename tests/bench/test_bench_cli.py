@@ -179,6 +179,7 @@ def test_an_interrupted_bench_keeps_its_finished_rows(causal_checkpoint, tmp_pat
     child.expect(pexpect.EOF)
     child.close()
     assert child.exitstatus == 130
+    assert child.before.rstrip().endswith("error: interrupted") and "Traceback" not in child.before
     rows = read_csv(output / "bench.csv")
     assert rows and rows[0]["decoder"] == "ar" and rows[0]["gen_length"] == "16"
     assert len(rows) < 4

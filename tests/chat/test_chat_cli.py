@@ -242,4 +242,5 @@ def test_ctrl_c_during_a_prompt_answer_exits_130(causal_checkpoint):
     child.expect(pexpect.EOF)
     child.close()
     assert child.exitstatus == 130 and "Traceback" not in child.before
+    assert re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", child.before).rstrip().endswith("error: interrupted")
     assert "answer interrupted" not in child.before
