@@ -5,7 +5,9 @@ token at position i is predicted from the logits of position i-1 (the prompt is 
 position 0 is never needed). Timesteps run linspace(1, eps, steps + 1); at step i (t -> s):
 
 1) predict   one full pass; the masked positions' tokens are sampled (argmax at temperature 0,
-             after optional top-p / top-k filtering).
+             after optional top-p / top-k filtering), in the logits' own dtype as the reference
+             (bf16 for a bf16 model). The mask token keeps its share of the probabilities but is
+             never a prediction.
 2) unmask    ``origin``: every mask independently with probability 1 - s/t (all at the last step).
              ``maskgit_plus`` (top probability), ``topk_margin`` (p1 - p2), ``entropy`` (-H):
              rank the masks by that confidence and unmask int(masks * (1 - s/t)) of them (all at
@@ -94,10 +96,12 @@ def filter_logits(logits: torch.Tensor, top_p: float | None, top_k: int | None) 
     """Logits [n, V] with everything outside the top-p nucleus and the top-k set made impossible."""
     if top_p is not None and top_p < 1:
         ordered, order = logits.sort(dim=-1, descending=True)
-        ordered_probs = ordered.softmax(-1)
-        mass_before = ordered_probs.cumsum(-1) - ordered_probs  # mass of the strictly better tokens
-        drop_sorted = mass_before > top_p  # keeps the smallest prefix whose mass exceeds top_p
-        drop_sorted[..., 0] = False
+        mass = ordered.softmax(-1).cumsum(-1)  # [n, V]: mass of the best j + 1 tokens
+        drop_sorted = torch.zeros_like(mass, dtype=torch.bool)
+        # token j goes when the strictly better ones already hold more than top_p: the smallest prefix
+        # whose mass exceeds top_p stays (read from the running sum, as the reference: in bf16,
+        # subtracting a token's own probability from it would round differently)
+        drop_sorted[..., 1:] = mass[..., :-1] > top_p
         logits = logits.masked_fill(torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted), float("-inf"))
     if top_k is not None:
         kth_best = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
@@ -105,20 +109,32 @@ def filter_logits(logits: torch.Tensor, top_p: float | None, top_k: int | None) 
     return logits
 
 
-def predict_tokens(logits: torch.Tensor, config: DreamConfig,
+def predict_tokens(logits: torch.Tensor, config: DreamConfig, mask_token_id: int,
                    generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """1) Sample a token for each row of ``logits`` [n, V]; return (tokens, their probabilities, confidence)."""
+    """1) Sample a token for each row of ``logits`` [n, V]; return (tokens, their probabilities, confidence).
+
+    Computed in the logits' own dtype, as the reference (bf16 for a bf16 model). The probabilities
+    and confidences are the reference's, the mask token keeping its share; the mask itself is never
+    drawn: a row draws among the other tokens of its nucleus, or, if only the mask is left there,
+    takes its best other token.
+    """
     if logits.shape[0] == 0:  # nothing to predict (origin: no mask goes this step)
         empty = logits.new_zeros(0)
         return empty.long(), empty, empty
     if config.temperature > 0:
         logits = logits / config.temperature
     probs = filter_logits(logits, config.top_p, config.top_k).softmax(-1)  # [n, V]
+    weights = probs.clone()
+    weights[:, mask_token_id] = 0
+    only_mask = weights.sum(-1) == 0  # [n]: the filtering left nothing but the mask
+    if bool(only_mask.any()):
+        fallback = forbid_mask(logits[only_mask], mask_token_id).argmax(-1)
+        weights[only_mask] = torch.nn.functional.one_hot(fallback, weights.shape[-1]).to(weights.dtype)
     if config.temperature > 0:
-        tokens = sample(probs, 1, generator).squeeze(-1)
-        token_prob = probs.gather(-1, tokens[:, None]).squeeze(-1)
+        tokens = sample(weights.to(torch.promote_types(weights.dtype, torch.float32)), 1, generator).squeeze(-1)
     else:
-        token_prob, tokens = probs.max(-1)
+        tokens = weights.argmax(-1)
+    token_prob = probs.gather(-1, tokens[:, None]).squeeze(-1)
     if config.alg == "topk_margin":
         best_two = probs.topk(2, dim=-1).values
         confidence = best_two[:, 0] - best_two[:, 1]
@@ -167,16 +183,16 @@ def decode_dream(
         for block in canvas.blocks(config.block_tokens):
             passes.start_block(block.start - 1)  # shifted: row j of the logits predicts block position j
             for step in canvas.steps(block, config.steps_per_block, config.threshold):
-                logits = forbid_mask(passes(canvas.ids)[: block.length], mask_token_id)  # [B, V]
+                logits = passes(canvas.ids)[: block.length]  # [B, V], in the model's dtype
                 masked = canvas.masked(block)  # [B]
                 where = masked.nonzero().flatten()  # block offsets of the masks, ascending
                 if config.alg == "origin":
                     # 2) each mask goes with probability 1 - s/t; 1) only those get a token
                     picked = where[origin_transfers(where.numel(), step, timesteps, generator, canvas.device)]
-                    tokens = predict_tokens(logits[picked], config, generator)[0]
+                    tokens = predict_tokens(logits[picked], config, mask_token_id, generator)[0]
                 else:
                     # 1) predict every mask (as the reference), 2) unmask the best ranked
-                    tokens, token_prob, confidence = predict_tokens(logits[where], config, generator)
+                    tokens, token_prob, confidence = predict_tokens(logits[where], config, mask_token_id, generator)
                     count = 0 if config.threshold is not None else transfer_count(where.numel(), step, timesteps)
                     rows = choose_positions(confidence, token_prob, torch.ones_like(where, dtype=torch.bool),
                                             count=count, threshold=config.threshold,

@@ -5,9 +5,11 @@ Token ids in, token ids out. The response starts all masked and is decoded in bl
 
 1) predict   one full pass (two with classifier-free guidance) predicts every position of the
              block, logits read *unshifted* (position i's logits give position i's token);
-             argmax, or argmax with Gumbel noise at ``temperature`` > 0 (float64).
-2) rank      confidence = softmax probability of the prediction (``low_confidence``) or a
-             uniform draw (``random``); positions right of the block are never candidates.
+             argmax, or argmax with Gumbel noise at ``temperature`` > 0 (float64). The mask
+             token is never a prediction (the reference would leave such a position masked).
+2) rank      confidence = softmax probability (float64, over the whole vocabulary, mask
+             included) of the prediction (``low_confidence``) or a uniform draw (``random``);
+             positions right of the block are never candidates.
 3) unmask    the top-n masked positions, n from the even schedule (masks // steps, the remainder
              spread over the first steps); with ``threshold`` (Fast-dLLM) the best position plus
              every other whose prediction has probability >= threshold, until the block is done.
@@ -37,7 +39,7 @@ from refusion_cli.decoding.mdm import (
     uniform,
 )
 from refusion_cli.decoding.refusion import gumbel_argmax, token_probs
-from refusion_cli.decoding.stats import DecodeResult, Timer
+from refusion_cli.decoding.stats import DecodeResult, Timer, wide_float
 
 REMASKING = ("low_confidence", "random")
 
@@ -76,14 +78,16 @@ def even_schedule(n_masked: int, steps: int) -> list[int]:
 
 def guided_logits(cond: CanvasPasses, uncond: CanvasPasses | None, canvas: Canvas, block: Block,
                   cfg_scale: float) -> torch.Tensor:
-    """1) The block's logits [B, V]; with guidance, a second pass with the prompt replaced by masks."""
+    """1) The block's logits [B, V] in float64 (float32 on MPS), where the reference takes its argmax
+    and softmax. With guidance, a second pass with the prompt replaced by masks; the two are combined
+    in the model's own dtype first, as the reference combines the logits the model returns."""
     logits = cond(canvas.ids)[: block.length]
-    if uncond is None:
-        return logits
-    unprompted = canvas.ids.clone()
-    unprompted[: canvas.prompt_length] = canvas.mask_token_id
-    unconditional = uncond(unprompted)[: block.length]
-    return unconditional + (cfg_scale + 1) * (logits - unconditional)
+    if uncond is not None:
+        unprompted = canvas.ids.clone()
+        unprompted[: canvas.prompt_length] = canvas.mask_token_id
+        unconditional = uncond(unprompted)[: block.length]
+        logits = unconditional + (cfg_scale + 1) * (logits - unconditional)
+    return logits.to(wide_float(logits.device))
 
 
 @torch.no_grad()
@@ -110,9 +114,9 @@ def decode_llada(
             schedule = even_schedule(int(canvas.masked(block).sum()), config.steps_per_block)
             for step in canvas.steps(block, config.steps_per_block, config.threshold):
                 # 1) predict
-                logits = forbid_mask(guided_logits(cond, uncond, canvas, block, config.cfg_scale), mask_token_id)
-                predicted = gumbel_argmax(logits, config.temperature, generator)  # [B]
-                token_prob = token_probs(logits, predicted)  # [B]
+                logits = guided_logits(cond, uncond, canvas, block, config.cfg_scale)  # [B, V]
+                predicted = gumbel_argmax(forbid_mask(logits, mask_token_id), config.temperature, generator)  # [B]
+                token_prob = token_probs(logits, predicted)  # [B]; the mask keeps its share, as in the reference
                 # 2) rank
                 if config.remasking == "low_confidence":
                     confidence = token_prob

@@ -25,8 +25,8 @@ from transformers import DynamicCache
 from refusion_cli.decoding.cache import additive_mask, crop_to
 from refusion_cli.decoding.config import ConfigError, check_positive, check_probability
 from refusion_cli.decoding.refusion import check_ids, prompt_tensor
-from refusion_cli.decoding.stats import (DecodeResult, DecodeStats, counted_forward, cut_after_eos, float_logits,
-                                         report_step, wide_float)
+from refusion_cli.decoding.stats import (DecodeResult, DecodeStats, counted_forward, cut_after_eos, report_step,
+                                         wide_float)
 
 
 @dataclass
@@ -160,10 +160,11 @@ class CanvasPasses:
         self.cache = None
 
     def __call__(self, canvas: torch.Tensor) -> torch.Tensor:
-        """Logits [T - window, V] (float) of canvas positions window..T-1, read unshifted."""
+        """Logits [T - window, V] of canvas positions window..T-1, read unshifted, in the dtype the model
+        computed them (bf16 for a bf16 model): each sampler widens them where its reference does."""
         if not self.use_cache:
             out = counted_forward(self.model, self.stats, input_ids=canvas[None], use_cache=False)
-            return float_logits(out.logits[0, self.window:])
+            return out.logits[0, self.window:]
         if self.cache is None:  # the block's first step: full pass, keep the prefix's K/V
             self.cache = DynamicCache(config=self.model.config)
             logits = self._cached_call(canvas, first=0)[self.window:]
@@ -190,7 +191,7 @@ class CanvasPasses:
             cache=self.cache,
             use_cache=True,
         )
-        return float_logits(out.logits[0])
+        return out.logits[0]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -234,7 +235,9 @@ def choose_positions(
     probability of each position's predicted token. With ``threshold`` (Fast-dLLM) the best
     position is always taken and every other masked one whose token probability is >= threshold;
     otherwise ``count`` positions: the top ``count``, or, with ``alg_temp`` > 0 (Dream), drawn
-    from softmax(confidence / alg_temp).
+    from softmax(confidence / alg_temp). Equal confidences (frequent with bf16 probabilities) go
+    leftmost first: torch.topk leaves the choice among ties unspecified (the CPU's differs from
+    the GPU's), so the top ``count`` come from a stable sort instead.
     """
     ranked = torch.where(masked, confidence.to(wide_float(confidence.device)), float("-inf"))  # [B]
     if not bool(masked.any()):
@@ -251,4 +254,4 @@ def choose_positions(
         return torch.zeros(0, dtype=torch.long, device=masked.device)
     if alg_temp > 0:
         return sample(torch.softmax(ranked / alg_temp, dim=-1), count, generator)
-    return ranked.topk(count).indices
+    return ranked.sort(descending=True, stable=True).indices[:count]

@@ -10,7 +10,8 @@ import torch
 from refusion_cli.decoding import ConfigError, DreamConfig, decode_dream
 from refusion_cli.decoding.dream import filter_logits
 from refusion_cli.errors import UserError
-from tests.tiny import MASK_ID, VOCAB
+from tests.decoding.test_llada import FixedRowsModel, log_probs
+from tests.tiny import MASK_ID, VOCAB, tiny_qwen3
 
 GREEDY = DreamConfig(gen_length=16, steps=8, alg="maskgit_plus", temperature=0.0, top_p=None)
 
@@ -76,8 +77,8 @@ def test_first_step_takes_the_most_confident_masks(bidirectional_model, prompt, 
     n_prompt = len(prompt)
     logits = bidirectional_model(input_ids=torch.tensor([prompt + [MASK_ID] * 16])).logits[0]
     logits = logits[n_prompt - 1: n_prompt + 15]  # row j predicts response offset j
-    logits[:, MASK_ID] = float("-inf")
-    probs = logits.softmax(-1)
+    probs = logits.softmax(-1)  # over the whole vocabulary, the mask included, as the reference
+    assert not bool((probs.argmax(-1) == MASK_ID).any())
     top_two = probs.topk(2, dim=-1).values
     confidence = {
         "maskgit_plus": top_two[:, 0],
@@ -209,3 +210,101 @@ def test_impossible_settings_fail_at_config_time(options, message):
 def test_mask_id_outside_the_vocabulary_is_refused(bidirectional_model, prompt):
     with pytest.raises(UserError, match=f"mask_token_id {VOCAB + 5} is outside the model's vocabulary"):
         decode_dream(bidirectional_model, prompt, GREEDY, mask_token_id=VOCAB + 5, eos_token_id=None)
+
+
+# ---------------------------------------------------------------------------------------------
+# token for token against Dream's generation_utils.py (diffusion_generate -> _sample)
+
+
+def reference_dream(model, prompt: list[int], *, steps: int, gen_length: int, alg: str, eps: float,
+                    top_p: float | None, top_k: int | None, mask_id: int) -> list[int]:
+    """Dream's ``_sample`` at temperature 0 restated slowly, in the model's dtype: logits shifted by one;
+    top-p drops a token once the better ones hold more than top_p, top-k the ones below the k-th
+    (both to the dtype's lowest value); softmax over the whole vocabulary; confidence = top
+    probability, top-two margin or -entropy; int(masks * (1 - s/t)) masks go (all at the last step),
+    the most confident ones, equal ones leftmost first."""
+    x = list(prompt) + [mask_id] * gen_length
+    timesteps = torch.linspace(1, eps, steps + 1)
+    for i in range(steps):
+        masked = [j for j, token in enumerate(x) if token == mask_id]
+        logits = model(input_ids=torch.tensor([x])).logits[0]
+        rows = torch.stack([logits[j - 1] for j in masked])  # [n, V]
+        lowest = torch.finfo(rows.dtype).min
+        if top_p is not None and top_p < 1:
+            ordered, order = rows.sort(-1, descending=True)
+            running = ordered.softmax(-1).cumsum(-1)
+            drop = torch.zeros_like(running, dtype=torch.bool)
+            drop[:, 1:] = running[:, :-1] > top_p
+            rows = rows.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), lowest)
+        if top_k is not None:
+            rows = rows.masked_fill(rows < rows.topk(top_k, -1).values[:, -1:], lowest)
+        probs = rows.softmax(-1)
+        confidence, tokens = probs.max(-1)
+        if alg == "topk_margin":
+            best = probs.sort(-1, descending=True).values
+            confidence = best[:, 0] - best[:, 1]
+        elif alg == "entropy":
+            confidence = (probs * torch.log(probs + 1e-10)).sum(-1)
+        t, s = timesteps[i], timesteps[i + 1]
+        count = int(len(masked) * (1 - s / t)) if i < steps - 1 else len(masked)
+        ranked = sorted(range(len(masked)), key=lambda row: (-float(confidence[row]), row))
+        for row in ranked[:count]:
+            x[masked[row]] = int(tokens[row])
+    return x[len(prompt):]
+
+
+@pytest.mark.parametrize(
+    ("dtype", "config"),
+    [
+        (torch.float64, DreamConfig(gen_length=32, steps=32, alg="maskgit_plus", temperature=0.0, top_p=None)),
+        (torch.float64, DreamConfig(gen_length=32, steps=32, alg="entropy", temperature=0.0, top_p=0.5)),
+        (torch.bfloat16, DreamConfig(gen_length=32, steps=32, alg="entropy", temperature=0.0, top_p=None)),
+        (torch.bfloat16, DreamConfig(gen_length=32, steps=16, alg="maskgit_plus", temperature=0.0, top_p=0.9,
+                                     top_k=5)),
+        (torch.bfloat16, DreamConfig(gen_length=32, steps=32, alg="topk_margin", temperature=0.0, top_p=0.5)),
+    ],
+    ids=["maskgit_plus", "entropy-top_p", "bf16-entropy", "bf16-top_p-top_k", "bf16-topk_margin"],
+)
+def test_tokens_equal_a_restatement_of_the_reference(prompt, dtype, config):
+    model = tiny_qwen3(seed=1, causal=False, init_std=0.4, dtype=dtype)
+    expected = reference_dream(model, prompt, steps=config.steps, gen_length=config.gen_length, alg=config.alg,
+                               eps=config.eps, top_p=config.top_p, top_k=config.top_k, mask_id=MASK_ID)
+    assert MASK_ID not in expected  # the reference never predicted the mask here: no deliberate difference
+    assert run(model, prompt, config).tokens == expected
+
+
+def test_the_mask_keeps_its_share_of_the_probabilities():
+    """Offset 0: top token 0.5 with the mask at 0.4; offset 1: top token 0.6; step 0 takes one mask.
+    The reference's softmax spans the whole vocabulary (0.5 < 0.6); without the mask the first
+    would read 0.5 / 0.6. Row p of the logits predicts offset p (the prompt is one token)."""
+    rows = {0: log_probs([0.5, 0.05, 0.05, 0.4]), 1: log_probs([0.1, 0.6, 0.3 - 1e-9, 1e-9])}
+    model = FixedRowsModel(rows, default=log_probs([0.2, 0.45, 0.35 - 1e-9, 1e-9]))
+    config = DreamConfig(gen_length=4, steps=2, alg="maskgit_plus", temperature=0.0, top_p=None)
+    result = decode_dream(model, [0], config, mask_token_id=3, eos_token_id=None)
+    assert [step.offsets for step in result.trace] == [[1], [0, 2, 3]]
+    assert result.tokens == [0, 1, 1, 1]
+
+
+def test_only_the_mask_in_the_nucleus_takes_the_best_other_token():
+    """The mask is never written: a row whose top-p nucleus is the mask alone predicts its runner-up."""
+    model = FixedRowsModel({}, default=log_probs([0.05, 0.1 - 1e-9, 0.05, 0.8 + 1e-9]))
+    for temperature in (0.0, 1.0):
+        config = DreamConfig(gen_length=4, steps=2, alg="maskgit_plus", temperature=temperature, top_p=0.5)
+        result = decode_dream(model, [0], config, mask_token_id=3, eos_token_id=None,
+                              generator=torch.Generator().manual_seed(0))
+        assert result.tokens == [1, 1, 1, 1]
+
+
+def test_equal_confidences_go_leftmost_first():
+    """torch.topk leaves the order of ties unspecified (the CPU's is not the GPU's); a decode must not."""
+    model = FixedRowsModel({}, default=log_probs([0.7, 0.2, 0.1 - 1e-9, 1e-9]))
+    config = DreamConfig(gen_length=8, steps=4, alg="maskgit_plus", temperature=0.0, top_p=None)
+    result = decode_dream(model, [0], config, mask_token_id=3, eos_token_id=None)
+    assert [step.offsets for step in result.trace] == [[0], [1, 2], [3, 4], [5, 6, 7]]
+
+
+def test_top_p_reads_the_running_sum_of_the_better_tokens_in_bf16():
+    """bf16 probabilities 0.793, 0.108, 0.097, 0.004 (sorted) run to 0.793, 0.902, 0.996: at top_p 0.9
+    the third goes (0.902 > 0.9), as the reference decides; 0.996 - 0.097 rounds to 0.899 in bf16."""
+    logits = torch.tensor([[0.5703125, 0.458984375, 2.5625, -2.765625]], dtype=torch.bfloat16)
+    assert torch.isfinite(filter_logits(logits, 0.9, None)).tolist() == [[True, False, True, False]]

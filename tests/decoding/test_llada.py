@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ import torch
 from refusion_cli.decoding import ConfigError, LLaDAConfig, decode_llada
 from refusion_cli.decoding.llada import even_schedule
 from refusion_cli.errors import UserError
-from tests.tiny import MASK_ID, VOCAB
+from tests.tiny import MASK_ID, VOCAB, tiny_qwen3
 
 SMALL = LLaDAConfig(gen_length=16, steps=8, block_length=8)  # 2 blocks, 4 steps each, 2 tokens a step
 
@@ -121,8 +122,8 @@ def test_guidance_combines_logits_as_the_reference(bidirectional_model, prompt):
     cond = bidirectional_model(input_ids=canvas).logits[0, n_prompt:]
     uncond = bidirectional_model(input_ids=unprompted).logits[0, n_prompt:]
     guided = uncond + 2.5 * (cond - uncond)
-    guided[:, MASK_ID] = float("-inf")
-    best_prob, best_token = guided.softmax(-1).max(-1)
+    best_prob, best_token = guided.softmax(-1).max(-1)  # over the whole vocabulary, as the reference
+    assert not bool((best_token == MASK_ID).any())
     offset = int(best_prob.argmax())
     result = run(bidirectional_model, prompt, config)
     assert result.trace[0].offsets == [offset]
@@ -227,3 +228,105 @@ def test_impossible_settings_fail_at_config_time(options, message):
 def test_mask_id_outside_the_vocabulary_is_refused(bidirectional_model, prompt):
     with pytest.raises(UserError, match=f"mask_token_id {VOCAB} is outside the model's vocabulary"):
         decode_llada(bidirectional_model, prompt, SMALL, mask_token_id=VOCAB, eos_token_id=None)
+
+
+# ---------------------------------------------------------------------------------------------
+# token for token against LLaDA's generate.py
+
+
+class FixedRowsModel(torch.nn.Module):
+    """A bidirectional stand-in whose logits at canvas position p are always ``rows[p]`` (``default`` elsewhere)."""
+
+    def __init__(self, rows: dict[int, list[float]], default: list[float], dtype: torch.dtype = torch.float64):
+        super().__init__()
+        self.rows, self.default = rows, default
+        self.embed = torch.nn.Embedding(len(default), 1).to(dtype)  # the vocabulary size, device and dtype
+        self.config = type("Config", (), {"is_causal": False, "max_position_embeddings": 64})()
+
+    def get_input_embeddings(self) -> torch.nn.Embedding:
+        return self.embed
+
+    def forward(self, input_ids: torch.Tensor, **_ignored):
+        rows = [self.rows.get(p, self.default) for p in range(input_ids.shape[1])]
+        return type("Output", (), {"logits": torch.tensor([rows], dtype=self.embed.weight.dtype)})()
+
+
+def reference_llada(model, prompt: list[int], *, steps: int, gen_length: int, block_length: int,
+                    cfg_scale: float, mask_id: int) -> list[int]:
+    """LLaDA's ``generate`` at temperature 0 restated slowly, position by position: one pass per
+    conditioning stream; guidance combined in the model's dtype; argmax and softmax in float64 over
+    the whole vocabulary; per block, masks // steps a step with the remainder on the first steps;
+    the most confident masks of the block go, equal ones leftmost first."""
+    x, n_prompt = list(prompt) + [mask_id] * gen_length, len(prompt)
+    steps_per_block = steps // (gen_length // block_length)
+    for start in range(n_prompt, n_prompt + gen_length, block_length):
+        block = range(start, start + block_length)
+        n_masked = sum(x[i] == mask_id for i in block)
+        counts = [n_masked // steps_per_block + (s < n_masked % steps_per_block) for s in range(steps_per_block)]
+        for count in counts:
+            logits = model(input_ids=torch.tensor([x])).logits[0]
+            if cfg_scale > 0:
+                unprompted = [mask_id] * n_prompt + x[n_prompt:]
+                unconditional = model(input_ids=torch.tensor([unprompted])).logits[0]
+                logits = unconditional + (cfg_scale + 1) * (logits - unconditional)
+            logits = logits.to(torch.float64)
+            candidates = []
+            for i in block:
+                if x[i] == mask_id:
+                    token = int(logits[i].argmax())
+                    candidates.append((-float(logits[i].softmax(-1)[token]), i, token))
+            for _, i, token in sorted(candidates)[:count]:
+                x[i] = token
+    return x[n_prompt:]
+
+
+@pytest.mark.parametrize(
+    ("dtype", "config"),
+    [
+        (torch.float64, LLaDAConfig(gen_length=16, steps=16, block_length=8)),
+        (torch.float64, LLaDAConfig(gen_length=16, steps=6, block_length=8)),
+        (torch.float64, LLaDAConfig(gen_length=16, steps=8, block_length=16, cfg_scale=1.5)),
+        (torch.bfloat16, LLaDAConfig(gen_length=32, steps=32, block_length=8, cfg_scale=0.5)),
+    ],
+    ids=["float64", "uneven-steps", "guidance", "bf16-guidance"],
+)
+def test_tokens_equal_a_restatement_of_the_reference(prompt, dtype, config):
+    model = tiny_qwen3(seed=1, causal=False, init_std=0.4, dtype=dtype)
+    expected = reference_llada(model, prompt, steps=config.steps, gen_length=config.gen_length,
+                               block_length=config.block_length, cfg_scale=config.cfg_scale, mask_id=MASK_ID)
+    assert MASK_ID not in expected  # the reference never predicted the mask here: no deliberate difference
+    assert run(model, prompt, config).tokens == expected
+
+
+def log_probs(probs: list[float]) -> list[float]:
+    return [math.log(p) for p in probs]
+
+
+def test_confidence_is_the_float64_softmax():
+    """Two float32 rows whose top probabilities compare one way in float32 and the other in float64:
+    the reference ranks in float64, so the second position goes first."""
+    first = [value / 64 for value in (45, -77, 99, -70, -2, -11, 61, 136)] + [-math.inf]
+    second = [value / 4096 for value in (8703, -701, -4930, -4482, 6333, 3906, -126, 2877)] + [-math.inf]
+    model = FixedRowsModel({1: first, 2: second}, default=first, dtype=torch.float32)
+    config = LLaDAConfig(gen_length=2, steps=2, block_length=2)
+    result = decode_llada(model, [0], config, mask_token_id=8, eos_token_id=None)
+    assert [step.offsets for step in result.trace] == [[1], [0]]
+
+
+def test_the_mask_keeps_its_share_of_the_confidence():
+    """Offset 0: top token 0.5 with the mask at 0.4; offset 1: top token 0.6. The reference's softmax
+    spans the whole vocabulary (0.5 < 0.6); without the mask the first would read 0.5 / 0.6."""
+    first, second = log_probs([0.5, 0.05, 0.05, 0.4]), log_probs([0.1, 0.6, 0.3 - 1e-9, 1e-9])
+    model = FixedRowsModel({1: first, 2: second}, default=first)
+    result = decode_llada(model, [0], LLaDAConfig(gen_length=2, steps=2, block_length=2),
+                          mask_token_id=3, eos_token_id=None)
+    assert [step.offsets for step in result.trace] == [[1], [0]]
+    assert result.tokens == [0, 1]
+
+
+def test_equal_confidences_go_leftmost_first():
+    """torch.topk leaves the order of ties unspecified (the CPU's is not the GPU's); a decode must not."""
+    model = FixedRowsModel({}, default=log_probs([0.7, 0.2, 0.1 - 1e-9, 1e-9]))
+    result = decode_llada(model, [0], LLaDAConfig(gen_length=8, steps=4, block_length=8),
+                          mask_token_id=3, eos_token_id=None)
+    assert [step.offsets for step in result.trace] == [[0, 1], [2, 3], [4, 5], [6, 7]]
