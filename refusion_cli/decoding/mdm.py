@@ -25,8 +25,8 @@ from transformers import DynamicCache
 from refusion_cli.decoding.cache import additive_mask, crop_to
 from refusion_cli.decoding.config import ConfigError, check_positive, check_probability
 from refusion_cli.decoding.refusion import check_ids, prompt_tensor
-from refusion_cli.decoding.stats import (DecodeResult, DecodeStats, counted_forward, cut_after_eos, report_step,
-                                         wide_float)
+from refusion_cli.decoding.stats import (DecodeResult, DecodeStats, cache_argument, counted_forward, cut_after_eos,
+                                         report_step, wide_float)
 
 
 @dataclass
@@ -188,8 +188,8 @@ class CanvasPasses:
             input_ids=ids[None],
             position_ids=positions[None],
             attention_mask={kind: mask for kind in self.layer_types},
-            cache=self.cache,
             use_cache=True,
+            **cache_argument(self.model, self.cache),
         )
         return out.logits[0]
 
