@@ -7,6 +7,7 @@ so there is one source of defaults, and unknown keys are an error.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -20,6 +21,12 @@ class ConfigError(UserError, ValueError):
 def check_probability(name: str, value: float) -> None:
     if not 0.0 <= value <= 1.0:
         raise ConfigError(f"{name} must be in [0, 1], got {value}")
+
+
+def check_non_negative(name: str, value: float) -> None:
+    """A finite number >= 0 (nan and inf would reach the sampler and give garbage)."""
+    if not math.isfinite(value) or value < 0:
+        raise ConfigError(f"{name} must be a finite number >= 0, got {value}")
 
 
 def check_positive(name: str, value: int) -> None:
@@ -47,8 +54,7 @@ class ReFusionConfig:
                 )
         check_probability("slot_threshold", self.slot_threshold)
         check_probability("token_threshold", self.token_threshold)
-        if self.temperature < 0:
-            raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
+        check_non_negative("temperature", self.temperature)
 
     @property
     def padded_length(self) -> int:

@@ -29,7 +29,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from refusion_cli.decoding.config import ConfigError, check_positive, check_probability
+from refusion_cli.decoding.config import ConfigError, check_non_negative, check_positive, check_probability
 from refusion_cli.decoding.mdm import (
     Canvas,
     CanvasPasses,
@@ -66,8 +66,7 @@ class DreamConfig:
         check_blocks(self.gen_length, self.steps, self.block_tokens)
         if self.alg not in ALGORITHMS:
             raise ConfigError(f"alg must be one of {', '.join(ALGORITHMS)}, got {self.alg!r}")
-        if self.alg_temp < 0:
-            raise ConfigError(f"alg_temp must be >= 0, got {self.alg_temp}")
+        check_non_negative("alg_temp", self.alg_temp)
         if not 0.0 < self.eps < 1.0:
             raise ConfigError(f"eps must be in (0, 1), got {self.eps}")
         if self.top_p is not None:

@@ -26,7 +26,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from refusion_cli.decoding.config import ConfigError
+from refusion_cli.decoding.config import ConfigError, check_non_negative
 from refusion_cli.decoding.mdm import (
     Block,
     Canvas,
@@ -61,8 +61,7 @@ class LLaDAConfig:
         check_blocks(self.gen_length, self.steps, self.block_length)
         if self.remasking not in REMASKING:
             raise ConfigError(f"remasking must be one of {', '.join(REMASKING)}, got {self.remasking!r}")
-        if self.cfg_scale < 0:
-            raise ConfigError(f"cfg_scale must be >= 0, got {self.cfg_scale}")
+        check_non_negative("cfg_scale", self.cfg_scale)
         check_fast_options(self.threshold, self.use_cache, self.temperature)
 
     @property

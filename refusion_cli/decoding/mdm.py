@@ -23,7 +23,7 @@ import torch
 from transformers import DynamicCache
 
 from refusion_cli.decoding.cache import additive_mask, crop_to
-from refusion_cli.decoding.config import ConfigError, check_positive, check_probability
+from refusion_cli.decoding.config import ConfigError, check_non_negative, check_positive, check_probability
 from refusion_cli.decoding.refusion import check_ids, prompt_tensor
 from refusion_cli.decoding.stats import (DecodeResult, DecodeStats, cache_argument, counted_forward, cut_after_eos,
                                          report_step, wide_float)
@@ -73,8 +73,7 @@ def check_fast_options(threshold: float | None, use_cache: bool, temperature: fl
         check_probability("threshold", threshold)
     if not isinstance(use_cache, bool):
         raise ConfigError(f"use_cache must be true or false, got {use_cache!r}")
-    if temperature < 0:
-        raise ConfigError(f"temperature must be >= 0, got {temperature}")
+    check_non_negative("temperature", temperature)
 
 
 # ---------------------------------------------------------------------------------------------

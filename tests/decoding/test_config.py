@@ -39,3 +39,14 @@ def test_optional_fields_are_read_with_their_annotated_type():
     assert (config.threshold, config.use_cache, config.remasking) == (0.9, True, "random")
     with pytest.raises(ConfigError, match="use_cache: cannot read 'maybe' as bool"):
         config_from_dict(LLaDAConfig, {"use_cache": "maybe"})
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "-0.5"])
+@pytest.mark.parametrize("decoder,option", [("refusion", "temperature"), ("llada", "temperature"),
+                                            ("llada", "cfg_scale"), ("dream", "temperature"), ("dream", "alg_temp")])
+def test_a_sampling_scale_must_be_a_finite_number_at_least_zero(decoder, option, value):
+    # nan or inf used to pass the `< 0` check and reach the sampler (garbage tokens, no error)
+    from refusion_cli.decoding.registry import build_config
+
+    with pytest.raises(ConfigError, match=f"^{option} must be a finite number >= 0, got {float(value)}$"):
+        build_config(decoder, {"gen_length": "32", option: value})
