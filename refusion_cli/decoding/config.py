@@ -26,7 +26,7 @@ def check_probability(name: str, value: float) -> None:
 def check_non_negative(name: str, value: float) -> None:
     """A finite number >= 0 (nan and inf would reach the sampler and give garbage)."""
     if not math.isfinite(value) or value < 0:
-        raise ConfigError(f"{name} must be a finite number >= 0, got {value}")
+        raise ConfigError(f"{name} must be >= 0 and finite, got {value}")
 
 
 def check_positive(name: str, value: int) -> None:

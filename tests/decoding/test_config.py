@@ -48,5 +48,5 @@ def test_a_sampling_scale_must_be_a_finite_number_at_least_zero(decoder, option,
     # nan or inf used to pass the `< 0` check and reach the sampler (garbage tokens, no error)
     from refusion_cli.decoding.registry import build_config
 
-    with pytest.raises(ConfigError, match=f"^{option} must be a finite number >= 0, got {float(value)}$"):
+    with pytest.raises(ConfigError, match=f"^{option} must be >= 0 and finite, got {float(value)}$"):
         build_config(decoder, {"gen_length": "32", option: value})
