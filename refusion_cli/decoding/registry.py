@@ -29,15 +29,20 @@ class DecoderSpec:
     default_model: str | None  # the embedded model it runs on when no --model is given
     needs_mask: bool  # diffusion decoders need the model's mask token
     summary: str
+    # bumped when the decoder's tokens change for the same config and model, so that eval decodes
+    # journaled samples of an earlier revision again instead of reusing them
+    revision: int = 1
 
 
 DECODERS: dict[str, DecoderSpec] = {
     "refusion": DecoderSpec("refusion", ReFusionConfig, "refusion-tiny", True,
                             "ReFusion: slot planning + causal verification, KV reuse"),
     "ar": DecoderSpec("ar", ARConfig, "ar-tiny", False, "greedy autoregressive decoding with a KV cache"),
-    "llada": DecoderSpec("llada", LLaDAConfig, "mdm-tiny", True, "LLaDA: semi-autoregressive masked diffusion"),
+    # revision 2 of llada and dream: float64 confidence over the whole vocabulary, leftmost of equal confidences
+    "llada": DecoderSpec("llada", LLaDAConfig, "mdm-tiny", True, "LLaDA: semi-autoregressive masked diffusion",
+                         revision=2),
     "dream": DecoderSpec("dream", DreamConfig, None, True,
-                         "Dream: masked diffusion with shifted logits (needs a Dream-style model)"),
+                         "Dream: masked diffusion with shifted logits (needs a Dream-style model)", revision=2),
 }
 
 

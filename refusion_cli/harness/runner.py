@@ -230,9 +230,13 @@ def config_hash(decoder: str, config: Any, fingerprint: str, seed: int, chat_tem
                 where: tuple[str, str], metric: str) -> str:
     """What a journaled sample is reused under: decoder settings, model files, seed, template, device
     and dtype (another dtype decodes other tokens; another device measures other timings), and the
-    metric its stored score is (another metric must score it again)."""
+    metric its stored score is (another metric must score it again), and the decoder's revision past
+    the first (a decoder whose tokens changed decodes again; revision 1 keeps the hashes it always had)."""
     material = {"decoder": decoder, "config": dataclasses.asdict(config), "model": fingerprint, "seed": seed,
                 "chat_template": chat_template, "device": where[0], "dtype": where[1], "metric": metric}
+    revision = decoder_spec(decoder).revision
+    if revision > 1:
+        material["revision"] = revision
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:12]
 
 

@@ -436,3 +436,23 @@ def test_earlier_cells_survive_an_entry_this_version_cannot_read(tmp_path):
     assert [(r.label, r.accuracy) for r in read_results(tmp_path)] == [("ar:ar-tiny", 50.0), ("refusion:x", 50.0)]
     (tmp_path / "metrics.json").write_text("{not json")
     assert read_results(tmp_path) == []
+
+
+def test_a_decoder_revision_past_the_first_is_part_of_the_sample_key(monkeypatch):
+    """Journaled samples are reused under their key: a decoder whose tokens changed (a new revision)
+    must decode them again; revision 1 keeps the keys earlier runs journaled under."""
+    import dataclasses
+    import hashlib
+
+    from refusion_cli.decoding import registry
+    from refusion_cli.harness.runner import config_hash
+
+    config = build_config("refusion", {"gen_length": "32"})
+    args = ("fingerprint", 0, True, ("cpu", "float32"), "exact_match,none")
+    material = {"decoder": "refusion", "config": dataclasses.asdict(config), "model": "fingerprint", "seed": 0,
+                "chat_template": True, "device": "cpu", "dtype": "float32", "metric": "exact_match,none"}
+    first = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:12]
+    assert registry.DECODERS["refusion"].revision == 1 and config_hash("refusion", config, *args) == first
+    monkeypatch.setitem(registry.DECODERS, "refusion", dataclasses.replace(registry.DECODERS["refusion"], revision=2))
+    assert config_hash("refusion", config, *args) != first
+    assert registry.DECODERS["llada"].revision == 2  # float64 confidence over the whole vocabulary
