@@ -99,7 +99,7 @@ def evaluate(
             shutil.rmtree(run_dir, ignore_errors=True)  # only eval.log and tasks/: nothing to resume from
         elif main_process and isinstance(exc, KeyboardInterrupt):
             console.print(f"[yellow]interrupted[/]: finished samples are kept in {run_dir}/samples; "
-                          "run the same command again to resume")
+                          "run the same command again to resume", highlight=False, soft_wrap=True)
         raise
     if main_process:
         _print_summary(results, run_dir)
@@ -193,9 +193,10 @@ class EvalView:
         if other_settings:
             self.progress.console.print(f"{self.description}: {other_settings} sample(s) here were decoded with "
                                         "other settings; they stay in samples/ but this run replaces their cell "
-                                        "in the summary (another --output keeps both)")
+                                        "in the summary (another --output keeps both)", highlight=False, soft_wrap=True)
         if stored:
-            self.progress.console.print(f"{self.description}: resuming, {stored} of {total} samples already done")
+            self.progress.console.print(f"{self.description}: resuming, {stored} of {total} samples already done",
+                                        highlight=False, soft_wrap=True)
         self.task = self.progress.add_task(self.description, total=total, completed=stored, accuracy="-", tps="-")
 
     def on_sample(self, record: dict[str, Any]) -> None:
@@ -228,8 +229,11 @@ def _print_summary(results: list[RunResult], run_dir: Path) -> None:
             view.add_row(*row)
         print_table(view)
     if len(cells) > len(results):
-        console.print(f"{len(cells) - len(results)} cell(s) above come from earlier runs into this folder")
+        console.print(f"{len(cells) - len(results)} cell(s) above come from earlier runs into this folder",
+                      highlight=False, soft_wrap=True)
     resumed = sum(r.resumed for r in results)
     if resumed:
-        console.print(f"{resumed} sample(s) were read back from earlier runs, not decoded again")
-    console.print(f"results in {run_dir}/: {METRICS_FILE}, {CSV_FILE}, {MARKDOWN_FILE}, samples/")
+        console.print(f"{resumed} sample(s) were read back from earlier runs, not decoded again", highlight=False,
+                      soft_wrap=True)
+    console.print(f"results in {run_dir}/: {METRICS_FILE}, {CSV_FILE}, {MARKDOWN_FILE}, samples/", highlight=False,
+                  soft_wrap=True)

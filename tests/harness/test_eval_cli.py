@@ -456,3 +456,23 @@ def test_a_decoder_revision_past_the_first_is_part_of_the_sample_key(monkeypatch
     monkeypatch.setitem(registry.DECODERS, "refusion", dataclasses.replace(registry.DECODERS["refusion"], revision=2))
     assert config_hash("refusion", config, *args) != first
     assert registry.DECODERS["llada"].revision == 2  # float64 confidence over the whole vocabulary
+
+
+def test_notes_printed_into_a_file_are_whole_lines(monkeypatch):
+    """Off a terminal Rich wraps at 80 columns; a note cut in two lines is hard to grep in a log."""
+    import io
+
+    from rich.console import Console
+
+    from refusion_cli.cli import evaluate
+
+    out = io.StringIO()
+    monkeypatch.setattr(evaluate, "console", Console(file=out, width=80))
+    view = evaluate.EvalView()
+    view.description = "synthetic · refusion:refusion-tiny"
+    view.on_requests(total=200, stored=3, other_settings=200)
+    lines = out.getvalue().splitlines()
+    assert lines == [
+        "synthetic · refusion:refusion-tiny: 200 sample(s) here were decoded with other settings; they stay in "
+        "samples/ but this run replaces their cell in the summary (another --output keeps both)",
+        "synthetic · refusion:refusion-tiny: resuming, 3 of 200 samples already done"]
