@@ -56,7 +56,11 @@ def _log_scale_if_wide(axes, values: Sequence[float], axis: str = "y") -> None:
 
 def plot_frontier(rows: Sequence[BenchRow], path: Path) -> bool:
     """Accuracy (%) against TPS; False (and no file) when no row has an accuracy."""
-    figure = frontier_figure(rows)
+    return _save(frontier_figure(rows), path)
+
+
+def _save(figure, path: Path) -> bool:
+    """Write ``figure`` (a PNG at 120 dpi); False when there is none."""
     if figure is None:
         return False
     figure.savefig(path, dpi=120)
@@ -100,11 +104,7 @@ def frontier_figure(rows: Sequence[BenchRow]):
 def plot_length_sweep(rows: Sequence[BenchRow], path: Path) -> bool:
     """TPS and p50 latency against gen_length, one line per decoder; False (and no file) when the
     rows hold fewer than two lengths (a single length is no sweep: the table says it all)."""
-    figure = length_figure(rows)
-    if figure is None:
-        return False
-    figure.savefig(path, dpi=120)
-    return True
+    return _save(length_figure(rows), path)
 
 
 def length_figure(rows: Sequence[BenchRow]):
