@@ -45,6 +45,7 @@ from refusion_cli.bench.report import (
 )
 from refusion_cli.bench.runner import (
     DEFAULT_DECODERS,
+    CAUSAL_FIX,
     DEFAULT_GEN_LENGTH,
     RECOMPUTE,
     BenchEntry,
@@ -372,4 +373,5 @@ def result_table(rows: list[BenchRow]) -> Table:
 
 
 def models_line(rows: list[BenchRow]) -> str:
-    return "models: " + ", ".join(dict.fromkeys(f"{row.decoder.removesuffix(RECOMPUTE)}={row.model}" for row in rows))
+    return "models: " + ", ".join(dict.fromkeys(f"{row.decoder.removesuffix(RECOMPUTE).removesuffix(CAUSAL_FIX)}="
+                                                f"{row.model}" for row in rows))

@@ -195,3 +195,4 @@ def test_causal_fix_adds_its_own_row_after_each_refusion_row(causal_checkpoint, 
     assert [row["decoder"] for row in rows] == ["ar", "refusion", "refusion (causal fix)"]
     assert rows[1]["config"] == rows[2]["config"]  # the same settings, only the ablation differs
     assert all(float(row["tokens"]) > 0 and float(row["forwards"]) > 0 for row in rows)
+    assert f"models: ar={causal_checkpoint}, refusion={causal_checkpoint}\n" in out.stdout  # one entry per model
