@@ -89,6 +89,8 @@ def evaluate(
         plan = plan_eval(options)  # every option, data file and task is checked before anything is written
     created = make_output(run_dir)
     main_process = int(os.environ.get("RANK", "0")) == 0
+    if plan.sandbox is not None and main_process:
+        console.print(f"[dim]{plan.sandbox}[/]", highlight=False, soft_wrap=True)
     view = EvalView() if main_process else None
     try:
         with view or contextlib.nullcontext(), _library_output(run_dir, planning.getvalue()):

@@ -299,6 +299,7 @@ class Plan:
     configs: dict[tuple[str, str], Any]  # (benchmark, decoder) -> config
     rendered: dict[str, RenderedTask]
     tasks: dict[str, dict[str, Any]]  # benchmark -> lm-eval's task dict, built over the local data
+    sandbox: str | None = None  # how code benchmarks' candidates are isolated here (None: no code benchmark)
 
 
 def plan_eval(options: EvalOptions, suite: Suite | None = None) -> Plan:
@@ -323,10 +324,12 @@ def plan_eval(options: EvalOptions, suite: Suite | None = None) -> Plan:
         parse_dtype(options.dtype)
     check_output_dir(options.output, hint="give a folder for metrics.json, the summaries and the samples")
     configs = {(b.name, d): plan_config(suite, b, d, overrides[d], options.preset) for b in benchmarks for d in decoders}
+    sandbox = None
     if any(b.code for b in benchmarks):
-        from refusion_cli.harness.code_tasks import require_confirmation
+        from refusion_cli.harness.code_tasks import require_confirmation, sandbox_line
 
         require_confirmation(options.confirm_run_unsafe_code)
+        sandbox = sandbox_line()
     files = data_file_options(options.data_files, benchmarks)
     rendered = {}
     for benchmark in benchmarks:
@@ -341,7 +344,7 @@ def plan_eval(options: EvalOptions, suite: Suite | None = None) -> Plan:
         for benchmark in benchmarks:
             seed_lm_eval(options.seed)  # GPQA shuffles its choices while it is built
             tasks[benchmark.name] = load_tasks(rendered[benchmark.name], Path(scratch) / benchmark.name)
-    return Plan(benchmarks, runs, configs, rendered, tasks)
+    return Plan(benchmarks, runs, configs, rendered, tasks, sandbox)
 
 
 def run_eval(options: EvalOptions, observer: EvalObserver | None = None, suite: Suite | None = None,

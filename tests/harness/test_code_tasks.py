@@ -139,3 +139,23 @@ def test_running_model_code_needs_the_confirmation_flag():
         require_confirmation(False)
     assert "pass --confirm-run-unsafe-code" in str(raised.value)
     assert require_confirmation(True) is None
+
+
+def test_the_sandbox_line_says_what_isolation_this_machine_gives(monkeypatch):
+    from refusion_cli.errors import UserError
+    from refusion_cli.harness import code_tasks, sandbox
+
+    def found(launch, net, pid, user, attempts=()):
+        return sandbox.Isolation(net, pid, user, "python3", launch, tuple(attempts))
+
+    monkeypatch.setattr(sandbox, "isolation", lambda: found(object(), True, True, True))
+    assert code_tasks.sandbox_line() == ("code sandbox: no network (own network namespace), own PID namespace, "
+                                         "a throwaway user")
+    monkeypatch.setattr(sandbox, "isolation", lambda: found(object(), False, False, False))
+    assert code_tasks.sandbox_line() == ("code sandbox: candidates can use the network, no PID namespace, "
+                                         "your user (they can read your files)")
+    # no configuration starts a Python: every candidate would score 0 as an "error", so refuse at planning
+    monkeypatch.setattr(sandbox, "isolation", lambda: found(None, False, False, False, ["unshare: denied", "no python"]))
+    with pytest.raises(UserError, match="no sandboxed Python could be started on this machine, so HumanEval / MBPP "
+                                        "cannot be scored: unshare: denied; no python"):
+        code_tasks.sandbox_line()
