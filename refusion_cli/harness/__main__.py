@@ -2,9 +2,28 @@
 
     python -m refusion_cli.harness --model refusion --model_args pretrained=refusion-tiny,preset=gsm8k \
         --tasks gsm8k_cot --apply_chat_template --batch_size 1
+
+A mistake in the adapters' options (an unknown model_args key, an impossible value, a missing
+checkpoint) is one ``error:`` line and exit code 2, as in ``refusion``; REFUSION_DEBUG=1 shows the
+traceback too.
 """
+
+import traceback
 
 import refusion_cli.harness.lm_adapters  # noqa: F401  (registers refusion, ar, llada, dream)
 from lm_eval.__main__ import cli_evaluate
+from refusion_cli.cli.output import debug_enabled, fail
+from refusion_cli.errors import UserError
 
-cli_evaluate()
+
+def main() -> None:
+    try:
+        cli_evaluate()
+    except UserError as exc:
+        if debug_enabled():
+            traceback.print_exc()
+        fail(str(exc), exc.hint)
+
+
+if __name__ == "__main__":
+    main()

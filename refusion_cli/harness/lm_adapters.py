@@ -54,7 +54,7 @@ ADAPTER_OPTIONS: dict[str, str] = {
     "device": "torch device (default: cuda if available, else cpu; the process's device under accelerate)",
     "dtype": "float32, bfloat16, float16 or float64 (default: bf16 on GPUs that have it, else float32)",
     "trust_remote_code": "allow checkpoints that ship modelling code (LLaDA, Dream)",
-    "preset": f"ReFusion paper preset to start from ({', '.join(PRESETS)})",
+    "preset": f"ReFusion preset to start from: the paper's ({', '.join(PRESETS)}) or one of evals/suite.yaml",
     "seed": "seed of the per-request generator (Gumbel noise, random remasking)",
     "enable_thinking": "passed to the chat template (Qwen3 templates read it)",
     "batch_size": "lm-eval's batch size: must be 1 (the decoders decode one request at a time)",
@@ -124,14 +124,18 @@ def check_model_args(decoder: str, keys: set[str]) -> None:
 
 
 def decoder_config(decoder: str, preset: str | None, options: dict[str, Any]) -> Any:
-    """The decoder's config: a ReFusion paper preset (if named), then ``options``."""
+    """The decoder's config: a ReFusion preset (if named: the paper's, or one of evals/suite.yaml such
+    as ``synthetic_tiny``, as for ``refusion eval --preset``), then ``options``."""
     base = None
     if preset is not None:
         if decoder != "refusion":
             raise ConfigError(f"preset= applies to the refusion adapter only, not {decoder}")
-        if preset not in PRESETS:
-            raise ConfigError(f"unknown preset '{preset}'; choose one of {', '.join(PRESETS)}")
-        base = PRESETS[preset]
+        from refusion_cli.harness.suite import load_suite
+
+        suite = load_suite()
+        if preset not in PRESETS and preset not in suite.presets:
+            raise ConfigError(f"unknown preset '{preset}'; choose one of {', '.join([*PRESETS, *suite.presets])}")
+        base = suite.preset(preset)
     return build_config(decoder, options, base=base)
 
 

@@ -12,7 +12,7 @@ from refusion_cli.decoding.registry import run_decoder
 from refusion_cli.errors import UserError
 from refusion_cli.models.chat import user_prompt_ids
 from refusion_cli.tasks.synthetic import read_jsonl
-from refusion_cli.harness.suite import EVALS_DIR
+from refusion_cli.harness.suite import EVALS_DIR, load_suite
 
 lm_adapters = pytest.importorskip("refusion_cli.harness.lm_adapters")
 from lm_eval.api.instance import Instance  # noqa: E402
@@ -53,6 +53,23 @@ def test_model_args_become_the_decoder_config(causal_checkpoint):
     from_preset = get_model("refusion").create_from_arg_string(
         f"pretrained={causal_checkpoint},preset=gsm8k,slot_threshold=0.5")
     assert from_preset.config == dataclasses.replace(PRESETS["gsm8k"], slot_threshold=0.5)
+    from_suite = get_model("refusion").create_from_arg_string(f"pretrained={causal_checkpoint},preset=synthetic_tiny")
+    assert from_suite.config == load_suite().preset("synthetic_tiny")  # evals/suite.yaml's, as refusion eval takes
+
+
+def test_a_mistake_on_lm_evals_command_line_is_one_error_line(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.envs import cache_env
+
+    out = subprocess.run([sys.executable, "-m", "refusion_cli.harness", "run", "--model", "refusion", "--model_args",
+                          "pretrained=refusion-tiny,preset=nope", "--tasks", "synthetic", "--include_path",
+                          str(EVALS_DIR / "tasks"), "--device", "cpu", "--limit", "1"],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                         env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", **cache_env()})
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.splitlines()[-1].startswith("error: unknown preset 'nope'; choose one of mmlu_pro, ")
 
 
 @pytest.mark.parametrize("model_args, message", [
