@@ -24,7 +24,7 @@ demo: venv
 	HF_HUB_OFFLINE=1 $(VENV)/bin/refusion eval --task synthetic --decoder refusion ar llada --limit 20 --output results/demo
 
 # Rebuild the embedded tiny models with the recipe they were built with: the three fine-tunes side
-# by side on one GPU (about 8 minutes of fine-tuning on an H200); see results/models/README.md.
+# by side on one GPU (about 7 minutes of fine-tuning each on an H200); see results/models/README.md.
 # On CPUs only, run them one after the other: make models MODELS_ARGS="--threads 2" (about a day on 2 cores, estimated from 0.8 s per 32-example step).
 MODELS_ARGS ?= --parallel --threads 2 --num-workers 4 --mixed-precision bf16
 models: venv

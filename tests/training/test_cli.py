@@ -262,3 +262,27 @@ def test_log_file_progress_lines_end_at_the_runs_last_step_and_count_hours_past_
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
     assert [line.split()[1] for line in lines] == [f"{s}/100" for s in range(2, 51, 2)] + ["51/100"]
     assert lines[-1].endswith(" 28:20:00")
+
+
+def test_the_start_lines_are_whole_lines_in_a_log_file(monkeypatch, tmp_path):
+    """Off a terminal Rich wraps at 80 columns; a log line cut in two is hard to grep."""
+    import io
+
+    from rich.console import Console
+
+    from refusion_cli.cli import train as train_cli
+    from refusion_cli.training.loop import RunInfo
+
+    out = io.StringIO()
+    monkeypatch.setattr(train_cli, "console", Console(file=out, width=80))
+    info = RunInfo(objective="refusion", start_step=0, total_steps=4800, records=50_000, examples=50_000,
+                   skipped_too_long=0, global_batch=256, micro_batch=32, grad_accum=1, processes=8,
+                   parameters=8_190_735_360, device="cuda:0 (NVIDIA H200)", mixed_precision="bf16", output=tmp_path,
+                   resumed_from=None, distributed="MULTI_GPU", last_step=4800)
+    view = train_cli.ProgressView()
+    view.on_start(info)
+    view.progress.stop()
+    assert out.getvalue().splitlines()[:2] == [
+        "refusion training, fresh run: 8,190,735,360 parameters, 8 process(es) (MULTI_GPU) on cuda:0 (NVIDIA H200), "
+        "precision bf16",
+        "data: 50,000 examples of 50,000 records; global batch 256 = 8 × 1 × 32"]
