@@ -132,10 +132,7 @@ def decoder_config(decoder: str, preset: str | None, options: dict[str, Any]) ->
             raise ConfigError(f"preset= applies to the refusion adapter only, not {decoder}")
         from refusion_cli.harness.suite import load_suite
 
-        suite = load_suite()
-        if preset not in PRESETS and preset not in suite.presets:
-            raise ConfigError(f"unknown preset '{preset}'; choose one of {', '.join([*PRESETS, *suite.presets])}")
-        base = suite.preset(preset)
+        base = load_suite().preset(preset)
     return build_config(decoder, options, base=base)
 
 

@@ -30,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from refusion_cli.decoding.config import PRESETS, ReFusionConfig
+from refusion_cli.decoding.config import PRESETS, ConfigError, ReFusionConfig
 from refusion_cli.decoding.registry import build_config
 from refusion_cli.errors import UserError
 from refusion_cli.jsonl import json_objects, read_text
@@ -101,7 +101,7 @@ class Suite:
             return PRESETS[name]
         if name in self.presets:
             return build_config("refusion", self.presets[name])
-        raise UserError(f"unknown ReFusion preset '{name}'; choose one of {', '.join([*PRESETS, *self.presets])}")
+        raise ConfigError(f"unknown ReFusion preset '{name}'; choose one of {', '.join([*PRESETS, *self.presets])}")
 
 
 def load_suite(path: Path = SUITE_FILE) -> Suite:

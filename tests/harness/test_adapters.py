@@ -69,7 +69,7 @@ def test_a_mistake_on_lm_evals_command_line_is_one_error_line(tmp_path):
                          capture_output=True, text=True, timeout=300, cwd=tmp_path,
                          env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", **cache_env()})
     assert out.returncode == 2 and "Traceback" not in out.stderr
-    assert out.stderr.splitlines()[-1].startswith("error: unknown preset 'nope'; choose one of mmlu_pro, ")
+    assert out.stderr.splitlines()[-1].startswith("error: unknown ReFusion preset 'nope'; choose one of mmlu_pro, ")
 
 
 @pytest.mark.parametrize("model_args, message", [
