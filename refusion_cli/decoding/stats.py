@@ -106,13 +106,12 @@ def counted_forward(model: torch.nn.Module, stats: DecodeStats, **inputs: torch.
     timed (synchronised at both ends).
     """
     input_ids = inputs["input_ids"]
-    if input_ids.device.type != "cpu":
-        stats.forward_seconds = None
-        out = model(**inputs)
-    else:
-        start = time.perf_counter()
-        out = model(**inputs)
+    start = time.perf_counter()
+    out = model(**inputs)
+    if input_ids.device.type == "cpu":
         stats.forward_seconds += time.perf_counter() - start
+    else:
+        stats.forward_seconds = None
     stats.forwards += 1
     stats.positions += input_ids.numel()
     return out
