@@ -145,7 +145,7 @@ def score_humaneval(
     *,
     workers: int = 2,
     timeout: float = CODE_TIMEOUT_S,
-    memory_mb: int = 1024,
+    memory_mb: int = CODE_MEMORY_MB,
 ) -> dict[str, Any]:
     """pass@1 over the tasks in `completions` (task_id -> text to append to the prompt).
 
@@ -162,7 +162,7 @@ def score_mbpp(
     *,
     workers: int = 2,
     timeout: float = CODE_TIMEOUT_S,
-    memory_mb: int = 1024,
+    memory_mb: int = CODE_MEMORY_MB,
 ) -> dict[str, Any]:
     """pass@1 over the tasks in `solutions` (task_id -> code); problems carry test_list, test_setup_code."""
     _check_known(solutions, problems, "MBPP")
