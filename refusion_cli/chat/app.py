@@ -142,16 +142,11 @@ class ChatApp:
         while True:
             try:
                 line = self.info.input(Text("you › ", style="bold cyan"))  # the prompt is not an answer
-            except EOFError:
+                go_on = self.handle(line)
+            except EOFError:  # Ctrl-D at the prompt
                 self.info.print()  # ends the prompt's line where the prompt is (stdout may be a file)
                 return
-            except KeyboardInterrupt:
-                self.info.print()
-                self.notice("[dim](/quit or Ctrl-D leaves)[/]")
-                continue
-            try:
-                go_on = self.handle(line)
-            except KeyboardInterrupt:  # outside an answer's guard, e.g. while the answer is printed
+            except KeyboardInterrupt:  # at the prompt, or outside an answer's guard (e.g. while it is printed)
                 self.info.print()
                 self.notice("[dim](/quit or Ctrl-D leaves)[/]")
                 continue
