@@ -110,8 +110,8 @@ def train(
                           f"this step is in {result.final}; continue the schedule with --resume and a later "
                           "--stop-at, or none", soft_wrap=True)
         else:
-            console.print(f"done: {result.step} step{'s' if result.step != 1 else ''}, {tps:,.0f} tokens/s; final model in "
-                          f"{result.final}", soft_wrap=True)
+            steps_done = f"{result.step} step{'s' if result.step != 1 else ''}"
+            console.print(f"done: {steps_done}, {tps:,.0f} tokens/s; final model in {result.final}", soft_wrap=True)
 
 
 class ProgressView:
@@ -146,7 +146,8 @@ class ProgressView:
                       f"{info.processes} process(es){mode} on {info.device}, precision {info.mixed_precision}",
                       soft_wrap=True)
         console.print(f"data: {info.examples:,} examples of {info.records:,} records; global batch "
-                      f"{info.global_batch} = {info.processes} × {info.grad_accum} × {info.micro_batch}", soft_wrap=True)
+                      f"{info.global_batch} = {info.processes} × {info.grad_accum} × {info.micro_batch}",
+                      soft_wrap=True)
         if info.skipped_too_long:
             console.print(f"[yellow]skipped {info.skipped_too_long:,} record(s) longer than --max-length[/]")
         self.task = self.progress.add_task("train", total=info.total_steps, completed=info.start_step,
