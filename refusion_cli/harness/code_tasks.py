@@ -80,7 +80,8 @@ def extract_code(generation: str, prompt: str | None = None) -> str:
 
     Thinking blocks (<think>...</think>) are dropped. Code inside ``` fences is taken (with several
     blocks, the first that defines the prompt's function, else the first one); a closing fence with
-    no opening one (the fence was opened in the prompt) ends the code. With `prompt`:
+    no opening one (the fence was opened in the prompt), on a line of its own or at the end of a
+    code line, ends the code, as lm-eval's humaneval_instruct cuts at the first ```. With `prompt`:
 
     - an answer that re-states the whole function (``def <entry_point>(``, where the entry point is
       the prompt's last function) is returned on a new line after the prompt, so that it replaces
@@ -99,6 +100,10 @@ def extract_code(generation: str, prompt: str | None = None) -> str:
 
 def _fenced_code(text: str, entry_point: str | None) -> str:
     fences = list(_FENCE.finditer(text))
+    inline = text.find("```")
+    if inline != -1 and (not fences or inline < fences[0].start()):  # ``` after code on the same line
+        if not fences or _starts_with_code(text[:inline]):
+            return text[:inline]  # it closes the prompt's fence: lm-eval's humaneval_instruct cuts there too
     if not fences:
         return text
     before = text[: fences[0].start()]

@@ -105,6 +105,15 @@ def test_extract_code_stops_at_the_closing_fence_of_a_prefilled_block():
     assert completion == "    return [2 * x for x in items]\n"
 
 
+def test_extract_code_stops_at_a_fence_closed_at_the_end_of_a_code_line():
+    # lm-eval's humaneval_instruct keeps the text before the first ``` wherever it is; so does this
+    completion = extract_code("    return [2 * x for x in items]```\n\nThis doubles each item.", PROMPT)
+    assert completion == "    return [2 * x for x in items]\n" and passes(completion)
+    later_block = "    return [2 * x for x in items]```\nUsage:\n```python\nprint(doubled([1]))\n```\n"
+    assert extract_code(later_block, PROMPT) == "    return [2 * x for x in items]\n"
+    assert extract_code("def add(a, b):\n    return a + b```\n[DONE]") == "def add(a, b):\n    return a + b\n"
+
+
 def test_extract_code_prefers_the_block_that_defines_the_function():
     answer = (
         "Example:\n```python\nprint(doubled([1]))\n```\nSolution:\n```python\n"
