@@ -10,8 +10,11 @@ discovery). Contract of every adapter:
 - ``generate_until`` decodes one request at a time (batch of one, as the paper measures) with
   ``registry.run_decoder``: ``max_gen_toks`` becomes the config's ``gen_length``; the response is
   cut after the first EOS, decoded without special tokens, then cut at the first ``until``
-  string. The sampling keys of a task (``do_sample``, ``temperature``, ``top_p``, ``top_k``) are
-  ignored: the decoder config decides; any other generation key is an error. Each request gets a
+  string. The decoders decode as their config says (greedy, or ReFusion's planning noise), so a
+  request for sampling (``do_sample=True``, or a ``temperature`` above 0 without ``do_sample=False``,
+  as lm-eval's HF model reads them) is an error rather than a greedy answer under a sampling task's
+  name; greedy settings of those keys and ``top_p`` / ``top_k`` are accepted; any other generation key
+  is an error. Each request gets a
   fresh ``torch.Generator`` seeded with ``seed``, so an output never depends on request order.
   Every decoded request appends a :class:`SampleRecord` (tokens, forwards, seconds, TPS) to
   ``adapter.samples``. Unless ``warmed_up`` is set, the first request an adapter decodes is decoded
@@ -60,7 +63,7 @@ ADAPTER_OPTIONS: dict[str, str] = {
     "batch_size": "lm-eval's batch size: must be 1 (the decoders decode one request at a time)",
     "max_batch_size": "lm-eval's automatic batch search: not supported, leave unset",
 }
-IGNORED_GENERATION_KEYS = frozenset({"do_sample", "temperature", "top_p", "top_k"})
+SAMPLING_KEYS = frozenset({"do_sample", "temperature", "top_p", "top_k"})  # accepted when they ask for greedy decoding
 
 
 @dataclass
@@ -156,6 +159,18 @@ def cut_at_stop(text: str, until: list[str]) -> str:
             if index != -1:
                 cut = min(cut, index)
     return text[:cut]
+
+
+def asks_for_sampling(gen_kwargs: dict[str, Any]) -> bool:
+    """Whether lm-eval's generation keys ask for sampling, read as lm-eval's HF model reads them:
+    ``do_sample`` when given, else a ``temperature`` above 0."""
+    do_sample = gen_kwargs.get("do_sample")
+    if do_sample is not None:
+        return _as_bool("do_sample", do_sample)
+    try:
+        return float(gen_kwargs.get("temperature") or 0.0) > 0.0
+    except (TypeError, ValueError):
+        raise UserError(f"generation key 'temperature' must be a number, got {gen_kwargs['temperature']!r}") from None
 
 
 def stop_strings(gen_kwargs: dict[str, Any]) -> list[str]:
@@ -298,10 +313,16 @@ class DecoderLM(TemplateLM):
         gen_kwargs = dict(gen_kwargs or {})
         until = stop_strings(gen_kwargs)
         max_gen_toks = gen_kwargs.pop("max_gen_toks", None)
-        unknown = sorted(set(gen_kwargs) - {"until"} - IGNORED_GENERATION_KEYS)
+        unknown = sorted(set(gen_kwargs) - {"until"} - SAMPLING_KEYS)
         if unknown:
             raise UserError(f"the {self.decoder} adapter does not take the generation key(s) {', '.join(unknown)}",
                             hint="set decoder options through model_args instead")
+        if asks_for_sampling(gen_kwargs):
+            asked = ", ".join(f"{key}={gen_kwargs[key]}" for key in ("do_sample", "temperature") if key in gen_kwargs)
+            raise UserError(f"the task asks for sampling ({asked}), but the {self.decoder} adapter decodes as its "
+                            "config says and would answer greedily under a sampling task's name",
+                            hint="run a greedy task (do_sample=false, temperature=0); decoder options such as "
+                                 "ReFusion's planning noise go in model_args")
         config = self.config if max_gen_toks is None else with_gen_length(self.config, int(max_gen_toks))
         prompt_ids = self.tok_encode(context)
         response = getattr(config, "padded_length", config.gen_length)  # ReFusion rounds up to whole slots
