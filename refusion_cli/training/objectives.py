@@ -33,6 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -49,6 +50,19 @@ class LossKind(IntEnum):
     NONE = 0  # not scored (prompt, padding, the last token of a clean slot)
     AR = 1  # next-token prediction (clean slots; the whole response for `ar`)
     MDM = 2  # a masked token predicting itself
+
+
+_NONE, _AR, _MDM = int(LossKind.NONE), int(LossKind.AR), int(LossKind.MDM)  # plain ints for building lists fast
+_NUMPY_DTYPES = {torch.long: np.int64, torch.int8: np.int8, torch.bool: np.bool_}
+
+
+def as_tensor(values: Sequence[int] | Sequence[bool], dtype: torch.dtype = torch.long) -> torch.Tensor:
+    """A 1-D tensor of Python ints (or bools), equal to ``torch.tensor(values, dtype=dtype)``.
+
+    Goes through NumPy: ``torch.tensor`` converts a list element by element, about 10x slower, and a
+    training step builds four such tensors per example.
+    """
+    return torch.from_numpy(np.array(values, dtype=_NUMPY_DTYPES[dtype]))
 
 
 @dataclass(frozen=True)
@@ -114,36 +128,39 @@ def draw_refusion_plan(response_length: int, generator: torch.Generator) -> Refu
 
 
 def layout_refusion(example: Example, plan: RefusionPlan, mask_id: int) -> Sample:
-    """Lay out the buffer: prompt, clean slots in ``plan.clean_order``, masked slots in position order."""
+    """Lay out the buffer: prompt, clean slots in ``plan.clean_order``, masked slots in position order.
+
+    Built slot by slot with list slices, one tensor per field at the end (a per-token loop and
+    ``torch.tensor`` on lists took most of the data time of a step).
+    """
     prompt, response = example.prompt_ids, example.response_ids
     offset = len(prompt)  # true position of response token 0
     slots = slot_bounds(len(response), plan.slot_size)
     if len(plan.masked) != len(slots) or sorted(plan.clean_order) != [i for i, m in enumerate(plan.masked) if not m]:
         raise ValueError("the plan does not match the response's slots")
-    ids, positions, labels, kinds = list(prompt), list(range(offset)), [IGNORE_INDEX] * offset, [LossKind.NONE] * offset
+    ids, positions, labels, kinds = list(prompt), list(range(offset)), [IGNORE_INDEX] * offset, [_NONE] * offset
     for slot in plan.clean_order:  # 1) clean slots: each token predicts the next token of its own slot
         start, end = slots[slot]
-        for j in range(start, end):
-            ids.append(response[j])
-            positions.append(offset + j)
-            last = j == end - 1
-            labels.append(IGNORE_INDEX if last else response[j + 1])
-            kinds.append(LossKind.NONE if last else LossKind.AR)
+        ids += response[start:end]
+        positions += range(offset + start, offset + end)
+        labels += response[start + 1:end]
+        labels.append(IGNORE_INDEX)  # the slot's last token has no label
+        kinds += [_AR] * (end - start - 1)
+        kinds.append(_NONE)
     for slot, is_masked in enumerate(plan.masked):  # 2) masked slots: each mask predicts the token at its position
         if is_masked:
             start, end = slots[slot]
-            for j in range(start, end):
-                ids.append(mask_id)
-                positions.append(offset + j)
-                labels.append(response[j])
-                kinds.append(LossKind.MDM)
-    kinds_tensor = torch.tensor([int(k) for k in kinds], dtype=torch.int8)
+            ids += [mask_id] * (end - start)
+            positions += range(offset + start, offset + end)
+            labels += response[start:end]
+            kinds += [_MDM] * (end - start)
+    kinds_tensor = as_tensor(kinds, torch.int8)
     n_ar = int((kinds_tensor == LossKind.AR).sum())
     weights = torch.zeros(len(ids), dtype=torch.float64)
     if n_ar:
         weights[kinds_tensor == LossKind.AR] = 1.0 / n_ar  # mean CE over the clean-slot labels
     weights[kinds_tensor == LossKind.MDM] = 1.0 / (plan.mask_prob * len(response))  # Σ CE / p / response length
-    return Sample(torch.tensor(ids), torch.tensor(positions), torch.tensor(labels), weights, kinds_tensor,
+    return Sample(as_tensor(ids), as_tensor(positions), as_tensor(labels), weights, kinds_tensor,
                   mask_prob=plan.mask_prob, slot_size=plan.slot_size)
 
 
@@ -155,16 +172,16 @@ def build_refusion(example: Example, mask_id: int, generator: torch.Generator) -
 def build_ar(example: Example, mask_id: int, generator: torch.Generator) -> Sample:
     """Next-token prediction of every response token (``mask_id`` and ``generator`` are unused)."""
     prompt, response = example.prompt_ids, example.response_ids
-    ids = list(prompt) + list(response)
+    ids = as_tensor((*prompt, *response))
     labels = torch.full((len(ids),), IGNORE_INDEX)
     start = len(prompt) - 1  # the token before response[0]: the last prompt token (or none for an empty prompt)
-    targets = torch.tensor(response)
+    targets = ids[len(prompt):]
     if start < 0:  # no prompt: response[0] has nothing to be predicted from
         targets, start = targets[1:], 0
     labels[start:start + targets.numel()] = targets
     kinds = torch.where(labels != IGNORE_INDEX, int(LossKind.AR), int(LossKind.NONE)).to(torch.int8)
     weights = (kinds == LossKind.AR).to(torch.float64) / max(targets.numel(), 1)  # mean CE over the response
-    return Sample(torch.tensor(ids), torch.arange(len(ids)), labels, weights, kinds)
+    return Sample(ids, torch.arange(len(ids)), labels, weights, kinds)
 
 
 def layout_llada(example: Example, masked: Sequence[bool], mask_prob: float, mask_id: int) -> Sample:
@@ -173,8 +190,8 @@ def layout_llada(example: Example, masked: Sequence[bool], mask_prob: float, mas
     if len(masked) != len(response):
         raise ValueError("one mask flag per response token is needed")
     offset = len(prompt)
-    flags = torch.tensor([False] * offset + list(masked))
-    original = torch.tensor(list(prompt) + list(response))
+    flags = as_tensor([False] * offset + list(masked), torch.bool)
+    original = as_tensor((*prompt, *response))
     ids = torch.where(flags, mask_id, original)
     labels = torch.where(flags, original, IGNORE_INDEX)
     kinds = torch.where(flags, int(LossKind.MDM), int(LossKind.NONE)).to(torch.int8)
@@ -262,6 +279,20 @@ def attention_allowed(lengths: torch.Tensor, width: int, bidirectional: bool) ->
     return allowed[:, None]
 
 
+def broadcast_attention_allowed(lengths: torch.Tensor, width: int, bidirectional: bool) -> torch.Tensor:
+    """The rule of :func:`attention_allowed` for every real query, as a mask that broadcasts to [B, 1, S, S].
+
+    Causal: [1, 1, S, S], one triangle for the whole batch. Bidirectional: [B, 1, 1, S], each row's real
+    keys (a pad query then sees the real tokens rather than itself; no real token reads it, and it is
+    never scored). The dense mask cost B times the memory, in every layer (the attention backend turns
+    a bool mask into a float copy per call and keeps it for the backward pass).
+    """
+    index = torch.arange(width, device=lengths.device)
+    if bidirectional:
+        return (index[None, :] < lengths[:, None])[:, None, None, :]
+    return (index[None, :] <= index[:, None])[None, None]
+
+
 def _base_model(model: torch.nn.Module) -> torch.nn.Module:
     """The transformers model inside DDP / FSDP / DeepSpeed wrappers."""
     while hasattr(model, "module") and isinstance(model.module, torch.nn.Module):
@@ -313,7 +344,7 @@ def compute_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], objecti
     if isinstance(objective, str):
         objective = get_objective(objective)
     input_ids = batch["input_ids"]
-    allowed = attention_allowed(batch["lengths"], input_ids.shape[1], objective.bidirectional)
+    allowed = broadcast_attention_allowed(batch["lengths"], input_ids.shape[1], objective.bidirectional)
     out = model(input_ids=input_ids, position_ids=batch["position_ids"],
                 attention_mask=model_attention_mask(model, allowed), use_cache=False)
     ar, mdm = weighted_losses(out.logits, batch)
