@@ -56,7 +56,7 @@ _NONE, _AR, _MDM = int(LossKind.NONE), int(LossKind.AR), int(LossKind.MDM)  # pl
 _NUMPY_DTYPES = {torch.long: np.int64, torch.int8: np.int8, torch.bool: np.bool_}
 
 
-def as_tensor(values: Sequence[int] | Sequence[bool], dtype: torch.dtype = torch.long) -> torch.Tensor:
+def tensor_of(values: Sequence[int] | Sequence[bool], dtype: torch.dtype = torch.long) -> torch.Tensor:
     """A 1-D tensor of Python ints (or bools), equal to ``torch.tensor(values, dtype=dtype)``.
 
     Goes through NumPy: ``torch.tensor`` converts a list element by element, about 10x slower, and a
@@ -154,13 +154,13 @@ def layout_refusion(example: Example, plan: RefusionPlan, mask_id: int) -> Sampl
             positions += range(offset + start, offset + end)
             labels += response[start:end]
             kinds += [_MDM] * (end - start)
-    kinds_tensor = as_tensor(kinds, torch.int8)
+    kinds_tensor = tensor_of(kinds, torch.int8)
     n_ar = int((kinds_tensor == LossKind.AR).sum())
     weights = torch.zeros(len(ids), dtype=torch.float64)
     if n_ar:
         weights[kinds_tensor == LossKind.AR] = 1.0 / n_ar  # mean CE over the clean-slot labels
     weights[kinds_tensor == LossKind.MDM] = 1.0 / (plan.mask_prob * len(response))  # Σ CE / p / response length
-    return Sample(as_tensor(ids), as_tensor(positions), as_tensor(labels), weights, kinds_tensor,
+    return Sample(tensor_of(ids), tensor_of(positions), tensor_of(labels), weights, kinds_tensor,
                   mask_prob=plan.mask_prob, slot_size=plan.slot_size)
 
 
@@ -172,7 +172,7 @@ def build_refusion(example: Example, mask_id: int, generator: torch.Generator) -
 def build_ar(example: Example, mask_id: int, generator: torch.Generator) -> Sample:
     """Next-token prediction of every response token (``mask_id`` and ``generator`` are unused)."""
     prompt, response = example.prompt_ids, example.response_ids
-    ids = as_tensor((*prompt, *response))
+    ids = tensor_of((*prompt, *response))
     labels = torch.full((len(ids),), IGNORE_INDEX)
     start = len(prompt) - 1  # the token before response[0]: the last prompt token (or none for an empty prompt)
     targets = ids[len(prompt):]
@@ -190,8 +190,8 @@ def layout_llada(example: Example, masked: Sequence[bool], mask_prob: float, mas
     if len(masked) != len(response):
         raise ValueError("one mask flag per response token is needed")
     offset = len(prompt)
-    flags = as_tensor([False] * offset + list(masked), torch.bool)
-    original = as_tensor((*prompt, *response))
+    flags = tensor_of([False] * offset + list(masked), torch.bool)
+    original = tensor_of((*prompt, *response))
     ids = torch.where(flags, mask_id, original)
     labels = torch.where(flags, original, IGNORE_INDEX)
     kinds = torch.where(flags, int(LossKind.MDM), int(LossKind.NONE)).to(torch.int8)

@@ -18,7 +18,6 @@ from refusion_cli.training.objectives import (
     Example,
     LossKind,
     RefusionPlan,
-    as_tensor,
     attention_allowed,
     broadcast_attention_allowed,
     build_ar,
@@ -29,6 +28,7 @@ from refusion_cli.training.objectives import (
     layout_refusion,
     model_attention_mask,
     slot_bounds,
+    tensor_of,
     weighted_losses,
 )
 
@@ -126,8 +126,8 @@ def test_ar_and_llada_samples_equal_the_list_built_reference(example):
 @pytest.mark.parametrize(("values", "dtype"), [([5, -100, 2**40, 0], torch.long), ([3, 0, 1, 2], torch.int8),
                                                ([True, False, True], torch.bool), ((7, 8), torch.long),
                                                ([], torch.long)])
-def test_as_tensor_equals_torch_tensor(values, dtype):
-    made = as_tensor(values, dtype)
+def test_tensor_of_equals_torch_tensor(values, dtype):
+    made = tensor_of(values, dtype)
     expected = torch.tensor(values, dtype=dtype)
     assert made.dtype == expected.dtype and made.shape == expected.shape and torch.equal(made, expected)
 
