@@ -88,6 +88,10 @@ class BenchSettings:
             if stray:
                 raise UserError(f"{option} names {', '.join(stray)}, which is not among the decoders benchmarked "
                                 f"({', '.join(self.decoders)})")
+        if (self.preset is not None or self.causal_fix) and "refusion" not in self.decoders:
+            option = "--preset" if self.preset is not None else "--causal-fix"
+            raise UserError(f"{option} applies to the refusion decoder, which is not among the decoders benchmarked "
+                            f"({', '.join(self.decoders)})", hint=f"add refusion to --decoder, or leave {option} out")
         if self.preset is not None:
             preset_config(self.preset)  # an unknown name fails here, before any model is loaded
         if self.warmup < 0:

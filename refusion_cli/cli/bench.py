@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated
@@ -56,6 +57,7 @@ from refusion_cli.bench.runner import (
     plan_entries,
     run_bench,
 )
+from refusion_cli.cli.options import path_value, seed_value, text_value
 from refusion_cli.cli.output import console, print_table, quiet_library_output
 from refusion_cli.decoding.registry import DECODERS
 from refusion_cli.errors import UserError
@@ -76,9 +78,9 @@ def bench(
     model: Annotated[list[str] | None, typer.Option("--model", help="DECODER=CHECKPOINT (embedded name, directory "
                                                     "or hub id); default: each decoder's embedded model",
                                                     rich_help_panel=RUN)] = None,
-    prompts: Annotated[Path | None, typer.Option("--prompts", help="JSONL with a 'prompt' or 'question' field and "
-                                                 "an optional 'target'; default: the synthetic task",
-                                                 rich_help_panel=RUN)] = None,
+    prompts: Annotated[Path | None, typer.Option("--prompts", parser=path_value, help="JSONL with a 'prompt' or "
+                                                 "'question' field and an optional 'target'; default: the "
+                                                 "synthetic task", rich_help_panel=RUN)] = None,
     limit: Annotated[int | None, typer.Option("--limit", help="use the first N prompts (synthetic task: 20)",
                                               rich_help_panel=RUN)] = None,
     gen_length: Annotated[list[str] | None, typer.Option("--gen-length", help=f"response length budget(s); several "
@@ -101,12 +103,13 @@ def bench(
                                         rich_help_panel=MEASURE)] = 1,
     repeats: Annotated[int, typer.Option("--repeats", help="timed decodes of every prompt",
                                          rich_help_panel=MEASURE)] = 1,
-    seed: Annotated[int, typer.Option("--seed", help="seed of the sampling noise (prompt i uses seed + i)",
-                                      rich_help_panel=MEASURE)] = 0,
-    output: Annotated[Path, typer.Option("--output", "-o", help="directory for bench.csv, samples.csv, bench.md and "
-                                         "the plots", rich_help_panel=MEASURE)] = Path("results/bench"),
-    device: Annotated[str | None, typer.Option("--device", help="cpu, cuda, cuda:1, ... (default: cuda when "
-                                               "available)", rich_help_panel=MACHINE)] = None,
+    seed: Annotated[int, typer.Option("--seed", parser=seed_value, help="seed of the sampling noise (prompt i "
+                                      "uses seed + i)", rich_help_panel=MEASURE)] = 0,
+    output: Annotated[Path, typer.Option("--output", "-o", parser=path_value, help="directory for bench.csv, "
+                                         "samples.csv, bench.md and the plots",
+                                         rich_help_panel=MEASURE)] = Path("results/bench"),
+    device: Annotated[str | None, typer.Option("--device", parser=text_value, help="cpu, cuda, cuda:1, ... "
+                                               "(default: cuda when available)", rich_help_panel=MACHINE)] = None,
     dtype: Annotated[str | None, typer.Option("--dtype", help="float32, bfloat16, float16 (default: bf16 on "
                                               "CUDA, float32 on CPU)", rich_help_panel=MACHINE)] = None,
     threads: Annotated[int | None, typer.Option("--threads", help="torch CPU threads",
@@ -120,7 +123,8 @@ def bench(
 ) -> None:
     """Compare decoders' speed (TPS, tokens per forward, latency, memory) and accuracy on the same prompts."""
     # --tps names the measurement; it is the only one so far, so it is on whether given or not
-    values = route_stray_values(stray or [], MultiValues(split_commas(decoder), split_commas(gen_length),
+    values = route_stray_values(stray or [], MultiValues(option_values(decoder, "--decoder"),
+                                                         option_values(gen_length, "--gen-length"),
                                                          list(model or []), list(set_options or [])))
     decoders = tuple(values.decoders or DEFAULT_DECODERS)
     settings = BenchSettings(
@@ -134,6 +138,9 @@ def bench(
     if threads is not None:
         if threads < 1:
             raise UserError(f"--threads must be >= 1, got {threads}")
+        cpus = os.cpu_count() or 1
+        if threads > cpus:  # torch.set_num_threads with far too many threads crashes the process
+            raise UserError(f"--threads {threads} is more than this machine's {cpus} CPU threads")
         torch.set_num_threads(threads)
     check_output_dir(output, hint="give a directory for bench.csv, bench.md and the plots")
     quiet_library_output()
@@ -166,6 +173,15 @@ class MultiValues:
 
 def split_commas(values: list[str] | None) -> list[str]:
     return [part for value in values or [] for part in value.split(",") if part]
+
+
+def option_values(values: list[str] | None, option: str) -> list[str]:
+    """The comma-separated values of a repeatable option; given with nothing in it (``--decoder ""``) is an
+    error, not the default."""
+    parts = split_commas(values)
+    if values and not parts:
+        raise UserError(f"{option} is empty", hint=f"leave {option} out for the default")
+    return parts
 
 
 def route_stray_values(stray: list[str], values: MultiValues) -> MultiValues:
@@ -204,6 +220,10 @@ def parse_models(values: list[str], decoders: tuple[str, ...]) -> dict[str, str]
     models: dict[str, str] = {}
     for value in values:
         name, sep, checkpoint = value.partition("=")
+        if not value.strip():
+            raise UserError("--model is empty", hint="leave --model out for each decoder's embedded model")
+        if sep and not name:
+            raise UserError(f"--model takes DECODER=CHECKPOINT, got '{value}'", hint="e.g. --model ar=ar-tiny")
         if not sep:
             if len(dict.fromkeys(decoders)) != 1:
                 raise UserError(f"--model takes DECODER=CHECKPOINT when several decoders run, got '{value}'",

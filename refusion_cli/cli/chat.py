@@ -24,6 +24,7 @@ import typer
 
 from refusion_cli.chat import ChatApp, ChatSession
 from refusion_cli.chat.session import chat_config
+from refusion_cli.cli.options import seed_value, text_value
 from refusion_cli.cli.output import console, err_console, quiet_library_output
 from refusion_cli.decoding.registry import DECODERS, decoder_spec, default_model
 from refusion_cli.errors import UserError
@@ -34,9 +35,9 @@ DECODING = "Decoding"
 
 
 def chat(
-    model: Annotated[str | None, typer.Option("--model", help="checkpoint: embedded name, local directory or hub "
-                                              "id (default: the decoder's embedded model, refusion-tiny for "
-                                              "refusion)", rich_help_panel=MODEL)] = None,
+    model: Annotated[str | None, typer.Option("--model", parser=text_value, help="checkpoint: embedded name, local "
+                                              "directory or hub id (default: the decoder's embedded model, "
+                                              "refusion-tiny for refusion)", rich_help_panel=MODEL)] = None,
     decoder: Annotated[str, typer.Option("--decoder", "-d", help=f"{', '.join(DECODERS)}",
                                          rich_help_panel=DECODING)] = "refusion",
     set_options: Annotated[list[str] | None, typer.Option("--set", help="NAME=VALUE decoder setting, e.g. "
@@ -47,10 +48,10 @@ def chat(
     history: Annotated[bool, typer.Option("--history/--no-history", help="keep the conversation (default), or "
                                           "answer every question on its own, e.g. a file of independent "
                                           "questions on stdin", rich_help_panel=DECODING)] = True,
-    seed: Annotated[int, typer.Option("--seed", help="seed of the sampling noise (temperature > 0)",
-                                      rich_help_panel=DECODING)] = 0,
-    device: Annotated[str | None, typer.Option("--device", help="cpu, cuda, ... (default: cuda when available)",
-                                               rich_help_panel=MODEL)] = None,
+    seed: Annotated[int, typer.Option("--seed", parser=seed_value, help="seed of the sampling noise "
+                                      "(temperature > 0)", rich_help_panel=DECODING)] = 0,
+    device: Annotated[str | None, typer.Option("--device", parser=text_value, help="cpu, cuda, ... (default: cuda "
+                                               "when available)", rich_help_panel=MODEL)] = None,
     dtype: Annotated[str | None, typer.Option("--dtype", help="float32, bfloat16, float16",
                                               rich_help_panel=MODEL)] = None,
     trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code", help="allow LLaDA / Dream checkpoints "

@@ -20,6 +20,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from refusion_cli.cli.options import path_value, seed_value, text_value
 from refusion_cli.cli.output import console, debug_enabled, print_table
 from refusion_cli.distributed import leave_process_group
 from refusion_cli.errors import UserError
@@ -51,18 +52,19 @@ def evaluate(
     set_: Annotated[list[str] | None, typer.Option("--set", help="decoder option KEY=VALUE for every decoder that has "
                                                    "it, or DECODER.KEY=VALUE for one (e.g. slot_size=16)",
                                                    rich_help_panel=HOW)] = None,
-    seed: Annotated[int, typer.Option("--seed", help="per-request generator seed and lm-eval's task seed",
-                                      rich_help_panel=HOW)] = 0,
-    device: Annotated[str | None, typer.Option("--device", help="cpu, cuda, cuda:1 ... (default: cuda if available)",
-                                               rich_help_panel=HOW)] = None,
+    seed: Annotated[int, typer.Option("--seed", parser=seed_value, help="per-request generator seed and lm-eval's "
+                                      "task seed", rich_help_panel=HOW)] = 0,
+    device: Annotated[str | None, typer.Option("--device", parser=text_value, help="cpu, cuda, cuda:1 ... "
+                                               "(default: cuda if available)", rich_help_panel=HOW)] = None,
     dtype: Annotated[str | None, typer.Option("--dtype", help="float32, bfloat16, float16",
                                               rich_help_panel=HOW)] = None,
     trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code", help="allow checkpoints that ship their "
                                                     "own modelling code (LLaDA, Dream)", rich_help_panel=HOW)] = False,
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="run directory; rerunning into it resumes "
-                                                "(default: results/<date>-<task>/)", rich_help_panel=WHERE)] = None,
-    data_dir: Annotated[Path | None, typer.Option("--data-dir", help="folder of local benchmark files, laid out as "
-                                                  "in evals/README.md (default: evals/data)",
+    output: Annotated[Path | None, typer.Option("--output", "-o", parser=path_value, help="run directory; rerunning "
+                                                "into it resumes (default: results/<date>-<task>/)",
+                                                rich_help_panel=WHERE)] = None,
+    data_dir: Annotated[Path | None, typer.Option("--data-dir", parser=path_value, help="folder of local benchmark "
+                                                  "files, laid out as in evals/README.md (default: evals/data)",
                                                   rich_help_panel=WHERE)] = None,
     data_file: Annotated[list[str] | None, typer.Option("--data-file", help="TASK=PATH: the one local data file of "
                                                         "a task", rich_help_panel=WHERE)] = None,

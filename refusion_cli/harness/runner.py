@@ -35,6 +35,7 @@ import hashlib
 import json
 import random
 import re
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -131,11 +132,14 @@ def default_output(tasks: list[str], today: dt.date | None = None) -> Path:
 
 
 def parse_assignments(values: list[str], what: str) -> list[tuple[str, str]]:
+    """``KEY=VALUE`` pairs; a missing ``=``, key or value is a UserError naming the option."""
     pairs = []
     for value in values:
         key, sep, rest = value.partition("=")
         if not sep or not key.strip():
             raise UserError(f"{what} takes KEY=VALUE, got '{value}'")
+        if not rest.strip():
+            raise UserError(f"{what} {value}: no value after '='")
         pairs.append((key.strip(), rest.strip()))
     return pairs
 
@@ -149,17 +153,27 @@ def decoder_runs(decoders: list[str], models: list[str]) -> list[DecoderRun]:
             chosen.append(name)
     if not chosen:
         raise UserError(f"no decoder given; pass --decoder with one or more of {', '.join(DECODERS)}")
-    shared, per_decoder = None, {}
+    shared: str | None = None
+    per_decoder: dict[str, str] = {}
     for value in models:
         key, sep, path = value.partition("=")
+        if not value.strip():
+            raise UserError("--model is empty; give a checkpoint, or DECODER=PATH for one decoder")
         if sep and key in DECODERS:
             if key not in chosen:
                 raise UserError(f"--model {value}: the {key} decoder is not selected (--decoder {' '.join(chosen)})")
+            if not path.strip():
+                raise UserError(f"--model {value}: no checkpoint after '='")
+            if per_decoder.get(key, path) != path:
+                raise UserError(f"--model gives {key} two checkpoints: {per_decoder[key]} and {path}")
             per_decoder[key] = path
         elif sep and not Path(key).expanduser().exists() and not Path(value).expanduser().exists():
             raise UserError(f"--model {value}: '{key}' is not a decoder; DECODER=PATH takes one of "
                             f"{', '.join(DECODERS)}", hint="or give a checkpoint path alone, for every decoder")
         else:
+            if shared not in (None, value):
+                raise UserError(f"--model gives every decoder two checkpoints: {shared} and {value}",
+                                hint="DECODER=PATH gives one decoder its own checkpoint")
             shared = value
     runs = []
     for name in chosen:
@@ -177,6 +191,9 @@ def decoder_overrides(values: list[str], decoders: list[str]) -> dict[str, dict[
     result: dict[str, dict[str, str]] = {name: {} for name in decoders}
     for key, value in parse_assignments(values, "--set"):
         scope, dot, option = key.rpartition(".")
+        if dot and not (scope and option):
+            raise UserError(f"--set takes KEY=VALUE or DECODER.KEY=VALUE, got '{key}={value}'",
+                            hint="e.g. --set slot_size=16 or --set refusion.slot_size=16")
         if dot:
             if scope not in decoders:
                 raise UserError(f"--set {key}={value}: '{scope}' is not a selected decoder ({', '.join(decoders)})")
@@ -187,6 +204,9 @@ def decoder_overrides(values: list[str], decoders: list[str]) -> dict[str, dict[
                 known = "; ".join(f"{d}: {', '.join(config_fields(decoder_spec(d).config_class))}" for d in decoders)
                 raise UserError(f"--set {key}: no selected decoder has an option '{option}' ({known})")
         for decoder in targets:
+            earlier = result[decoder].get(option, value)
+            if earlier != value:
+                raise UserError(f"--set gives {decoder}.{option} two values: {earlier} and {value}")
             result[decoder][option] = value
     return result
 
@@ -242,12 +262,15 @@ def config_hash(decoder: str, config: Any, fingerprint: str, seed: int, chat_tem
 
 def data_file_options(values: list[str], benchmarks: list[Benchmark]) -> dict[str, Path]:
     names = {b.name: b for b in benchmarks} | {b.lm_eval_task: b for b in benchmarks}
-    files = {}
+    given: dict[str, str] = {}
     for key, path in parse_assignments(values, "--data-file"):
         if key not in names:
             raise UserError(f"--data-file {key}=...: '{key}' is not one of the selected tasks ({', '.join(b.name for b in benchmarks)})")
-        files[names[key].name] = Path(path).expanduser()
-    return files
+        name = names[key].name
+        if given.get(name, path) != path:
+            raise UserError(f"--data-file gives {name} two files: {given[name]} and {path}")
+        given[name] = path
+    return {name: Path(path).expanduser() for name, path in given.items()}
 
 
 def check_data_dir(data_dir: Path, rendered: dict[str, RenderedTask]) -> None:
@@ -319,6 +342,9 @@ def plan_eval(options: EvalOptions, suite: Suite | None = None) -> Plan:
         suite.preset(options.preset)
     if options.limit is not None and options.limit < 1:
         raise UserError(f"--limit must be a positive number of documents, got {options.limit}")
+    if options.limit is not None and options.limit > sys.maxsize:
+        raise UserError(f"--limit {options.limit} is larger than any benchmark",
+                        hint="leave --limit out to run every document")
     parse_device(options.device)  # a misspelt device, or CUDA this machine lacks
     if options.dtype is not None:
         parse_dtype(options.dtype)

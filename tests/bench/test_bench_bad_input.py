@@ -55,6 +55,16 @@ def error_line(err: str) -> str:
     (["--prompts", "DIR"], "error: the prompts file DIR is a directory, not a JSONL file"),
     (["--prompts", "/dev/null"], "error: the prompts file /dev/null is not a regular file"),
     (["--set", "refusion.slot_threshold=2"], "error: slot_threshold must be in [0, 1], got 2.0"),
+    (["--seed", str(2**64)], "error: Invalid value for '--seed': must be a whole number from 0 to 9223372036854775807, "
+                             "got 18446744073709551616"),  # torch's generators take no seed past 2**64 - 1
+    (["--seed", "-1"], "error: Invalid value for '--seed': must be a whole number from 0 to"),
+    (["--threads", "100000"], "error: --threads 100000 is more than this machine's"),  # torch would crash
+    (["--device", ""], "error: Invalid value for '--device': the value is empty (leave the option out for the "
+                       "default)"),
+    (["--model", ""], "error: --model is empty (hint: leave --model out for each decoder's embedded "
+                      "model)"),
+    (["--model", "=ar-tiny"], "error: --model takes DECODER=CHECKPOINT, got '=ar-tiny' (hint: e.g. --model "
+                              "ar=ar-tiny)"),
 ])
 def test_a_bad_option_leaves_the_previous_run_untouched(args, message, tmp_path, monkeypatch, capsys,
                                                         causal_checkpoint):
@@ -67,6 +77,26 @@ def test_a_bad_option_leaves_the_previous_run_untouched(args, message, tmp_path,
     assert code == 2 and out == ""
     assert error_line(err).startswith(message.replace("DIR", str(tmp_path)))
     assert files_in(output) == before
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--decoder", ",", "--gen-length", "16"], "error: --decoder is empty (hint: leave --decoder out for the default)"),
+    (["--decoder", "ar", "--gen-length", ""], "error: --gen-length is empty (hint: leave --gen-length out for the "
+                                              "default)"),
+    (["--decoder", "ar", "--gen-length", "16", "--preset", "gsm8k"], "error: --preset applies to the refusion decoder, "
+     "which is not among the decoders benchmarked (ar) (hint: add refusion to --decoder, or leave --preset out)"),
+    (["--decoder", "ar", "--gen-length", "16", "--causal-fix"], "error: --causal-fix applies to the refusion decoder"),
+    (["--decoder", "ar", "--gen-length", "16", "--output", ""], "error: Invalid value for '--output' / '-o': the path "
+     "is empty (use '.' for the working directory)"),
+])
+def test_an_empty_or_idle_option_is_refused_not_run_with_the_default(args, message, tmp_path, monkeypatch, capsys):
+    """An option given nothing, or asking for a row that no decoder makes, would otherwise run the default set
+    (every decoder, 256 tokens) or measure without it; an empty --output would be the working directory."""
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_bench_cli([*args, "--limit", "1", "--warmup", "0"], monkeypatch, capsys)
+    assert code == 2 and out == ""
+    assert error_line(err).startswith(message)
+    assert list(tmp_path.iterdir()) == []  # no results/bench/ nor bench.csv in the working directory
 
 
 @pytest.mark.parametrize("where, message", [

@@ -146,6 +146,9 @@ def test_piped_stdin_with_a_bad_line_goes_on_then_exits_2(causal_checkpoint):
     (["--decoder", "llada"], "needs a bidirectional (masked-diffusion) model"),
     (["--set", "slot_threshold=0.8", "--set", "slot_threshold=0.9"],
      "--set gives slot_threshold two values: 0.8 and 0.9"),
+    (["--model", ""], "Invalid value for '--model': the value is empty"),  # not the default model instead
+    (["--device", ""], "Invalid value for '--device': the value is empty"),
+    (["--seed", str(2**70)], "Invalid value for '--seed': must be a whole number from 0 to 9223372036854775807"),
 ])
 def test_bad_options_are_one_line_and_exit_2(args, message, causal_checkpoint, monkeypatch, capsys):
     """Through the real entry point (in-process, for speed)."""

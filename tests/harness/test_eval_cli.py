@@ -301,13 +301,39 @@ def run_cli(capsys, monkeypatch, *args: str) -> tuple[int, str, str]:
     (["--task", "synthetic", "--decoder", "dream"], "the dream decoder has no embedded model"),
     (["--task", "synthetic", "--decoder", "ar", "llada", "--model", "CAUSAL"],  # found before AR decodes anything
      "the llada decoder needs a bidirectional (masked-diffusion) model"),
+    # an empty or repeated value is refused, never replaced by a default or by the last one given
+    (["--task", "synthetic", "--decoder", "ar", "--model", ""], "--model is empty"),
+    (["--task", "synthetic", "--decoder", "ar", "--model", "ar="], "--model ar=: no checkpoint after '='"),
+    (["--task", "synthetic", "--decoder", "ar", "--model", "ar=CAUSAL", "--model", "ar=ar-tiny"],
+     "--model gives ar two checkpoints: CAUSAL and ar-tiny"),
+    (["--task", "synthetic", "--decoder", "ar", "--model", "CAUSAL", "--model", "ar-tiny"],
+     "--model gives every decoder two checkpoints: CAUSAL and ar-tiny"),
+    (["--task", "synthetic", "--decoder", "ar", "--set", "gen_length=8", "--set", "gen_length=9"],
+     "--set gives ar.gen_length two values: 8 and 9"),
+    (["--task", "synthetic", "--set", "gen_length=", "--decoder", "ar"], "--set gen_length=: no value after '='"),
+    (["--task", "synthetic", "--set", "refusion.=1"],
+     "--set takes KEY=VALUE or DECODER.KEY=VALUE, got 'refusion.=1'"),
+    (["--task", "synthetic", "--decoder", "ar", "--data-file", "synthetic="],
+     "--data-file synthetic=: no value after '='"),
+    (["--task", "synthetic", "--decoder", "ar", "--data-file", "synthetic=a.jsonl",
+      "--data-file", "synthetic=b.jsonl"], "--data-file gives synthetic two files: a.jsonl and b.jsonl"),
+    (["--task", "synthetic", "--decoder", "ar", "--device", ""],
+     "Invalid value for '--device': the value is empty"),
+    (["--task", "synthetic", "--decoder", "ar", "--seed", str(2**64)],
+     "Invalid value for '--seed': must be a whole number from 0 to 9223372036854775807, got 18446744073709551616"),
+    # lm-eval slices the documents with islice, which takes no stop past sys.maxsize
+    (["--task", "synthetic", "--decoder", "ar", "--limit", "99999999999999999999"],
+     "--limit 99999999999999999999 is larger than any benchmark (hint: leave --limit out to run every document)"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message, causal_checkpoint, capsys, monkeypatch, tmp_path):
     if "--model" not in args and "dream" not in args:
         args = [*args, "--model", str(causal_checkpoint)]
-    args = [str(causal_checkpoint) if arg == "CAUSAL" else arg for arg in args]
+    if "--limit" not in args:
+        args = [*args, "--limit", "1"]  # were a mistake let through, the run stays short
+    args = [arg.replace("CAUSAL", str(causal_checkpoint)) for arg in args]
     code, stdout, stderr = run_cli(capsys, monkeypatch, *args, "--output", str(tmp_path / "run"))
-    assert code == 2 and message in stderr and "Traceback" not in stderr and stdout == ""
+    assert code == 2 and message.replace("CAUSAL", str(causal_checkpoint)) in stderr
+    assert stderr.count("error:") == 1 and "Traceback" not in stderr and stdout == ""
     assert not (tmp_path / "run").exists()  # nothing is written for a run that cannot start
 
 
@@ -371,6 +397,18 @@ def test_an_unusable_output_path_is_one_line_naming_it(case, capsys, monkeypatch
     assert str(output) in stderr
     assert a_file.read_text() == "keep me" and sorted(tmp_path.iterdir()) == [a_file]
     assert not Path("/proc/nope").exists()
+
+
+@pytest.mark.parametrize("option, name", [("--output", "'--output' / '-o'"), ("--data-dir", "'--data-dir'")])
+def test_an_empty_path_is_refused_not_read_as_the_working_directory(option, name, capsys, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)  # Path("") is "."
+    code, stdout, stderr = run_cli(capsys, monkeypatch, "--task", "synthetic", "--decoder", "ar", "--limit", "1",
+                                   "--device", "cpu", *([] if option == "--output" else ["--output", "run"]),
+                                   option, "")
+    assert code == 2 and stdout == "" and "Traceback" not in stderr
+    assert stderr == (f"error: Invalid value for {name}: the path is empty (use '.' for the working directory) "
+                      "(hint: refusion eval --help lists the options)")
+    assert list(tmp_path.iterdir()) == []  # no metrics.json, samples/ or eval.log in the working directory
 
 
 def test_a_run_that_fails_before_its_first_sample_removes_only_a_folder_it_created(capsys, monkeypatch, tmp_path):
