@@ -191,6 +191,41 @@ def attribute_errors(loaded, problems: list[dict[str, str]], config, causal_fix:
     return counts
 
 
+PROBLEM_FIELDS = ("question", "answer", "target")  # what the probe and --errors read from a record
+
+
+def read_problems(path: Path, limit: int) -> list[dict[str, str]]:
+    """The first ``limit`` records of a JSON-lines file in the synthetic task's format; a missing, empty or
+    malformed file, or a record without a string question, answer and target, is a UserError naming it."""
+    from refusion_cli.errors import UserError
+    from refusion_cli.jsonl import json_objects, read_text
+
+    if not path.is_file():
+        raise UserError(f"--data {path} does not exist or is not a file")
+    hint = "give --data records of the synthetic task's format: question, answer (ending in '#### N') and target"
+    problems = []
+    for number, record in json_objects(read_text(path, f"--data {path}"), f"--data {path}", hint):
+        missing = [name for name in PROBLEM_FIELDS if not isinstance(record.get(name), str)]
+        if missing:
+            raise UserError(f"--data {path}, line {number}, has no string field {', '.join(missing)}", hint=hint)
+        problems.append(record)
+        if len(problems) == limit:
+            break
+    if not problems:
+        raise UserError(f"--data {path} holds no problems", hint=hint)
+    return problems
+
+
+def check_output_file(path: Path) -> None:
+    """``--output``: a file that can be created (checked before the models run, not after)."""
+    from refusion_cli.errors import UserError
+    from refusion_cli.paths import check_output_dir
+
+    if path.is_dir():
+        raise UserError(f"--output {path} is a directory; give a file name for the JSON")
+    check_output_dir(path.parent, hint="give --output a file in a folder you can write to")
+
+
 def main(argv: list[str] | None = None) -> None:
     import dataclasses
 
@@ -198,7 +233,6 @@ def main(argv: list[str] | None = None) -> None:
     from refusion_cli.cli.output import fail, quiet_library_output
     from refusion_cli.errors import UserError
     from refusion_cli.models.loading import load_model
-    from refusion_cli.tasks.synthetic import read_jsonl
 
     parser = argparse.ArgumentParser(description="Next-position accuracy of the draft head vs the causal head.")
     parser.add_argument("--model", nargs="+", default=["refusion-tiny"], help="embedded names or directories")
@@ -214,9 +248,10 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if args.limit < 1:
             raise UserError(f"--limit must be at least 1, got {args.limit}")
-        if not args.data.is_file():
-            raise UserError(f"no such file: {args.data}")
-        problems = read_jsonl(args.data)[:args.limit]
+        problems = read_problems(args.data, args.limit)
+        config = dataclasses.replace(preset_config(args.preset), gen_length=args.gen_length) if args.errors else None
+        if args.output is not None:
+            check_output_file(args.output)
         rows = {}
         print("| model | positions | AR head | draft head | digits | AR head, digits | draft head, digits |")
         print("|---|---|---|---|---|---|---|")
@@ -227,8 +262,7 @@ def main(argv: list[str] | None = None) -> None:
             rows[name] = {**asdict(counts), **rates}
             print(f"| {name} | {counts.positions} | {rates['ar']:.1%} | {rates['draft']:.1%} | {counts.digits} | "
                   f"{rates['ar_digits']:.1%} | {rates['draft_digits']:.1%} |", flush=True)
-            if args.errors:
-                config = dataclasses.replace(preset_config(args.preset), gen_length=args.gen_length)
+            if config is not None:
                 for key, causal_fix in (("errors", False), ("errors_causal_fix", True)):
                     errors = attribute_errors(loaded, problems, config, causal_fix)
                     rows[name][key] = {"preset": args.preset, "gen_length": args.gen_length, **errors.as_dict()}
@@ -241,11 +275,20 @@ def main(argv: list[str] | None = None) -> None:
                     print("    committed tokens up to the first difference, wrong / all: "
                           + ", ".join(f"{kind} {errors.committed_wrong[kind]} / {n}"
                                       for kind, n in errors.committed.most_common()), flush=True)
+        if args.output is not None:
+            write_rates(args.output, {"data": str(args.data), "problems": len(problems), "models": rows})
     except UserError as exc:
         fail(str(exc), exc.hint)
-    if args.output is not None:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(json.dumps({"data": str(args.data), "problems": len(problems), "models": rows}, indent=2))
+
+
+def write_rates(path: Path, payload: dict) -> None:
+    from refusion_cli.errors import UserError
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(payload, indent=2))
+    except OSError as exc:
+        raise UserError(f"cannot write --output {path}: {exc.strerror or exc}") from None
 
 
 if __name__ == "__main__":

@@ -50,6 +50,36 @@ def test_cli_refuses_a_bad_limit_with_one_line(capsys):
     assert "--limit must be at least 1" in capsys.readouterr().err
 
 
+GOOD = '{"question": "Q", "answer": "#### 2", "target": "2"}'
+
+
+@pytest.mark.parametrize("args, content, message", [
+    (["--data", "DIR"], None, "error: --data DIR does not exist or is not a file"),
+    (["--data", "FILE"], "", "error: --data FILE holds no problems"),
+    (["--data", "FILE"], "\n{oops\n" + GOOD, "error: --data FILE, line 2, is not valid JSON"),
+    (["--data", "FILE"], "[1, 2]", "error: --data FILE, line 1, is not a JSON object"),
+    (["--data", "FILE"], '{"question": "Q", "target": "2"}', "error: --data FILE, line 1, has no string field answer"),
+    (["--data", "FILE"], b'{"question": "caf\xe9"}', "error: --data FILE is not UTF-8 text (byte 17)"),
+    (["--output", "DIR"], None, "error: --output DIR is a directory; give a file name for the JSON"),
+    (["--output", "FILE/rates.json"], "x", "error: --output FILE is a file, not a directory"),
+    (["--errors", "--preset", "nope"], None, "error: unknown ReFusion preset 'nope'"),
+    (["--errors", "--gen-length", "0"], None, "error: gen_length must be a positive integer, got 0"),
+])
+def test_cli_refuses_bad_input_in_one_line_before_any_model_runs(args, content, message, tmp_path, capsys):
+    """Before, a malformed --data line, a missing field or an unwritable --output was a traceback (the last after
+    every model had been probed), and a bad --errors setting stopped the run only after the first model's probe."""
+    file = tmp_path / "data.jsonl"
+    if content is not None:
+        file.write_bytes(content if isinstance(content, bytes) else content.encode())
+    args = [arg.replace("DIR", str(tmp_path)).replace("FILE", str(file)) for arg in args]
+    with pytest.raises(SystemExit) as exit_info:
+        main([*args, "--limit", "1"])
+    out = capsys.readouterr()
+    assert exit_info.value.code == 2 and out.out == ""  # not even the table's header: nothing was probed
+    assert len(out.err.splitlines()) == 1, out.err
+    assert out.err.startswith(message.replace("DIR", str(tmp_path)).replace("FILE", str(file)))
+
+
 def test_first_difference_counts_a_length_difference():
     assert first_difference([1, 2], [1, 2]) is None
     assert first_difference([1, 2], [1, 3]) == 1
