@@ -37,6 +37,8 @@ EOS_TOKEN = "<|im_end|>"
 MASK_TOKEN = "<|mask|>"
 SPECIAL_TOKENS = (PAD_TOKEN, IM_START, EOS_TOKEN, MASK_TOKEN)
 DEFAULT_VOCAB_SIZE = 512
+MIN_VOCAB_SIZE = len(SPECIAL_TOKENS) + len(pre_tokenizers.ByteLevel.alphabet())  # every byte has a token
+MAX_VOCAB_SIZE = 1_000_000  # far above any merge count a corpus here reaches; ~2**31 makes the trainer abort
 
 # Qwen3's template reduced to its message framing: no system-prompt default, no tools, no <think>.
 CHAT_TEMPLATE = (
@@ -51,9 +53,8 @@ CHAT_TEMPLATE = (
 
 def build_backend(texts: Iterable[str], vocab_size: int) -> Tokenizer:
     """The raw ``tokenizers`` BPE model trained on ``texts``."""
-    minimum = len(SPECIAL_TOKENS) + len(pre_tokenizers.ByteLevel.alphabet())
-    if vocab_size < minimum:
-        raise ValueError(f"vocab_size must be >= {minimum} (special tokens + 256 bytes), got {vocab_size}")
+    if vocab_size < MIN_VOCAB_SIZE:
+        raise ValueError(f"vocab_size must be >= {MIN_VOCAB_SIZE} (special tokens + 256 bytes), got {vocab_size}")
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Digits(individual_digits=True),
@@ -107,18 +108,23 @@ def chat_texts(pairs: Iterable[tuple[str, str]]) -> Iterable[str]:
 
 def main(argv: list[str] | None = None) -> None:
     from refusion_cli.errors import UserError
+    from refusion_cli.paths import check_output_dir
     from refusion_cli.training.data import read_records
 
     parser = argparse.ArgumentParser(prog="python -m refusion_cli.tasks.tokenizer",
                                      description="Train the byte-level BPE tokenizer of the tiny models.")
     parser.add_argument("--data", required=True, type=Path, help="JSONL of {query, response}, {prompt, completion} "
                         "or {question, answer} records (what refusion train reads)")
-    parser.add_argument("--out", required=True, type=Path, help="folder for the tokenizer files")
+    parser.add_argument("--out", required=True, help="folder for the tokenizer files")
     parser.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB_SIZE)
     args = parser.parse_args(argv)
     try:
-        if args.vocab_size < 1:
-            raise UserError(f"--vocab-size must be positive, got {args.vocab_size}")
+        if not MIN_VOCAB_SIZE <= args.vocab_size <= MAX_VOCAB_SIZE:
+            raise UserError(f"--vocab-size must be from {MIN_VOCAB_SIZE} (the special tokens and 256 bytes) to "
+                            f"{MAX_VOCAB_SIZE:,}, got {args.vocab_size}")
+        if not args.out.strip():  # Path("") would be the working directory
+            raise UserError("--out is empty", hint="give the folder for the tokenizer files")
+        check_output_dir(Path(args.out), hint="give --out a folder for the tokenizer files", option="--out")
         records = read_records(args.data)
         if not records:
             raise UserError(f"{args.data} holds no records")

@@ -146,3 +146,27 @@ def test_cli_reads_every_training_record_format_and_names_a_bad_line(tmp_path: P
         main(["--data", str(bad), "--out", str(tmp_path / "tok3")])
     assert exit_info.value.code == 2 and not (tmp_path / "tok3").exists()
     assert capsys.readouterr().err.startswith(f"error: {bad}, line 2, has none of the record formats")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--vocab-size", "10"], "error: --vocab-size must be from 260 (the special tokens and 256 bytes) to 1,000,000, "
+                             "got 10"),
+    (["--vocab-size", "1000000000000"], "error: --vocab-size must be from 260"),  # the trainer aborted the process
+    (["--out", ""], "error: --out is empty"),  # not the working directory
+    (["--out", "FILE"], "error: --out FILE is a file, not a directory"),  # transformers logged it and exited 0
+    (["--out", "FILE/tok"], "error: --out FILE/tok cannot be created: FILE is a file, not a directory"),
+])
+def test_cli_refuses_a_bad_size_or_folder_in_one_line(args, message, tmp_path: Path, capsys,
+                                                      monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in generate_problems(5, seed=2)), encoding="utf-8")
+    file = tmp_path / "a_file"
+    file.write_text("keep")
+    args = [arg.replace("FILE", str(file)) for arg in args]
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--data", str(data), "--out", str(tmp_path / "tok"), *args])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and len(err.splitlines()) == 1
+    assert err.startswith(message.replace("FILE", str(file)))
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["a_file", "train.jsonl"]  # nothing written
