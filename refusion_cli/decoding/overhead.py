@@ -11,6 +11,7 @@ decoder's own overhead.
 from __future__ import annotations
 
 import argparse
+import os
 
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
@@ -24,7 +25,7 @@ from refusion_cli.decoding.stats import DecodeStats
 def tiny_model(vocab: int, hidden: int, layers: int, seed: int) -> Qwen3ForCausalLM:
     config = Qwen3Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=layers,
                          num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4,
-                         max_position_embeddings=2048, initializer_range=0.3)
+                         max_position_embeddings=MAX_POSITIONS, initializer_range=0.3)
     torch.manual_seed(seed)
     return Qwen3ForCausalLM(config).eval()
 
@@ -38,7 +39,11 @@ def summarise(name: str, runs: list[DecodeStats]) -> str:
             f"{inside / seconds * 100:.1f}% |")
 
 
-def main() -> None:
+PROMPT_LENGTH = 48  # tokens of the random prompt every decode starts from
+MAX_POSITIONS = 2048  # the tiny model's max_position_embeddings
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gen-length", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=5)
@@ -47,17 +52,25 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=512)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--recompute", action="store_true", help="also time kv_reuse=False (slow: quadratic)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     for option in ("gen_length", "repeats", "hidden", "layers", "vocab"):
         if getattr(args, option) < 1:
             parser.error(f"--{option.replace('_', '-')} must be at least 1")
     if args.vocab < 3:
         parser.error("--vocab must be at least 3 (a mask id and prompt tokens)")
-    if args.threads:
+    if args.hidden % 8:  # 4 heads of an even size: rotary embeddings rotate pairs of dimensions
+        parser.error(f"--hidden must be a multiple of 8 (4 heads of an even size), got {args.hidden}")
+    if PROMPT_LENGTH + args.gen_length > MAX_POSITIONS:
+        parser.error(f"--gen-length must be at most {MAX_POSITIONS - PROMPT_LENGTH} (the model's {MAX_POSITIONS} "
+                     f"positions less the {PROMPT_LENGTH}-token prompt), got {args.gen_length}")
+    if args.threads is not None:
+        cpus = os.cpu_count() or 1
+        if not 1 <= args.threads <= cpus:  # torch refuses 0 or less and crashes far above the CPU count
+            parser.error(f"--threads must be from 1 to this machine's {cpus} CPU threads, got {args.threads}")
         torch.set_num_threads(args.threads)
     model = tiny_model(args.vocab, args.hidden, args.layers, seed=0)
     mask_id = args.vocab - 1
-    prompt = torch.randint(0, args.vocab - 2, (48,), generator=torch.Generator().manual_seed(0))
+    prompt = torch.randint(0, args.vocab - 2, (PROMPT_LENGTH,), generator=torch.Generator().manual_seed(0))
     settings = {
         "refusion k=8 τ=0.9/0.9": ReFusionConfig(gen_length=args.gen_length, slot_size=8, slot_threshold=0.9,
                                                  token_threshold=0.9),

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -228,7 +229,38 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="run the three fine-tunes side by side, --threads (default 1) each: the way to share "
                              "one GPU; on 2 CPU cores it was measured slower than one after the other with "
                              "--threads 2 (~3 s/step each vs ~0.8 s/step)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    check_args(parser, args)
+    return args
+
+
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse impossible values before the data, the tokenizer and the first training stage are built (a bad
+    --steps or --lr would otherwise fail only inside a training subprocess, after minutes)."""
+    at_least = {"n_train": 1, "base_steps": 1, "finetune_steps": 1, "batch_size": 1, "base_stop_at": 0,
+                "continue_steps": 0, "finetune_batch_size": 0, "num_workers": 0}
+    for name, low in at_least.items():
+        if getattr(args, name) < low:
+            parser.error(f"--{name.replace('_', '-')} must be at least {low}, got {getattr(args, name)}")
+    if args.threads is not None and args.threads < 1:
+        parser.error(f"--threads must be at least 1, got {args.threads}")
+    if args.base_stop_at > args.base_steps:
+        parser.error(f"--base-stop-at ({args.base_stop_at}) is past the end of --base-steps ({args.base_steps})")
+    for name in ("base_lr", "finetune_lr"):
+        if not 0 < getattr(args, name) < math.inf:
+            parser.error(f"--{name.replace('_', '-')} must be a positive number, got {getattr(args, name)}")
+    if args.model_config:
+        try:
+            overrides = json.loads(args.model_config)
+        except json.JSONDecodeError as exc:
+            parser.error(f"--model-config is not valid JSON: {exc.msg} (column {exc.colno})")
+        if not isinstance(overrides, dict):
+            parser.error("--model-config must be a JSON object of Qwen3Config fields")
+    unknown = sorted(set(args.only or ()) - set(FINETUNES))
+    if unknown:
+        parser.error(f"--only: unknown fine-tune(s) {', '.join(unknown)}; choose from {', '.join(FINETUNES)}")
+    if args.work.exists() and not args.work.is_dir():
+        parser.error(f"--work {args.work} is a file, not a directory")
 
 
 def main(argv: list[str] | None = None) -> None:

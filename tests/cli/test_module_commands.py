@@ -1,0 +1,59 @@
+"""The `python -m` commands beside `refusion` (overhead timing, model rebuild): a bad value is an argparse usage
+error naming it (exit 2), checked before any model is built or any data is written."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from refusion_cli.decoding.overhead import main as overhead_main
+from refusion_cli.models.build import parse_args as build_args
+
+TINY = ["--gen-length", "8", "--repeats", "1", "--hidden", "32", "--layers", "1"]
+
+
+def usage_error(run, capsys) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        run()
+    out = capsys.readouterr()
+    assert exit_info.value.code == 2 and out.out == "" and "Traceback" not in out.err
+    return out.err.splitlines()[-1]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--threads", "-1"], "--threads must be from 1 to this machine's"),  # torch raised a RuntimeError
+    (["--threads", "0"], "--threads must be from 1 to this machine's"),  # was silently the default
+    (["--threads", str(10 * (os.cpu_count() or 1))], "--threads must be from 1 to this machine's"),
+    (["--hidden", "30"], "--hidden must be a multiple of 8 (4 heads of an even size), got 30"),  # a RoPE traceback
+    (["--gen-length", "5000"], "--gen-length must be at most 2000 (the model's 2048 positions less the 48-token "
+                               "prompt), got 5000"),  # a UserError traceback after the model was built
+])
+def test_overhead_refuses_impossible_settings(args, message, capsys):
+    assert message in usage_error(lambda: overhead_main([*TINY, *args]), capsys)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--n-train", "-1"], "--n-train must be at least 1, got -1"),  # a ValueError traceback
+    (["--base-steps", "0"], "--base-steps must be at least 1, got 0"),  # failed in the training subprocess
+    (["--finetune-batch-size", "-2"], "--finetune-batch-size must be at least 0, got -2"),
+    (["--base-lr", "nan"], "--base-lr must be a positive number, got nan"),
+    (["--finetune-lr", "-1"], "--finetune-lr must be a positive number, got -1.0"),
+    (["--base-steps", "10", "--base-stop-at", "20"], "--base-stop-at (20) is past the end of --base-steps (10)"),
+    (["--model-config", "{oops"], "--model-config is not valid JSON: Expecting property name enclosed in double "
+                                  "quotes (column 2)"),
+    (["--model-config", "[1]"], "--model-config must be a JSON object of Qwen3Config fields"),
+    (["--only", "ar-tiny", "gpt-tiny"], "--only: unknown fine-tune(s) gpt-tiny; choose from ar-tiny, mdm-tiny, "
+                                        "refusion-tiny"),  # ran nothing, then wrote the model card
+])
+def test_build_refuses_impossible_settings_before_building_anything(args, message, tmp_path, capsys):
+    assert message in usage_error(lambda: build_args(["--work", str(tmp_path / "work"), *args]), capsys)
+    assert not (tmp_path / "work").exists()
+
+
+def test_build_refuses_a_work_folder_that_is_a_file(tmp_path, capsys):
+    work = tmp_path / "work"
+    work.write_text("keep")
+    assert f"--work {work} is a file, not a directory" in usage_error(lambda: build_args(["--work", str(work)]),
+                                                                        capsys)
+    assert work.read_text() == "keep"
