@@ -25,7 +25,7 @@ demo: venv
 
 # Rebuild the embedded tiny models with the recipe they were built with: the three fine-tunes side
 # by side on one GPU (about 7 minutes of fine-tuning each on an H200); see results/models/README.md.
-# On CPUs only, run them one after the other: make models MODELS_ARGS="--threads 2" (about a day on 2 cores, estimated from 0.8 s per 32-example step).
+# On CPUs only, run them one after the other: make models MODELS_ARGS="--threads 2" (about a day and a half on 2 cores: the CPU-only fine-tunes logged a median 1.0 s per 32-example step, so about 8 s per 256-example step, times 3 x 4,800 steps).
 MODELS_ARGS ?= --parallel --threads 2 --num-workers 4 --mixed-precision bf16
 models: venv
 	$(PY) -m refusion_cli.models.build $(MODELS_ARGS)
