@@ -53,9 +53,10 @@ def journal_files(directory: Path, label: str) -> list[Path]:
 
 
 def read_records(paths: list[Path]) -> Iterator[dict[str, Any]]:
-    """The well-formed lines of ``paths``, in file order (a torn or foreign line is skipped)."""
+    """The well-formed lines of ``paths``, in file order (a torn or foreign line is skipped, also one cut
+    inside a character: its bytes read as U+FFFD make it invalid JSON)."""
     for path in paths:
-        with path.open(encoding="utf-8") as handle:
+        with path.open(encoding="utf-8", errors="replace") as handle:
             for line in handle:
                 try:
                     record = json.loads(line)

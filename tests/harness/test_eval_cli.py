@@ -231,6 +231,20 @@ def test_the_journal_drops_a_torn_line_and_reads_every_process_file(tmp_path):
     assert own.read_text() == line("k0") + line("k1") + line("old", digest="other")
 
 
+def test_another_process_file_torn_inside_a_character_is_read_up_to_its_last_whole_line(tmp_path):
+    """A process killed while writing a non-ASCII output leaves half a UTF-8 character; resuming must not fail on it."""
+    from refusion_cli.harness.journal import SampleJournal, journal_path
+
+    directory = tmp_path / "samples"
+    directory.mkdir()
+    whole = json.dumps({"key": "k0", "config_hash": "c", "output": "5 €"}, ensure_ascii=False) + "\n"
+    torn = json.dumps({"key": "k1", "config_hash": "c", "output": "7 €"}, ensure_ascii=False).encode()[:-4]
+    journal_path(directory, "ar__m", rank=1).write_bytes(whole.encode() + torn)  # ends inside the "€"
+    journal = SampleJournal(directory, benchmark="synthetic", decoder="ar", model="m", label="ar__m",
+                            config_hash="c", scorer=lambda *args: None)
+    assert set(journal.stored) == {"k0"} and journal.stored["k0"]["output"] == "5 €"
+
+
 @pytest.mark.skipif(shutil.which("accelerate", path=str(Path(sys.executable).parent)) is None,
                     reason="accelerate's launcher is not installed")
 def test_two_process_data_parallel_run_equals_one_process(causal_checkpoint, tmp_path):
