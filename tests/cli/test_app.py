@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+import pytest
+
 from tests.envs import cache_env
 
 
@@ -57,3 +59,22 @@ def test_option_parser_errors_are_one_line_too():
 def test_no_command_shows_the_help():
     out = refusion()
     assert out.returncode == 2 and "Usage: refusion" in out.stdout + out.stderr
+
+
+def test_an_empty_path_is_refused_not_taken_for_the_working_directory(tmp_path, monkeypatch, capsys):
+    """`Path("")` is ".": `refusion train --output ""` would have put a run's checkpoints in the working directory."""
+    from refusion_cli.cli.app import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.jsonl").write_text('{"question": "1 + 1?", "answer": "#### 2"}\n')
+    for option, args in (("--output", ["--data", "train.jsonl", "--output", ""]),
+                         ("--data", ["--data", "", "--output", "run"])):
+        monkeypatch.setattr(sys, "argv", ["refusion", "train", "--init", "tiny", "--tokenizer", "refusion-tiny",
+                                          "--steps", "1", *args])
+        with pytest.raises(SystemExit) as exit_info:
+            main()
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and err.splitlines() == [
+            f"error: Invalid value for '{option}': the path is empty (use '.' for the working directory) "
+            "(hint: refusion train --help lists the options)"]
+        assert [path.name for path in tmp_path.iterdir()] == ["train.jsonl"]
