@@ -108,14 +108,22 @@ def _field_kind(field: dataclasses.Field) -> type:
     return str
 
 
+def _optional(field: dataclasses.Field) -> bool:
+    """Whether the field's annotation admits None ("int | None")."""
+    annotation = field.type if isinstance(field.type, str) else str(field.type)
+    return "None" in annotation.replace(" ", "").split("|")
+
+
 def _coerce(value: Any, field: dataclasses.Field) -> Any:
     """Turn a string from the command line or lm-eval model_args into the field's type."""
     if not isinstance(value, str):
         return value
     text = value.strip()
-    if text.lower() in {"none", "null"}:
-        return None
     kind = _field_kind(field)
+    if text.lower() in {"none", "null"}:
+        if _optional(field):
+            return None
+        raise ConfigError(f"{field.name}: cannot be {value!r}; it takes a {kind.__name__}")
     try:
         if kind is bool:
             if text.lower() in {"1", "true", "yes"}:

@@ -50,3 +50,21 @@ def test_a_sampling_scale_must_be_a_finite_number_at_least_zero(decoder, option,
 
     with pytest.raises(ConfigError, match=f"^{option} must be >= 0 and finite, got {float(value)}$"):
         build_config(decoder, {"gen_length": "32", option: value})
+
+
+@pytest.mark.parametrize("decoder,option", [("refusion", "slot_threshold"), ("refusion", "gen_length"),
+                                            ("ar", "gen_length"), ("llada", "steps"), ("dream", "temperature")])
+@pytest.mark.parametrize("value", ["none", "NULL"])
+def test_none_is_refused_for_a_field_that_cannot_be_none(decoder, option, value):
+    # "none" used to become None for every field, and the check that followed raised a TypeError
+    from refusion_cli.decoding.registry import build_config
+
+    with pytest.raises(ConfigError, match=f"^{option}: cannot be '{value}'; it takes a (int|float)$"):
+        build_config(decoder, {option: value})
+
+
+def test_none_still_clears_an_optional_field():
+    from refusion_cli.decoding.dream import DreamConfig
+
+    config = config_from_dict(DreamConfig, {"top_p": "0.9", "top_k": "none", "threshold": "null"})
+    assert (config.top_p, config.top_k, config.threshold) == (0.9, None, None)
