@@ -15,6 +15,8 @@ from lm_eval.__main__ import cli_evaluate
 from refusion_cli.cli.output import debug_enabled, fail
 from refusion_cli.errors import UserError
 
+UNKNOWN_TASKS = "Tasks not found"  # how lm-eval's task check begins its ValueError
+
 
 def main() -> None:
     try:
@@ -23,6 +25,12 @@ def main() -> None:
         if debug_enabled():
             traceback.print_exc()
         fail(str(exc), exc.hint)
+    except ValueError as exc:
+        if not str(exc).startswith(UNKNOWN_TASKS):  # only lm-eval's report of a misspelt task is a user's mistake
+            raise
+        if debug_enabled():
+            traceback.print_exc()
+        fail(str(exc), "check --tasks; a task of this project's suite needs --include_path results/<run>/tasks/<name>")
 
 
 if __name__ == "__main__":

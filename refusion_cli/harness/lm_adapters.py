@@ -42,7 +42,7 @@ import torch
 from lm_eval.api.instance import Instance
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
-from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+from lm_eval.utils import get_rolling_token_windows, make_disjoint_window, simple_parse_args_string
 
 from refusion_cli.decoding.config import PRESETS, ConfigError, config_fields
 from refusion_cli.decoding.registry import (build_config, check_decoder_fits, decoder_spec, default_model,
@@ -237,6 +237,25 @@ class DecoderLM(TemplateLM):
         self.warmed_up = False  # the first decode is preceded by an untimed one
 
     # --- lm-eval plumbing -------------------------------------------------------------------
+
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict[str, Any], additional_config: dict[str, Any] | None = None):
+        """lm-eval's constructor path, with a key set both in ``model_args`` and by a command-line option
+        (``--device``, ``--batch_size``) allowed once: equal values merge, different ones are a ConfigError
+        (lm-eval's own merge raised a TypeError)."""
+        merged = dict(arg_dict)
+        for key, value in (additional_config or {}).items():
+            if value is None:
+                continue
+            if key in merged and str(merged[key]) != str(value):
+                raise ConfigError(f"{key} is given twice: {merged[key]!r} in model_args and {value!r} "
+                                  f"from the command line (--{key}); give it once")
+            merged[key] = value
+        return cls(**merged)
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict[str, Any] | None = None):
+        return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)
 
     @property
     def eot_token_id(self) -> int:

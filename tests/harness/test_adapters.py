@@ -72,6 +72,32 @@ def test_a_mistake_on_lm_evals_command_line_is_one_error_line(tmp_path):
     assert out.stderr.splitlines()[-1].startswith("error: unknown ReFusion preset 'nope'; choose one of mmlu_pro, ")
 
 
+def test_an_unknown_task_on_lm_evals_command_line_is_one_error_line(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.envs import cache_env
+
+    out = subprocess.run([sys.executable, "-m", "refusion_cli.harness", "run", "--model", "refusion", "--model_args",
+                          "pretrained=refusion-tiny", "--tasks", "no_such_task", "--device", "cpu", "--limit", "1"],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                         env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", **cache_env()})
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.splitlines()[-1].startswith("error: Tasks not found: no_such_task (hint: check --tasks")
+
+
+def test_a_key_from_model_args_and_the_command_line_must_agree():
+    # lm-eval passes --device / --batch_size next to model_args; the same key twice was a TypeError
+    with pytest.raises(ConfigError, match=r"^device is given twice: 'foo' in model_args and 'cpu' from the "
+                                          r"command line \(--device\); give it once$"):
+        get_model("ar").create_from_arg_string("pretrained=/nonexistent,device=foo",
+                                               {"device": "cpu", "batch_size": None})
+    # equal values merge, and the adapter's own checks run on them
+    with pytest.raises(UserError, match="unknown device 'foo'"):
+        get_model("ar").create_from_arg_string("pretrained=/nonexistent,device=foo,batch_size=1",
+                                               {"device": "foo", "batch_size": "1"})
+
+
 @pytest.mark.parametrize("model_args, message", [
     ("slot_size=8,bogus=1", "bogus"),  # neither a decoder option nor an adapter option
     ("slot_sise=8", "slot_sise"),
