@@ -25,6 +25,13 @@ def main() -> None:
         if debug_enabled():
             traceback.print_exc()
         fail(str(exc), exc.hint)
+    except FileNotFoundError as exc:
+        if "${" not in str(exc):  # only a data path left as a placeholder of evals/tasks is a user's mistake
+            raise
+        if debug_enabled():
+            traceback.print_exc()
+        fail("the task files in evals/tasks are templates whose data paths are filled in by refusion eval",
+             "run refusion eval --task NAME once, then pass --include_path results/<run>/tasks/NAME")
     except ValueError as exc:
         if not str(exc).startswith(UNKNOWN_TASKS):  # only lm-eval's report of a misspelt task is a user's mistake
             raise

@@ -86,6 +86,22 @@ def test_an_unknown_task_on_lm_evals_command_line_is_one_error_line(tmp_path):
     assert out.stderr.splitlines()[-1].startswith("error: Tasks not found: no_such_task (hint: check --tasks")
 
 
+def test_the_task_templates_of_evals_are_refused_with_the_way_to_run_them(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.envs import cache_env
+
+    out = subprocess.run([sys.executable, "-m", "refusion_cli.harness", "run", "--model", "ar", "--model_args",
+                          "pretrained=ar-tiny,gen_length=8", "--tasks", "synthetic", "--include_path",
+                          str(EVALS_DIR / "tasks"), "--device", "cpu", "--limit", "1"],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                         env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", **cache_env()})
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.splitlines()[-1].startswith("error: the task files in evals/tasks are templates whose data "
+                                                  "paths are filled in by refusion eval (hint: run refusion eval")
+
+
 def test_a_key_from_model_args_and_the_command_line_must_agree():
     # lm-eval passes --device / --batch_size next to model_args; the same key twice was a TypeError
     with pytest.raises(ConfigError, match=r"^device is given twice: 'foo' in model_args and 'cpu' from the "
