@@ -175,7 +175,7 @@ class EvalView:
         )
         self.task: Any = None
         self.scores: list[float] = []
-        self.tps: list[float] = []
+        self.tokens, self.seconds = 0, 0.0  # the run's totals so far: TPS as the summary counts it
         self.description = ""
         self.started = False
 
@@ -191,7 +191,7 @@ class EvalView:
             self.progress.start()
             self.started = True
         self.description = f"{benchmark.name} · {label}"
-        self.scores, self.tps = [], []
+        self.scores, self.tokens, self.seconds = [], 0, 0.0
 
     def on_requests(self, total: int, stored: int, other_settings: int) -> None:
         if other_settings:
@@ -205,10 +205,11 @@ class EvalView:
 
     def on_sample(self, record: dict[str, Any]) -> None:
         self.scores.append(record["score"])
-        self.tps.append(record["tps"])
+        self.tokens += record["tokens"]
+        self.seconds += record["seconds"]
         accuracy = 100 * sum(self.scores) / len(self.scores)
         self.progress.update(self.task, advance=1, accuracy=f"{accuracy:.1f}%",
-                             tps=f"{sum(self.tps) / len(self.tps):,.0f}")
+                             tps=f"{self.tokens / self.seconds:,.0f}" if self.seconds > 0 else "-")
 
     def on_run_end(self, result: RunResult) -> None:
         if self.task is not None:

@@ -1,7 +1,8 @@
 """Result files of a run: ``metrics.json`` and the paper's "accuracy / TPS" table as CSV and Markdown.
 
 Layout (paper Table 1): one row per decoder + model, one column per benchmark, each cell
-``accuracy / TPS`` (accuracy in %, TPS = mean per-sample tokens per second), an ``avg`` column
+``accuracy / TPS`` (accuracy in %, TPS = the benchmark's generated tokens over its summed decode
+seconds, as the paper counts it), an ``avg`` column
 when there are several benchmarks; then the same rows and columns with TPF (tokens per forward).
 A benchmark a row did not run is ``-``. Nothing here prints; the CLI renders :func:`summary_tables`.
 """

@@ -15,7 +15,8 @@ Contract of :func:`run_eval`:
              ``max_gen_toks``). Each sample is scored and appended to the journal as it is
              produced; samples already in the journal are not decoded again (resume).
 3) report    per (benchmark, decoder + model): accuracy (mean per-sample score, in %) next to
-             lm-eval's own aggregate of the same metric, mean per-sample TPS and TPF, totals;
+             lm-eval's own aggregate of the same metric, TPS (total tokens / total seconds, as the
+             paper) and mean per-sample TPF, totals;
              ``metrics.json``, ``summary.csv`` and ``summary.md`` are rewritten after each one.
 
 Data parallel: under ``accelerate launch`` / ``torchrun`` every process runs this; lm-eval splits
@@ -85,7 +86,7 @@ class RunResult:
     samples: int
     accuracy: float  # mean per-sample score, in %
     lm_eval_accuracy: float | None  # lm-eval's aggregate of the same metric and filter, in %
-    tps: float  # mean per-sample tokens per second
+    tps: float  # the paper's TPS: all generated tokens / all decode seconds (its eval.py: mean length / mean latency)
     tpf: float  # mean per-sample tokens per forward
     tokens: int
     forwards: int
@@ -97,6 +98,7 @@ class RunResult:
     prompts_cut: int = 0  # samples whose prompt lost its start to fit the model's positions
     device: str = ""  # where it ran: "cpu", "cuda (<GPU name>)" (empty in a metrics.json written before this field)
     dtype: str = ""  # the model's weights, e.g. "bfloat16"
+    tps_sample_mean: float | None = None  # the mean of per-sample TPS (None in a metrics.json written before it)
 
 
 class EvalObserver(JournalObserver, Protocol):
@@ -434,6 +436,14 @@ def run_eval(options: EvalOptions, observer: EvalObserver | None = None, suite: 
     return results
 
 
+def paper_tps(records: list[dict[str, Any]]) -> float:
+    """Tokens per second over a benchmark as the paper counts it (its ``eval.py``: mean generated length
+    over mean latency), i.e. every sample's tokens up to EOS over the summed decode seconds. A mean of
+    per-sample TPS would weigh a short answer's TPS as much as a long one's."""
+    seconds = sum(r["seconds"] for r in records)
+    return sum(r["tokens"] for r in records) / seconds if seconds > 0 else 0.0
+
+
 def summarize(benchmark: Benchmark, run: DecoderRun, config: Any, digest: str, evaluation: dict[str, Any],
               journal: SampleJournal, where: tuple[str, str]) -> RunResult:
     """Step 3 for one (benchmark, decoder): the journal's records of the documents lm-eval scored."""
@@ -458,7 +468,8 @@ def summarize(benchmark: Benchmark, run: DecoderRun, config: Any, digest: str, e
         config_hash=digest, config=dataclasses.asdict(config), samples=n,
         accuracy=100.0 * sum(r["score"] for r in chosen) / n if n else 0.0,
         lm_eval_accuracy=None if lm_eval_value is None else 100.0 * float(lm_eval_value),
-        tps=sum(r["tps"] for r in chosen) / n if n else 0.0,
+        tps=paper_tps(chosen),
+        tps_sample_mean=sum(r["tps"] for r in chosen) / n if n else 0.0,
         tpf=sum(r["tpf"] for r in chosen) / n if n else 0.0,
         tokens=sum(r["tokens"] for r in chosen), forwards=sum(r["forwards"] for r in chosen),
         seconds=sum(r["seconds"] for r in chosen), decoded=journal.decoded,

@@ -84,6 +84,10 @@ def test_synthetic_run_writes_every_file_and_matches_direct_decoding(causal_chec
         assert metric["lm_eval_accuracy"] == pytest.approx(metric["accuracy"])  # lm-eval's own aggregate agrees
         assert metric["config"] == configs[decoder].__dict__
         assert metric["tokens"] == sum(r["tokens"] for r in lines) and metric["tps"] > 0
+        # TPS as the paper counts it: all tokens over all decode seconds; the per-sample mean is kept beside it
+        # (rel=1e-12: only the order of the float sums may differ)
+        assert metric["tps"] == pytest.approx(metric["tokens"] / sum(r["seconds"] for r in lines), rel=1e-12)
+        assert metric["tps_sample_mean"] == pytest.approx(sum(r["tps"] for r in lines) / 5, rel=1e-12)
     table = (run_dir / "summary.md").read_text()
     assert "| decoder:model | Synthetic |" in table and f"refusion:{causal_checkpoint.name}" in table
     csv_text = (run_dir / "summary.csv").read_text()
@@ -528,3 +532,12 @@ def test_notes_printed_into_a_file_are_whole_lines(monkeypatch):
         "synthetic · refusion:refusion-tiny: 200 sample(s) here were decoded with other settings; they stay in "
         "samples/ but this run replaces their cell in the summary (another --output keeps both)",
         "synthetic · refusion:refusion-tiny: resuming, 3 of 200 samples already done"]
+
+
+def test_a_benchmarks_tps_is_its_tokens_over_its_seconds_not_a_mean_of_per_sample_tps():
+    from refusion_cli.harness.runner import paper_tps
+
+    # a 10-token answer in 0.1 s (100 TPS) and a 300-token answer in 6 s (50 TPS): 310 / 6.1, not 75
+    records = [{"tokens": 10, "seconds": 0.1, "tps": 100.0}, {"tokens": 300, "seconds": 6.0, "tps": 50.0}]
+    assert paper_tps(records) == 310 / 6.1
+    assert paper_tps([]) == 0.0 and paper_tps([{"tokens": 0, "seconds": 0.0, "tps": 0.0}]) == 0.0
