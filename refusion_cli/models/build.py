@@ -149,6 +149,7 @@ def write_card(work: Path, results: Path, settings: dict) -> None:
         rows.append(f"| {name} | {objective} | {log[-1]['step']} | {state['run']['batch_size']} | {tokens:,} | "
                     f"{where} | {seconds / 60:.1f} | "
                     f"{sum(r['loss'] for r in last) / len(last):.4f} | {size:.1f} |")
+        keep_records(work / name, results / "logs" / name)
     config = json.loads((work / "base-tiny" / "config.json").read_text())
     from safetensors import safe_open
 
@@ -186,6 +187,9 @@ times with the same data, steps, batch and data order, once per objective.
 |---|---|---|---|---|---|---|---|---|
 {chr(10).join(rows)}
 
+Each run's per-step records (losses, lr, tokens, seconds: `loss_log.jsonl.gz`) and its `trainer_state.json`
+(schedule, seed, data hash, device) are in `logs/<run>/`; the table is computed from them.
+
 Step times depend on the device and on how many runs shared it (the fine-tunes run side by side with
 `--parallel`), so the minutes are not comparable between rows. Losses of different objectives are not comparable with each other (the masked
 parts are weighted by 1/p).
@@ -193,6 +197,18 @@ parts are weighted by 1/p).
 ![loss curves](loss_curves.png)
 """
     (results / "README.md").write_text(text)
+
+
+def keep_records(run: Path, target: Path) -> None:
+    """Copy a run's raw records next to the card: the step log gzipped (no name or time in the header,
+    so a rebuild from the same log writes the same bytes) and the trainer state."""
+    import gzip
+
+    target.mkdir(parents=True, exist_ok=True)
+    with open(target / "loss_log.jsonl.gz", "wb") as raw, \
+            gzip.GzipFile(filename="", mode="wb", compresslevel=9, fileobj=raw, mtime=0) as out:
+        out.write((run / "loss_log.jsonl").read_bytes())
+    shutil.copyfile(run / "trainer_state.json", target / "trainer_state.json")
 
 
 def _numel(shape: list[int]) -> int:
