@@ -189,27 +189,32 @@ def decoder_runs(decoders: list[str], models: list[str]) -> list[DecoderRun]:
 
 
 def decoder_overrides(values: list[str], decoders: list[str]) -> dict[str, dict[str, str]]:
-    """``--set key=value`` for every selected decoder that has ``key``; ``--set decoder.key=value`` for one."""
-    result: dict[str, dict[str, str]] = {name: {} for name in decoders}
+    """``--set key=value`` for every selected decoder that has ``key``; ``--set decoder.key=value`` for one,
+    which wins over a plain ``key=`` whatever their order. Two different values for one key are an error."""
+    given: dict[str, str] = {}  # "key" or "decoder.key" -> value
     for key, value in parse_assignments(values, "--set"):
         scope, dot, option = key.rpartition(".")
         if dot and not (scope and option):
             raise UserError(f"--set takes KEY=VALUE or DECODER.KEY=VALUE, got '{key}={value}'",
                             hint="e.g. --set slot_size=16 or --set refusion.slot_size=16")
-        if dot:
-            if scope not in decoders:
-                raise UserError(f"--set {key}={value}: '{scope}' is not a selected decoder ({', '.join(decoders)})")
-            targets = [scope]
-        else:
-            targets = [d for d in decoders if option in config_fields(decoder_spec(d).config_class)]
-            if not targets:
-                known = "; ".join(f"{d}: {', '.join(config_fields(decoder_spec(d).config_class))}" for d in decoders)
-                raise UserError(f"--set {key}: no selected decoder has an option '{option}' ({known})")
-        for decoder in targets:
-            earlier = result[decoder].get(option, value)
-            if earlier != value:
-                raise UserError(f"--set gives {decoder}.{option} two values: {earlier} and {value}")
-            result[decoder][option] = value
+        if dot and scope not in decoders:
+            raise UserError(f"--set {key}={value}: '{scope}' is not a selected decoder ({', '.join(decoders)})")
+        if not dot and not any(option in config_fields(decoder_spec(d).config_class) for d in decoders):
+            known = "; ".join(f"{d}: {', '.join(config_fields(decoder_spec(d).config_class))}" for d in decoders)
+            raise UserError(f"--set {key}: no selected decoder has an option '{option}' ({known})")
+        if given.get(key, value) != value:
+            raise UserError(f"--set gives {key} two values: {given[key]} and {value}")
+        given[key] = value
+    result: dict[str, dict[str, str]] = {name: {} for name in decoders}
+    for level in ("plain", "scoped"):  # a decoder's own value is written last
+        for key, value in given.items():
+            scope, dot, option = key.rpartition(".")
+            if level == "scoped" and dot:
+                result[scope][option] = value
+            elif level == "plain" and not dot:
+                for decoder in decoders:
+                    if option in config_fields(decoder_spec(decoder).config_class):
+                        result[decoder][option] = value
     return result
 
 

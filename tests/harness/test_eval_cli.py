@@ -289,6 +289,10 @@ def test_models_default_to_the_embedded_ones_and_take_per_decoder_overrides():
     assert decoder_overrides(["gen_length=64", "refusion.slot_size=4", "steps=16"], ["refusion", "ar", "llada"]) == {
         "refusion": {"gen_length": "64", "slot_size": "4"}, "ar": {"gen_length": "64"},
         "llada": {"gen_length": "64", "steps": "16"}}
+    # a decoder's own value wins over the plain one, in either order
+    for order in (["gen_length=64", "ar.gen_length=32"], ["ar.gen_length=32", "gen_length=64"]):
+        assert decoder_overrides(order, ["refusion", "ar"]) == {"refusion": {"gen_length": "64"},
+                                                                "ar": {"gen_length": "32"}}
 
 
 # --- one-line errors -------------------------------------------------------------------------
@@ -327,6 +331,8 @@ def run_cli(capsys, monkeypatch, *args: str) -> tuple[int, str, str]:
     (["--task", "synthetic", "--decoder", "ar", "--model", "CAUSAL", "--model", "ar-tiny"],
      "--model gives every decoder two checkpoints: CAUSAL and ar-tiny"),
     (["--task", "synthetic", "--decoder", "ar", "--set", "gen_length=8", "--set", "gen_length=9"],
+     "--set gives gen_length two values: 8 and 9"),
+    (["--task", "synthetic", "--decoder", "ar", "--set", "ar.gen_length=8", "--set", "ar.gen_length=9"],
      "--set gives ar.gen_length two values: 8 and 9"),
     (["--task", "synthetic", "--set", "gen_length=", "--decoder", "ar"], "--set gen_length=: no value after '='"),
     (["--task", "synthetic", "--set", "refusion.=1"],
