@@ -32,9 +32,9 @@ RUN = "Run"
 
 
 def train(
-    data: Annotated[Path, typer.Option("--data", parser=path_value, help="JSONL of {query, response}, "
+    data: Annotated[Path, typer.Option("--data", parser=path_value, metavar="<path>", help="JSONL of {query, response}, "
                                        "{prompt, completion} or {question, answer} records", rich_help_panel=RUN)],
-    output: Annotated[Path, typer.Option("--output", parser=path_value, help="directory for checkpoints, the final "
+    output: Annotated[Path, typer.Option("--output", parser=path_value, metavar="<path>", help="directory for checkpoints, the final "
                                          "model and loss_log.jsonl", rich_help_panel=RUN)],
     model: Annotated[str | None, typer.Option("--model", help="checkpoint to start from: embedded name, local "
                                               "directory or hub id", rich_help_panel=SOURCE)] = None,
