@@ -5,12 +5,11 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import traceback
 
 import typer
 
 from refusion_cli.cli import bench, chat, evaluate, train
-from refusion_cli.cli.output import DEBUG_ENV, debug_enabled, fail
+from refusion_cli.cli.output import DEBUG_ENV, fail, fail_handled, show_traceback
 from refusion_cli.errors import UserError
 
 INTERRUPTED = 130  # exit code after Ctrl-C (128 + SIGINT)
@@ -37,23 +36,17 @@ def main() -> None:
     argv = sys.argv[1:]
     if "--debug" in argv:
         os.environ[DEBUG_ENV] = "1"  # read again where a command shows more in debug mode (eval's library output)
-    debug = debug_enabled()
     argv = [a for a in argv if a != "--debug"]
     try:
         code = app(args=argv, prog_name="refusion", standalone_mode=False)
     except UserError as exc:
-        if debug:
-            traceback.print_exc()
-        fail(str(exc), exc.hint)
+        fail_handled(str(exc), exc.hint)
     except KeyboardInterrupt:
-        if debug:
-            traceback.print_exc()
-        fail("interrupted", code=INTERRUPTED)
+        fail_handled("interrupted", code=INTERRUPTED)
     except Exception as exc:
         if not is_usage_error(exc):
             raise  # a bug, not a user's mistake: the traceback and exit 1
-        if debug:
-            traceback.print_exc()
+        show_traceback()
         if type(exc).__name__ == "NoArgsIsHelpError":  # `refusion` alone: the help, as click shows it
             app(args=argv, prog_name="refusion", standalone_mode=True)
         command = exc.ctx.command_path if getattr(exc, "ctx", None) is not None else "refusion"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import traceback
 
 from rich.console import Console, RenderableType
 from rich.text import Text
@@ -28,6 +29,18 @@ def fail(message: str, hint: str | None = None, code: int = 2) -> None:
         line.append(" (hint: ", style="dim").append(hint).append(")", style="dim")
     err_console.print(line, highlight=False, soft_wrap=True)
     sys.exit(code)
+
+
+def show_traceback() -> None:
+    """Inside an ``except`` block: print the caught exception's traceback when debugging."""
+    if debug_enabled():
+        traceback.print_exc()
+
+
+def fail_handled(message: str, hint: str | None = None, code: int = 2) -> None:
+    """:func:`fail` from inside an ``except`` block, after the caught exception's traceback when debugging."""
+    show_traceback()
+    fail(message, hint, code)
 
 
 def print_table(table: RenderableType) -> None:

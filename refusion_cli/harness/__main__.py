@@ -8,36 +8,36 @@ checkpoint) is one ``error:`` line and exit code 2, as in ``refusion``; REFUSION
 traceback too.
 """
 
-import traceback
-
 import refusion_cli.harness.lm_adapters  # noqa: F401  (registers refusion, ar, llada, dream)
 from lm_eval.__main__ import cli_evaluate
-from refusion_cli.cli.output import debug_enabled, fail
+from refusion_cli.cli.output import fail_handled
 from refusion_cli.errors import UserError
 
 UNKNOWN_TASKS = "Tasks not found"  # how lm-eval's task check begins its ValueError
 
 
+def as_user_error(exc: Exception) -> UserError | None:
+    """The user's mistake behind ``exc``, or None for a bug: the adapters' own errors, lm-eval's report of a
+    misspelt task, and a data path left as a placeholder of the templates in evals/tasks."""
+    if isinstance(exc, UserError):
+        return exc
+    if isinstance(exc, FileNotFoundError) and "${" in str(exc):
+        return UserError("the task files in evals/tasks are templates whose data paths are filled in by refusion eval",
+                         hint="run refusion eval --task NAME once, then pass --include_path results/<run>/tasks/NAME")
+    if isinstance(exc, ValueError) and str(exc).startswith(UNKNOWN_TASKS):
+        return UserError(str(exc), hint="check --tasks; a task of this project's suite needs --include_path "
+                                        "results/<run>/tasks/<name>")
+    return None
+
+
 def main() -> None:
     try:
         cli_evaluate()
-    except UserError as exc:
-        if debug_enabled():
-            traceback.print_exc()
-        fail(str(exc), exc.hint)
-    except FileNotFoundError as exc:
-        if "${" not in str(exc):  # only a data path left as a placeholder of evals/tasks is a user's mistake
+    except Exception as exc:
+        error = as_user_error(exc)
+        if error is None:
             raise
-        if debug_enabled():
-            traceback.print_exc()
-        fail("the task files in evals/tasks are templates whose data paths are filled in by refusion eval",
-             "run refusion eval --task NAME once, then pass --include_path results/<run>/tasks/NAME")
-    except ValueError as exc:
-        if not str(exc).startswith(UNKNOWN_TASKS):  # only lm-eval's report of a misspelt task is a user's mistake
-            raise
-        if debug_enabled():
-            traceback.print_exc()
-        fail(str(exc), "check --tasks; a task of this project's suite needs --include_path results/<run>/tasks/<name>")
+        fail_handled(str(error), error.hint)
 
 
 if __name__ == "__main__":
