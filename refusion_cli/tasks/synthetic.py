@@ -268,10 +268,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--train-out", default=None,
                         help="where the train set goes (default: <out>/train.jsonl, not committed)")
     args = parser.parse_args(argv)
+    from refusion_cli.cli.output import fail
+
     try:
         check_split_options(args.out, args.n_train, args.n_test, args.train_out)
     except UserError as exc:
-        parser.exit(2, f"error: {exc}" + (f" (hint: {exc.hint})" if exc.hint else "") + "\n")
+        fail(str(exc), exc.hint)
     train_file, test_file = write_splits(args.out, args.n_train, args.n_test, args.seed, args.train_out)
     print(f"wrote {args.n_train} train problems to {train_file} and {args.n_test} test problems to {test_file}")
 

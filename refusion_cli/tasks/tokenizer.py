@@ -107,6 +107,7 @@ def chat_texts(pairs: Iterable[tuple[str, str]]) -> Iterable[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from refusion_cli.cli.output import fail
     from refusion_cli.errors import UserError
     from refusion_cli.paths import check_output_dir
     from refusion_cli.training.data import read_records
@@ -129,7 +130,7 @@ def main(argv: list[str] | None = None) -> None:
         if not records:
             raise UserError(f"{args.data} holds no records")
     except UserError as exc:
-        parser.exit(2, f"error: {exc}" + (f" (hint: {exc.hint})" if exc.hint else "") + "\n")
+        fail(str(exc), exc.hint)
     tokenizer = train_tokenizer(chat_texts((r.prompt, r.response) for r in records), args.vocab_size, args.out)
     print(f"wrote a {len(tokenizer)}-token tokenizer to {args.out}")
 
