@@ -57,7 +57,7 @@ from refusion_cli.bench.runner import (
     plan_entries,
     run_bench,
 )
-from refusion_cli.cli.options import path_value, seed_value, text_value
+from refusion_cli.cli.options import PATH_OPTION, seed_value, text_value
 from refusion_cli.cli.output import console, print_table, quiet_library_output
 from refusion_cli.decoding.registry import DECODERS
 from refusion_cli.errors import UserError
@@ -78,7 +78,7 @@ def bench(
     model: Annotated[list[str] | None, typer.Option("--model", help="DECODER=CHECKPOINT (embedded name, directory "
                                                     "or hub id); default: each decoder's embedded model",
                                                     rich_help_panel=RUN)] = None,
-    prompts: Annotated[Path | None, typer.Option("--prompts", parser=path_value, metavar="<path>", help="JSONL with a 'prompt' or "
+    prompts: Annotated[Path | None, typer.Option("--prompts", **PATH_OPTION, help="JSONL with a 'prompt' or "
                                                  "'question' field and an optional 'target'; default: the "
                                                  "synthetic task", rich_help_panel=RUN)] = None,
     limit: Annotated[int | None, typer.Option("--limit", help="use the first N prompts (synthetic task: 20)",
@@ -105,7 +105,7 @@ def bench(
                                          rich_help_panel=MEASURE)] = 1,
     seed: Annotated[int, typer.Option("--seed", parser=seed_value, help="seed of the sampling noise (prompt i "
                                       "uses seed + i)", rich_help_panel=MEASURE)] = 0,
-    output: Annotated[Path, typer.Option("--output", "-o", parser=path_value, metavar="<path>", help="directory for bench.csv, "
+    output: Annotated[Path, typer.Option("--output", "-o", **PATH_OPTION, help="directory for bench.csv, "
                                          "samples.csv, bench.md and the plots",
                                          rich_help_panel=MEASURE)] = Path("results/bench"),
     device: Annotated[str | None, typer.Option("--device", parser=text_value, help="cpu, cuda, cuda:1, ... "

@@ -20,7 +20,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from refusion_cli.cli.options import path_value, seed_value, text_value
+from refusion_cli.cli.options import PATH_OPTION, seed_value, text_value
 from refusion_cli.cli.output import console, debug_enabled, print_table
 from refusion_cli.distributed import leave_process_group
 from refusion_cli.errors import UserError
@@ -60,10 +60,10 @@ def evaluate(
                                               rich_help_panel=HOW)] = None,
     trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code", help="allow checkpoints that ship their "
                                                     "own modelling code (LLaDA, Dream)", rich_help_panel=HOW)] = False,
-    output: Annotated[Path | None, typer.Option("--output", "-o", parser=path_value, metavar="<path>", help="run directory; rerunning "
+    output: Annotated[Path | None, typer.Option("--output", "-o", **PATH_OPTION, help="run directory; rerunning "
                                                 "into it resumes (default: results/<date>-<task>/)",
                                                 rich_help_panel=WHERE)] = None,
-    data_dir: Annotated[Path | None, typer.Option("--data-dir", parser=path_value, metavar="<path>", help="folder of local benchmark "
+    data_dir: Annotated[Path | None, typer.Option("--data-dir", **PATH_OPTION, help="folder of local benchmark "
                                                   "files, laid out as in evals/README.md (default: evals/data)",
                                                   rich_help_panel=WHERE)] = None,
     data_file: Annotated[list[str] | None, typer.Option("--data-file", help="TASK=PATH: the one local data file of "

@@ -15,6 +15,9 @@ def path_value(value: str | Path) -> Path:
     return Path(value)
 
 
+PATH_OPTION = {"parser": path_value, "metavar": "<path>"}  # typer.Option(..., **PATH_OPTION): checked, shown as <path>
+
+
 def text_value(value: str) -> str:
     """A name option (``--device``, ``--model``): an empty value is refused, where it would quietly mean the default."""
     if not value.strip():

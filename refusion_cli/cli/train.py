@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from refusion_cli.cli.options import path_value
+from refusion_cli.cli.options import PATH_OPTION
 from refusion_cli.cli.output import console, quiet_library_output
 from refusion_cli.distributed import leave_process_group
 from refusion_cli.training.modeling import TINY_CONFIGS, parse_model_config
@@ -32,9 +32,9 @@ RUN = "Run"
 
 
 def train(
-    data: Annotated[Path, typer.Option("--data", parser=path_value, metavar="<path>", help="JSONL of {query, response}, "
+    data: Annotated[Path, typer.Option("--data", **PATH_OPTION, help="JSONL of {query, response}, "
                                        "{prompt, completion} or {question, answer} records", rich_help_panel=RUN)],
-    output: Annotated[Path, typer.Option("--output", parser=path_value, metavar="<path>", help="directory for checkpoints, the final "
+    output: Annotated[Path, typer.Option("--output", **PATH_OPTION, help="directory for checkpoints, the final "
                                          "model and loss_log.jsonl", rich_help_panel=RUN)],
     model: Annotated[str | None, typer.Option("--model", help="checkpoint to start from: embedded name, local "
                                               "directory or hub id", rich_help_panel=SOURCE)] = None,
