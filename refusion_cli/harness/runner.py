@@ -191,6 +191,7 @@ def decoder_runs(decoders: list[str], models: list[str]) -> list[DecoderRun]:
 def decoder_overrides(values: list[str], decoders: list[str]) -> dict[str, dict[str, str]]:
     """``--set key=value`` for every selected decoder that has ``key``; ``--set decoder.key=value`` for one,
     which wins over a plain ``key=`` whatever their order. Two different values for one key are an error."""
+    fields = {d: config_fields(decoder_spec(d).config_class) for d in decoders}
     given: dict[str, str] = {}  # "key" or "decoder.key" -> value
     for key, value in parse_assignments(values, "--set"):
         scope, dot, option = key.rpartition(".")
@@ -199,22 +200,17 @@ def decoder_overrides(values: list[str], decoders: list[str]) -> dict[str, dict[
                             hint="e.g. --set slot_size=16 or --set refusion.slot_size=16")
         if dot and scope not in decoders:
             raise UserError(f"--set {key}={value}: '{scope}' is not a selected decoder ({', '.join(decoders)})")
-        if not dot and not any(option in config_fields(decoder_spec(d).config_class) for d in decoders):
-            known = "; ".join(f"{d}: {', '.join(config_fields(decoder_spec(d).config_class))}" for d in decoders)
+        if not dot and not any(option in fields[d] for d in decoders):
+            known = "; ".join(f"{d}: {', '.join(fields[d])}" for d in decoders)
             raise UserError(f"--set {key}: no selected decoder has an option '{option}' ({known})")
         if given.get(key, value) != value:
             raise UserError(f"--set gives {key} two values: {given[key]} and {value}")
         given[key] = value
     result: dict[str, dict[str, str]] = {name: {} for name in decoders}
-    for level in ("plain", "scoped"):  # a decoder's own value is written last
-        for key, value in given.items():
-            scope, dot, option = key.rpartition(".")
-            if level == "scoped" and dot:
-                result[scope][option] = value
-            elif level == "plain" and not dot:
-                for decoder in decoders:
-                    if option in config_fields(decoder_spec(decoder).config_class):
-                        result[decoder][option] = value
+    for key in sorted(given, key=lambda k: "." in k):  # plain keys first: a decoder's own value is written last
+        scope, _, option = key.rpartition(".")
+        for decoder in [scope] if scope else [d for d in decoders if option in fields[d]]:
+            result[decoder][option] = given[key]
     return result
 
 
