@@ -301,7 +301,7 @@ def measure_entry(
     def decode(index: int) -> DecodeResult:
         generator = torch.Generator(device=device).manual_seed(settings.seed + index)  # noise drawn where it is used
         return run_decoder(entry.decoder, loaded.model, prompt_ids[index], entry.config,
-                           mask_token_id=loaded.mask_token_id, eos_token_id=loaded.eos_token_id,
+                           mask_token_id=loaded.mask_token_id, eos_token_id=loaded.stop_token_ids,
                            generator=generator, kv_reuse=entry.kv_reuse, causal_fix=entry.causal_fix)
 
     for warm in range(settings.warmup):

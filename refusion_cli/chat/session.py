@@ -70,7 +70,7 @@ class ChatSession:
         messages = [*self.history, {"role": "user", "content": question}]
         prompt_ids = chat_prompt_ids(self.loaded.tokenizer, messages)
         result = run_decoder(self.decoder, self.loaded.model, prompt_ids, self.config,
-                             mask_token_id=self.loaded.mask_token_id, eos_token_id=self.loaded.eos_token_id,
+                             mask_token_id=self.loaded.mask_token_id, eos_token_id=self.loaded.stop_token_ids,
                              generator=self.generator, on_step=on_step)
         text = self.loaded.tokenizer.decode(result.tokens, skip_special_tokens=True).strip()
         answer = ChatAnswer(text, result.tokens, result.stats, len(prompt_ids))

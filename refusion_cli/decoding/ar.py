@@ -9,8 +9,8 @@ from transformers import DynamicCache
 
 from refusion_cli.decoding.config import ConfigError
 from refusion_cli.decoding.refusion import check_ids, prompt_tensor
-from refusion_cli.decoding.stats import (DecodeResult, DecodeStats, Timer, cache_argument, counted_forward,
-                                         last_logits)
+from refusion_cli.decoding.stats import (DecodeResult, DecodeStats, EosIds, Timer, cache_argument,
+                                         counted_forward, eos_ids, last_logits)
 
 
 @torch.no_grad()
@@ -19,14 +19,15 @@ def decode_ar(
     prompt_ids: Sequence[int] | torch.Tensor,
     *,
     max_new_tokens: int,
-    eos_token_id: int | None,
+    eos_token_id: EosIds,
 ) -> DecodeResult:
-    """Greedy next-token decoding; stops after an EOS or ``max_new_tokens`` tokens."""
+    """Greedy next-token decoding; stops after an EOS (any of the ids given) or ``max_new_tokens`` tokens."""
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ConfigError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
     device = next(model.parameters()).device
     prompt = prompt_tensor(prompt_ids, device)
     check_ids(model, prompt, prompt.numel() + max_new_tokens, eos_token_id=eos_token_id)
+    stops = set(eos_ids(eos_token_id))
     stats = DecodeStats()
     tokens: list[int] = []
     with Timer(device) as timer:
@@ -37,7 +38,7 @@ def decode_ar(
                                   **cache_argument(model, cache), **last_logits(model, 1))
             token = int(out.logits[0, -1].argmax())
             tokens.append(token)
-            if token == eos_token_id:
+            if token in stops:
                 break
             next_input = torch.tensor([[token]], device=device)
     stats.seconds = timer.seconds

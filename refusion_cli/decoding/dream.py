@@ -41,7 +41,7 @@ from refusion_cli.decoding.mdm import (
     sample,
     uniform,
 )
-from refusion_cli.decoding.stats import DecodeResult, Timer
+from refusion_cli.decoding.stats import DecodeResult, EosIds, Timer
 
 ALGORITHMS = ("origin", "maskgit_plus", "topk_margin", "entropy")
 
@@ -169,7 +169,7 @@ def decode_dream(
     config: DreamConfig,
     *,
     mask_token_id: int,
-    eos_token_id: int | None,
+    eos_token_id: EosIds,
     generator: torch.Generator | None = None,
     on_step: Callable[[MDMStep], None] | None = None,
 ) -> DecodeResult:

@@ -39,7 +39,7 @@ from refusion_cli.decoding.mdm import (
     uniform,
 )
 from refusion_cli.decoding.refusion import gumbel_argmax, token_probs
-from refusion_cli.decoding.stats import DecodeResult, Timer, wide_float
+from refusion_cli.decoding.stats import DecodeResult, EosIds, Timer, wide_float
 
 REMASKING = ("low_confidence", "random")
 
@@ -96,7 +96,7 @@ def decode_llada(
     config: LLaDAConfig,
     *,
     mask_token_id: int,
-    eos_token_id: int | None,
+    eos_token_id: EosIds,
     generator: torch.Generator | None = None,
     on_step: Callable[[MDMStep], None] | None = None,
 ) -> DecodeResult:

@@ -25,8 +25,8 @@ from transformers import DynamicCache
 from refusion_cli.decoding.cache import additive_mask, crop_to
 from refusion_cli.decoding.config import ConfigError, check_non_negative, check_positive, check_probability
 from refusion_cli.decoding.refusion import check_ids, prompt_tensor
-from refusion_cli.decoding.stats import (DecodeResult, DecodeStats, cache_argument, counted_forward, cut_after_eos,
-                                         report_step, wide_float)
+from refusion_cli.decoding.stats import (DecodeResult, DecodeStats, EosIds, cache_argument, counted_forward,
+                                         cut_after_eos, report_step, wide_float)
 
 
 @dataclass
@@ -84,7 +84,7 @@ class Canvas:
     """The sequence being denoised (prompt + masked response), its counters and its trace."""
 
     def __init__(self, model: torch.nn.Module, prompt_ids: Sequence[int] | torch.Tensor, gen_length: int, *,
-                 mask_token_id: int, eos_token_id: int | None,
+                 mask_token_id: int, eos_token_id: EosIds,
                  on_step: Callable[[MDMStep], None] | None = None):
         self.device = next(model.parameters()).device
         prompt = prompt_tensor(prompt_ids, self.device)

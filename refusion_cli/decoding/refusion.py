@@ -42,7 +42,8 @@ import torch
 
 from refusion_cli.decoding.cache import Context
 from refusion_cli.decoding.config import ReFusionConfig
-from refusion_cli.decoding.stats import DecodeResult, DecodeStats, Timer, cut_after_eos, report_step, wide_float
+from refusion_cli.decoding.stats import (DecodeResult, DecodeStats, EosIds, Timer, cut_after_eos, eos_ids, eos_mask,
+                                         report_step, wide_float)
 from refusion_cli.errors import UserError
 
 
@@ -85,12 +86,13 @@ def prompt_tensor(prompt_ids: Sequence[int] | torch.Tensor, device: torch.device
     return prompt.to(device)
 
 
-def check_ids(model: torch.nn.Module, prompt: torch.Tensor, total_length: int, **special: int | None) -> None:
+def check_ids(model: torch.nn.Module, prompt: torch.Tensor, total_length: int, **special: EosIds) -> None:
     """Refuse token ids outside the vocabulary and sequences longer than the model's context."""
     vocab = model.get_input_embeddings().num_embeddings
-    for name, token_id in special.items():
-        if token_id is not None and not 0 <= token_id < vocab:
-            raise UserError(f"{name} {token_id} is outside the model's vocabulary (size {vocab})")
+    for name, token_ids in special.items():
+        for token_id in eos_ids(token_ids):
+            if not 0 <= token_id < vocab:
+                raise UserError(f"{name} {token_id} is outside the model's vocabulary (size {vocab})")
     if int(prompt.min()) < 0 or int(prompt.max()) >= vocab:
         raise UserError(f"the prompt holds token ids outside the model's vocabulary (size {vocab})")
     limit = getattr(model.config, "max_position_embeddings", None)
@@ -157,7 +159,7 @@ def verify_drafts(ctx: Context, drafts: torch.Tensor, positions: torch.Tensor,
 
 
 def complete_slots(ctx: Context, rows: torch.Tensor, positions: torch.Tensor, accepted: torch.Tensor,
-                   config: ReFusionConfig, mask_token_id: int, eos_token_id: int | None, causal_fix: bool = False
+                   config: ReFusionConfig, mask_token_id: int, eos_token_id: EosIds, causal_fix: bool = False
                    ) -> tuple[torch.Tensor, int, torch.Tensor]:
     """3) Re-draft and verify each chosen slot in its own row until every row is accepted.
 
@@ -201,8 +203,8 @@ def complete_slots(ctx: Context, rows: torch.Tensor, positions: torch.Tensor, ac
         kinds = torch.where(now_accepted & ~accepted, torch.where(checked, VERIFIED, forced_kind), kinds)
         accepted = now_accepted
         # c) an accepted EOS ends its row; later rows are dropped
-        if eos_token_id is not None:
-            eos_rows = ((rows == eos_token_id) & accepted).any(-1).nonzero().flatten()
+        if eos_ids(eos_token_id):
+            eos_rows = (eos_mask(rows, eos_token_id) & accepted).any(-1).nonzero().flatten()
             if eos_rows.numel():
                 last = int(eos_rows[0]) + 1
                 rows, positions, accepted, kinds = rows[:last], positions[:last], accepted[:last], kinds[:last]
@@ -224,7 +226,7 @@ def decode_refusion(
     config: ReFusionConfig,
     *,
     mask_token_id: int,
-    eos_token_id: int | None,
+    eos_token_id: EosIds,
     generator: torch.Generator | None = None,
     kv_reuse: bool = True,
     causal_fix: bool = False,
@@ -296,8 +298,8 @@ def decode_refusion(
     return DecodeResult(tokens=tokens, stats=stats, trace=trace)
 
 
-def _first_eos(tokens: torch.Tensor, eos_token_id: int | None) -> int | None:
-    if eos_token_id is None:
+def _first_eos(tokens: torch.Tensor, eos_token_id: EosIds) -> int | None:
+    if not eos_ids(eos_token_id):
         return None
-    hits = (tokens == eos_token_id).nonzero()
+    hits = eos_mask(tokens, eos_token_id).nonzero()
     return int(hits[0]) if hits.numel() else None

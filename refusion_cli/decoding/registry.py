@@ -18,7 +18,7 @@ from refusion_cli.decoding.dream import DreamConfig, decode_dream
 from refusion_cli.decoding.families import check_decoder_fits
 from refusion_cli.decoding.llada import LLaDAConfig, decode_llada
 from refusion_cli.decoding.refusion import decode_refusion
-from refusion_cli.decoding.stats import DecodeResult
+from refusion_cli.decoding.stats import DecodeResult, EosIds
 from refusion_cli.errors import UserError
 
 
@@ -104,7 +104,7 @@ def run_decoder(
     config: Any,
     *,
     mask_token_id: int | None,
-    eos_token_id: int | None,
+    eos_token_id: EosIds,
     generator: torch.Generator | None = None,
     on_step: Callable[[Any], None] | None = None,
     kv_reuse: bool = True,

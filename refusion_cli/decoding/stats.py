@@ -1,7 +1,7 @@
 """The result type shared by every decoder, and the one counting rule they all follow.
 
 Counting rule: ``tokens`` is the number of response tokens up to and including the first EOS
-(or the whole response if there is none); ``forwards`` counts every call of the model, whatever
+(the first token that is any of the model's EOS ids; the whole response if there is none); ``forwards`` counts every call of the model, whatever
 it was for (planning, verification, drafting, a CFG pass); ``seconds`` is the wall time of the
 whole decode call, less the time spent in the caller's ``on_step`` callback (a live view's
 drawing is not decoding). TPS = tokens / seconds and TPF = tokens / forwards.
@@ -13,7 +13,7 @@ import functools
 import inspect
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -56,11 +56,31 @@ class DecodeResult:
     trace: list[Any] = field(default_factory=list)  # per-iteration records (decoder specific)
 
 
-def cut_after_eos(tokens: list[int], eos_token_id: int | None) -> list[int]:
-    """Keep tokens up to and including the first EOS."""
-    if eos_token_id is not None and eos_token_id in tokens:
-        return tokens[: tokens.index(eos_token_id) + 1]
+EosIds = int | Sequence[int] | None  # one EOS id, several (any of them ends a response) or none
+
+
+def eos_ids(eos_token_id: EosIds) -> tuple[int, ...]:
+    """The EOS ids as a tuple: ``None`` is none, an int is one, a sequence is each of its ids."""
+    if eos_token_id is None:
+        return ()
+    if isinstance(eos_token_id, int):
+        return (eos_token_id,)
+    return tuple(int(token) for token in eos_token_id)
+
+
+def cut_after_eos(tokens: list[int], eos_token_id: EosIds) -> list[int]:
+    """Keep tokens up to and including the first EOS (the first token that is any of the EOS ids)."""
+    stops = set(eos_ids(eos_token_id))
+    for index, token in enumerate(tokens):
+        if token in stops:
+            return tokens[: index + 1]
     return tokens
+
+
+def eos_mask(tokens: torch.Tensor, eos_token_id: EosIds) -> torch.Tensor:
+    """Bool tensor shaped like ``tokens``: which tokens are any of the EOS ids."""
+    stops = eos_ids(eos_token_id)
+    return torch.isin(tokens, torch.tensor(stops, dtype=tokens.dtype, device=tokens.device))
 
 
 def synchronize(device: torch.device) -> None:

@@ -353,7 +353,7 @@ class DecoderLM(TemplateLM):
         prompt_ids = prompt_ids[cut:]  # keep the end of an over-long prompt, as lm-eval's HF model does
         generator = torch.Generator(device=self._device).manual_seed(self.seed)
         result = run_decoder(self.decoder, self.model, prompt_ids, config, mask_token_id=self.loaded.mask_token_id,
-                             eos_token_id=self.loaded.eos_token_id, generator=generator)
+                             eos_token_id=self.loaded.stop_token_ids, generator=generator)
         text = cut_at_stop(self.tok_decode(result.tokens), until)
         return SampleRecord(text=text, prompt_tokens=len(prompt_ids), stats=result.stats, prompt_cut=cut)
 

@@ -37,11 +37,18 @@ class LoadedModel:
     model: torch.nn.Module
     tokenizer: object  # a transformers tokenizer
     mask_token_id: int | None  # None for plain AR checkpoints loaded with require_mask=False
-    eos_token_id: int
+    eos_token_id: int  # the end of a chat turn (see _eos_id); what training appends and padding uses
     pad_token_id: int
     family: str  # "qwen3", "llada", "dream", ... (the config's model_type)
     bidirectional: bool  # True for masked-diffusion models (LLaDA, Dream, a Qwen3 with is_causal=False)
     source: str  # the directory the weights came from
+    # every id that ends a response: eos_token_id, then the generation config's other EOS ids
+    # (Qwen3 chat checkpoints list <|im_end|> and <|endoftext|>), as transformers' generate stops
+    stop_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        if not self.stop_token_ids:
+            self.stop_token_ids = (self.eos_token_id,)
 
 
 def embedded_path(name: str) -> Path:
@@ -251,7 +258,8 @@ def load_model(
     except (OSError, ValueError) as exc:
         raise UserError(f"cannot load the weights of '{name_or_path}': {str(exc).splitlines()[0]}") from exc
     model.to(device).eval().requires_grad_(False)
-    return LoadedModel(model, tokenizer, mask_id, int(eos_id), int(pad_id), family, info.bidirectional, source)
+    stops = stop_ids(int(eos_id), getattr(model, "generation_config", None), model.config)
+    return LoadedModel(model, tokenizer, mask_id, int(eos_id), int(pad_id), family, info.bidirectional, source, stops)
 
 
 @contextmanager
@@ -277,6 +285,17 @@ def _eos_id(config, tokenizer) -> int | None:
     if isinstance(eos, (list, tuple)):
         eos = eos[0] if eos else None
     return None if eos is None else int(eos)
+
+
+def stop_ids(eos_id: int, generation_config, config) -> tuple[int, ...]:
+    """``eos_id`` first, then every other EOS id of the generation config (else the model config)."""
+    source = generation_config if getattr(generation_config, "eos_token_id", None) is not None else config
+    listed = getattr(source, "eos_token_id", None)
+    if listed is None:
+        listed = []
+    elif isinstance(listed, int):
+        listed = [listed]
+    return tuple(dict.fromkeys([eos_id, *(int(token) for token in listed)]))
 
 
 def parse_dtype(name: str) -> torch.dtype:

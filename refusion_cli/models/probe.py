@@ -181,7 +181,7 @@ def attribute_errors(loaded, problems: list[dict[str, str]], config, causal_fix:
     tokenizer, counts = loaded.tokenizer, ErrorAttribution()
     for problem in problems:
         result = decode_refusion(loaded.model, user_prompt_ids(tokenizer, problem["question"]), config,
-                                 mask_token_id=loaded.mask_token_id, eos_token_id=loaded.eos_token_id,
+                                 mask_token_id=loaded.mask_token_id, eos_token_id=loaded.stop_token_ids,
                                  causal_fix=causal_fix)
         counts.tokens += result.stats.tokens
         counts.forwards += result.stats.forwards

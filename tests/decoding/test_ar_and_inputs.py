@@ -31,6 +31,25 @@ def test_decode_ar_stops_at_eos():
     assert stopped.tokens == free[: free.index(eos) + 1]
 
 
+def test_decode_ar_stops_at_any_of_several_eos_ids_as_generate_does():
+    model = tiny_qwen3(0, init_std=0.3)
+    prompt = [5, 9, 2]
+    free = decode_ar(model, prompt, max_new_tokens=30, eos_token_id=None).tokens
+    other = free[10]
+    assert EOS_ID not in free[:11] and other not in free[:10]
+    stopped = decode_ar(model, prompt, max_new_tokens=30, eos_token_id=(EOS_ID, other))
+    assert stopped.tokens == free[:11] and stopped.stats.tokens == 11
+    expected = model.generate(torch.tensor([prompt]), max_new_tokens=30, do_sample=False,
+                              eos_token_id=[EOS_ID, other], pad_token_id=0)[0, 3:].tolist()
+    assert stopped.tokens == expected
+
+
+def test_an_eos_id_outside_the_vocabulary_is_refused():
+    model = tiny_qwen3(0)
+    with pytest.raises(UserError, match="eos_token_id 151643 is outside the model's vocabulary"):
+        decode_ar(model, [1, 2], max_new_tokens=4, eos_token_id=(EOS_ID, 151643))
+
+
 @pytest.mark.parametrize("decode", ["ar", "refusion"])
 def test_empty_prompt_is_refused(decode):
     model = tiny_qwen3(0)

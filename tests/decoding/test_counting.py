@@ -71,6 +71,20 @@ def test_one_table_one_counting_rule(causal_model, bidirectional_model, prompt, 
     assert table["llada"]["forwards"] == LLADA.steps and table["dream"]["forwards"] == DREAM.steps
 
 
+@pytest.mark.parametrize("name", list(DECODERS))
+def test_several_eos_ids_end_a_response_at_the_first_of_any(causal_model, bidirectional_model, prompt, name):
+    """Given (later, earlier) EOS ids, every decoder stops at the earlier one, as with that id alone."""
+    bidirectional, decode = DECODERS[name]
+    model = bidirectional_model if bidirectional else causal_model
+    uncut = decode(model, prompt, None).tokens
+    earlier = uncut[len(uncut) // 2]
+    later = next(token for token in uncut[uncut.index(earlier) + 1:] if token not in uncut[:uncut.index(earlier) + 1])
+    alone, both = decode(model, prompt, earlier), decode(model, prompt, (later, earlier))
+    assert both.tokens == alone.tokens and both.tokens[-1] == earlier and later not in both.tokens
+    assert both.stats.tokens == alone.stats.tokens == len(both.tokens)
+    assert both.stats.forwards == alone.stats.forwards
+
+
 @pytest.mark.parametrize(
     "decode",
     [

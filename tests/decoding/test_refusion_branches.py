@@ -117,6 +117,19 @@ def test_eos_inside_the_verified_prefix_ends_the_response():
     assert result.stats.forwards == 2 and result.stats.tokens == 7
 
 
+@pytest.mark.parametrize("path", ["fast", "completion"])
+def test_any_of_several_eos_ids_ends_the_response(path):
+    """A second EOS id (Qwen3's <|endoftext|> next to <|im_end|>) ends a response as the first one does."""
+    truth = truth_of(24)
+    other = truth[6]  # 5: not in truth[:6]
+    assert other not in truth[:6]
+    model = ScriptedModel(3, truth, ar={5: 0.5} if path == "completion" else {})
+    config = ReFusionConfig(gen_length=24, slot_size=4, block_size=12, slot_threshold=0.9, token_threshold=0.9)
+    result = run(model, config, eos=(EOS, other))
+    assert result.tokens == truth[:7] and result.stats.tokens == 7
+    assert result.trace[-1].eos and result.trace[-1].path == path
+
+
 def test_eos_left_of_an_earlier_commit_cuts_the_response_there():
     truth = truth_of(12)
     truth[2] = EOS

@@ -81,6 +81,19 @@ def test_refusion_layout_loads_with_the_right_special_ids(refusion_layout):
     assert isinstance(tok.decode(result.tokens), str)
 
 
+def test_a_response_ends_at_any_eos_id_of_the_generation_config(refusion_layout, tmp_path):
+    """Qwen3 chat checkpoints list <|im_end|> and <|endoftext|> in generation_config.json, as generate stops."""
+    assert load_model(str(refusion_layout), device="cpu").stop_token_ids == (151645,)  # config.json's one id
+    path = tmp_path / "two-eos"
+    path.mkdir()
+    for item in refusion_layout.iterdir():
+        (path / item.name).write_bytes(item.read_bytes())
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [151645, 151643], "pad_token_id": 0}))
+    loaded = load_model(str(path), device="cpu")
+    assert loaded.eos_token_id == 151645  # the tokenizer's, still what training appends
+    assert loaded.stop_token_ids == (151645, 151643)
+
+
 def test_no_such_directory(tmp_path):
     with pytest.raises(UserError, match="no such checkpoint directory"):
         load_model(str(tmp_path / "missing"))
