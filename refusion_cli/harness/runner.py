@@ -250,16 +250,19 @@ def placement(model: Any) -> tuple[str, str]:
 
 
 def config_hash(decoder: str, config: Any, fingerprint: str, seed: int, chat_template: bool,
-                where: tuple[str, str], metric: str) -> str:
+                where: tuple[str, str], metric: str, stop_token_ids: tuple[int, ...] = ()) -> str:
     """What a journaled sample is reused under: decoder settings, model files, seed, template, device
     and dtype (another dtype decodes other tokens; another device measures other timings), and the
-    metric its stored score is (another metric must score it again), and the decoder's revision past
-    the first (a decoder whose tokens changed decodes again; revision 1 keeps the hashes it always had)."""
+    metric its stored score is (another metric must score it again), the decoder's revision past
+    the first (a decoder whose tokens changed decodes again; revision 1 keeps the hashes it always had),
+    and the EOS ids when a response ends at several (one EOS keeps the hashes it always had)."""
     material = {"decoder": decoder, "config": dataclasses.asdict(config), "model": fingerprint, "seed": seed,
                 "chat_template": chat_template, "device": where[0], "dtype": where[1], "metric": metric}
     revision = decoder_spec(decoder).revision
     if revision > 1:
         material["revision"] = revision
+    if len(stop_token_ids) > 1:
+        material["stop_token_ids"] = list(stop_token_ids)
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -407,7 +410,8 @@ def run_eval(options: EvalOptions, observer: EvalObserver | None = None, suite: 
                                                require_mask=needs_mask[run.model])
             where = placement(loaded[run.model].model)
             digest = config_hash(run.decoder, config, model_fingerprint(run.model), options.seed,
-                                 benchmark.chat_template, where, benchmark.metric_key)
+                                 benchmark.chat_template, where, benchmark.metric_key,
+                                 loaded[run.model].stop_token_ids)
             adapter = ADAPTERS[run.decoder](pretrained=loaded[run.model], config=config, seed=options.seed,
                                             device=device)
             adapter.warmed_up = (run.model, run.decoder) in warmed  # once per model and decoder, not per task

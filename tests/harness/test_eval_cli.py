@@ -520,6 +520,19 @@ def test_a_decoder_revision_past_the_first_is_part_of_the_sample_key(monkeypatch
     assert registry.DECODERS["llada"].revision == 2  # float64 confidence over the whole vocabulary
 
 
+def test_several_eos_ids_are_part_of_the_sample_key():
+    """A response that ends at several EOS ids decodes other tokens than one ending at the first id alone;
+    a single EOS keeps the keys earlier runs journaled under."""
+    from refusion_cli.harness.runner import config_hash
+
+    config = build_config("refusion", {"gen_length": "32"})
+    args = ("fingerprint", 0, True, ("cpu", "float32"), "exact_match,none")
+    one = config_hash("refusion", config, *args)
+    assert config_hash("refusion", config, *args, (151645,)) == one
+    two = config_hash("refusion", config, *args, (151645, 151643))
+    assert two != one and config_hash("refusion", config, *args, (151643, 151645)) not in (one, two)
+
+
 def test_notes_printed_into_a_file_are_whole_lines(monkeypatch):
     """Off a terminal Rich wraps at 80 columns; a note cut in two lines is hard to grep in a log."""
     import io
