@@ -21,6 +21,7 @@ from refusion_cli.training.modeling import TINY_CONFIGS, parse_model_config
 from refusion_cli.training.objectives import OBJECTIVES
 
 if TYPE_CHECKING:
+    from refusion_cli.training.evaluation import EvalRecord
     from refusion_cli.training.loop import RunInfo, StepRecord
 
 ObjectiveName = Enum("ObjectiveName", {name: name for name in OBJECTIVES}, type=str)
@@ -29,6 +30,7 @@ PrecisionName = Enum("PrecisionName", {name: name for name in ("no", "bf16", "fp
 SOURCE = "Model"
 SCHEDULE = "Optimisation"
 RUN = "Run"
+VALIDATION = "Validation"
 
 
 def train(
@@ -82,6 +84,15 @@ def train(
                                                 "still spans --steps); --resume continues it", rich_help_panel=RUN)] = None,
     resume: Annotated[bool, typer.Option("--resume", help="continue from the last checkpoint in --output",
                                          rich_help_panel=RUN)] = False,
+    eval_data: Annotated[Path | None, typer.Option("--eval-data", **PATH_OPTION, help="held-out JSONL (the formats "
+                                                   "of --data) scored with the training objective; writes "
+                                                   "eval_log.jsonl", rich_help_panel=VALIDATION)] = None,
+    eval_every: Annotated[int | None, typer.Option("--eval-every", help="evaluate every N steps, at step 0 and at "
+                                                   "the last step (default: --save-every)",
+                                                   rich_help_panel=VALIDATION)] = None,
+    eval_batch_size: Annotated[int | None, typer.Option("--eval-batch-size", help="eval examples per forward pass "
+                                                        "on each process (default: the training micro-batch)",
+                                                        rich_help_panel=VALIDATION)] = None,
 ) -> None:
     """Train with the ReFusion objective (or the AR / LLaDA baselines); runs under `accelerate launch` too."""
     from refusion_cli.training.loop import TrainConfig, train_model
@@ -93,7 +104,8 @@ def train(
         max_length=max_length, save_every=save_every, seed=seed, resume=resume, grad_accum=grad_accum,
         mixed_precision=mixed_precision.value if mixed_precision is not None else None, warmup_ratio=warmup_ratio,
         weight_decay=weight_decay, max_grad_norm=max_grad_norm, gradient_checkpointing=gradient_checkpointing,
-        stop_at=stop_at, num_workers=num_workers, keep_checkpoints=keep_checkpoints,
+        stop_at=stop_at, num_workers=num_workers, keep_checkpoints=keep_checkpoints, eval_data=eval_data,
+        eval_every=eval_every, eval_batch_size=eval_batch_size,
     )
     with ProgressView() as view:
         result = train_model(config, view)
@@ -125,7 +137,7 @@ class ProgressView:
         self.lines = not console.is_terminal  # plain progress lines instead of a live bar
         self.progress = Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[tps]} tok/s"),
+            TextColumn("loss {task.fields[loss]}{task.fields[val]}"), TextColumn("{task.fields[tps]} tok/s"),
             TimeElapsedColumn(), TimeRemainingColumn(), console=console, disable=self.lines,
         )
         self.task = None
@@ -151,8 +163,18 @@ class ProgressView:
                       soft_wrap=True)
         if info.skipped_too_long:
             console.print(f"[yellow]skipped {info.skipped_too_long:,} record(s) longer than --max-length[/]")
+        held_out = info.evaluation
+        if held_out is not None:
+            baseline = "" if info.resumed_from else "at step 0, "
+            every = "every step" if held_out.every == 1 else f"every {held_out.every} steps"
+            console.print(f"eval data: {held_out.examples:,} examples of {held_out.records:,} records, scored "
+                          f"{baseline}{every} and at step {info.last_step}, {held_out.batch_size} per forward pass "
+                          "and process", soft_wrap=True)
+            if held_out.skipped_too_long:
+                console.print(f"[yellow]skipped {held_out.skipped_too_long:,} eval record(s) longer than "
+                              "--max-length[/]")
         self.task = self.progress.add_task("train", total=info.total_steps, completed=info.start_step,
-                                           loss="-", tps="-")
+                                           loss="-", tps="-", val="")
         self.total, self.last, self.every = info.total_steps, info.last_step, max(1, info.total_steps // self.LINES)
         self.progress.start()
 
@@ -168,6 +190,13 @@ class ProgressView:
 
     def on_save(self, path: Path, step: int) -> None:
         self.progress.console.print(f"saved checkpoint {path} (step {step})", soft_wrap=True)
+
+    def on_eval(self, record: EvalRecord) -> None:
+        self.progress.update(self.task, val=f", val {record.loss:.4f}")
+        self.progress.console.print(f"eval step {record.step}/{self.total}  val loss {record.loss:.4f} (ar "
+                                    f"{record.ar_loss:.4f}, mdm {record.mdm_loss:.4f})  {record.examples:,} examples, "
+                                    f"{record.tokens:,} tokens, {record.seconds:.1f} s", highlight=False,
+                                    soft_wrap=True)
 
     def on_complete(self, step: int, output: Path) -> None:
         console.print(f"nothing to do: the run in {output} is already complete at step {step} (the final model "

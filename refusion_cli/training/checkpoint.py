@@ -8,6 +8,7 @@ Layout of ``--output DIR``::
         accelerate_state/             optimizer, LR scheduler, RNG states (Accelerator.save_state)
     DIR/config.json, model.safetensors, ...   the final model (when the run finishes)
     DIR/loss_log.jsonl                one JSON line per optimizer step
+    DIR/eval_log.jsonl                one JSON line per evaluation (with --eval-data)
 
 A checkpoint is written to ``checkpoint-<step>.partial`` and renamed when complete, so a run killed
 while saving never leaves a checkpoint that ``--resume`` would pick up half-written.
@@ -27,6 +28,7 @@ CHECKPOINT_PREFIX = "checkpoint-"
 STATE_FILE = "trainer_state.json"
 ACCELERATE_DIR = "accelerate_state"
 LOSS_LOG = "loss_log.jsonl"
+EVAL_LOG = "eval_log.jsonl"
 STATE_VERSION = 1
 
 
@@ -122,7 +124,7 @@ def replace_dir(source: Path, target: Path) -> None:
 
 
 def truncate_loss_log(path: Path, last_step: int) -> None:
-    """Keep the log lines of steps up to ``last_step`` (a resumed run rewrites the rest)."""
+    """Keep the log lines of steps up to ``last_step`` (a resumed run rewrites the rest); for the eval log too."""
     if not path.exists():
         return
     kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= last_step]

@@ -10,7 +10,9 @@ tokenizer's EOS (``<|im_end|>`` for Qwen3 chat models).
 The order of the data is a fresh permutation per epoch, drawn from the seed; the stream position is
 counted in examples, so a resumed run skips exactly the examples already consumed, whatever the
 number of processes. The random choices of an objective for an example are drawn from a generator
-seeded by (seed, epoch, example index): the same sample on every process and after a resume.
+seeded by (seed, epoch, example index): the same sample on every process and after a resume. A
+held-out (eval) example gets its own generator, seeded by (seed, "eval", example index): the same
+sample at every evaluation, drawn apart from the training streams.
 """
 
 from __future__ import annotations
@@ -49,21 +51,27 @@ class TrainingData:
         return sum(len(e.prompt_ids) + len(e.response_ids) for e in self.examples)
 
 
-def check_data_file(path: Path) -> None:
-    """The data path names an existing file (not a directory)."""
+def data_noun(option: str) -> str:
+    """What the messages call the file an option names: '--data' -> 'data', '--eval-data' -> 'eval data'."""
+    return option.lstrip("-").replace("-", " ")
+
+
+def check_data_file(path: Path, option: str = "--data") -> None:
+    """The data path (given with ``option``) names an existing file (not a directory)."""
+    noun = data_noun(option)
     if Path(path).is_dir():
-        raise UserError(f"the data path {path} is a directory, not a JSONL file",
-                        hint="give --data the JSONL file itself")
+        raise UserError(f"the {noun} path {path} is a directory, not a JSONL file",
+                        hint=f"give {option} the JSONL file itself")
     if Path(path).exists() and not Path(path).is_file():
-        raise UserError(f"the data path {path} is not a regular file", hint="give --data a JSONL file")
+        raise UserError(f"the {noun} path {path} is not a regular file", hint=f"give {option} a JSONL file")
     if not Path(path).is_file():
-        raise UserError(f"no such data file: {path}")
+        raise UserError(f"no such {noun} file: {path}")
 
 
-def read_records(path: Path) -> list[Record]:
+def read_records(path: Path, option: str = "--data") -> list[Record]:
     """Parse a JSONL file; blank lines are skipped, anything else malformed names the file and line."""
-    check_data_file(path)
-    text = read_text(path, f"the data file {path}")
+    check_data_file(path, option)
+    text = read_text(path, f"the {data_noun(option)} file {path}")
     return [_record(value, path, number) for number, value in json_objects(text, str(path), FORMATS_HINT)]
 
 
@@ -97,14 +105,17 @@ def tokenize_records(tokenizer, records: list[Record], eos_id: int, chunk: int =
     return examples
 
 
-def load_training_data(path: Path, tokenizer, max_length: int) -> TrainingData:
-    """Read and tokenize every record; records longer than ``max_length`` tokens are skipped and counted."""
+def load_training_data(path: Path, tokenizer, max_length: int, option: str = "--data") -> TrainingData:
+    """Read and tokenize every record; records longer than ``max_length`` tokens are skipped and counted.
+
+    ``option`` names the file in the messages: ``--data``, or ``--eval-data`` for the held-out set.
+    """
     eos_id = tokenizer.eos_token_id
     if eos_id is None:
         raise UserError("the tokenizer defines no EOS token to end each response with")
-    records = read_records(path)
+    records = read_records(path, option)
     if not records:
-        raise UserError(f"the data file {path} holds no records")
+        raise UserError(f"the {data_noun(option)} file {path} holds no records")
     examples, skipped = [], 0
     for example in tokenize_records(tokenizer, records, int(eos_id)):
         if len(example.prompt_ids) + len(example.response_ids) > max_length:
@@ -158,23 +169,30 @@ class ShuffledStream(Sampler[tuple[int, int]]):
 class ObjectiveDataset(Dataset):
     """Builds the objective's sample for a (epoch, index) key, with a generator seeded from the key.
 
-    For an objective with ``eos_padding`` (LLaDA) every response is first padded with EOS to the
-    longest response of the data set, capped so that no row exceeds ``max_length`` tokens: one
-    fixed length, so a sample does not depend on which batch or process it lands in.
+    For an objective with ``eos_padding`` (LLaDA) every response is first padded with EOS to
+    ``response_length`` (default: the longest response of the data set), capped so that no row
+    exceeds ``max_length`` tokens: one fixed length, so a sample does not depend on which batch or
+    process it lands in. A longer response is left as it is.
     """
 
     def __init__(self, examples: list[Example], objective: Objective, mask_id: int, seed: int,
-                 max_length: int | None = None):
+                 max_length: int | None = None, response_length: int | None = None):
         self.examples, self.objective, self.mask_id, self.seed = examples, objective, mask_id, seed
         self.max_length = max_length
-        self.response_length = max((len(e.response_ids) for e in examples), default=0)
+        if response_length is None:
+            response_length = max((len(e.response_ids) for e in examples), default=0)
+        self.response_length = response_length
 
     def __len__(self) -> int:
         return len(self.examples)
 
     def __getitem__(self, key: tuple[int, int]) -> Sample:
         epoch, index = key
-        generator = torch.Generator().manual_seed(derived_seed(self.seed, "sample", epoch, index))
+        return self.sample(index, derived_seed(self.seed, "sample", epoch, index))
+
+    def sample(self, index: int, seed: int) -> Sample:
+        """The sample of example ``index``, its random choices drawn from a generator seeded with ``seed``."""
+        generator = torch.Generator().manual_seed(seed)
         example = self.examples[index]
         if self.objective.eos_padding:
             length = self.response_length
@@ -182,3 +200,16 @@ class ObjectiveDataset(Dataset):
                 length = min(length, self.max_length - len(example.prompt_ids))
             example = pad_with_eos(example, length)
         return self.objective.build(example, self.mask_id, generator)
+
+
+class HeldOutDataset(ObjectiveDataset):
+    """The eval set: example ``index`` always gets the sample of the generator seeded by (seed, "eval", index).
+
+    The draws do not depend on the training step, the epoch, the batch or the process, and they take
+    nothing from the training streams: an unchanged model scores the same samples at every evaluation.
+    For LLaDA pass the training set's ``response_length``: eval responses are padded to the canvas
+    the model is trained on.
+    """
+
+    def __getitem__(self, index: int) -> Sample:
+        return self.sample(index, derived_seed(self.seed, "eval", index))

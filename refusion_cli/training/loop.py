@@ -14,6 +14,13 @@ Steps of a run:
 4. train, appending one line per step to ``loss_log.jsonl``; checkpoint every ``save_every``
    steps, when Ctrl-C or SIGTERM asks to stop (after the current step), and at the end;
 5. save the final model in the output directory.
+
+With ``eval_data`` the run also scores a held-out set (:mod:`refusion_cli.training.evaluation`):
+before the first step of a fresh run (step 0, the baseline), every ``eval_every`` steps and at
+the run's last step, appending one line per evaluation to ``eval_log.jsonl``. An evaluation comes
+before the checkpoint of its step. A stop (Ctrl-C, SIGTERM) does not wait for a due evaluation:
+the checkpoint notes it as pending and ``--resume`` runs it first, so the log ends up as an
+uninterrupted run's.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ import shutil
 import signal
 import threading
 import time
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
@@ -37,12 +44,14 @@ from refusion_cli.decoding.stats import wide_float
 from refusion_cli.errors import UserError
 from refusion_cli.training import checkpoint as ckpt
 from refusion_cli.training.data import (
+    HeldOutDataset,
     ObjectiveDataset,
     ShuffledStream,
     check_data_file,
     file_digest,
     load_training_data,
 )
+from refusion_cli.training.evaluation import EvalRecord, evaluate
 from refusion_cli.training.modeling import (
     TrainableModel,
     build_tiny_model,
@@ -56,7 +65,7 @@ from refusion_cli.training.objectives import collate, compute_loss, get_objectiv
 MIXED_PRECISION = ("no", "bf16", "fp16")
 # Settings that fix the data order and the optimisation: a resumed run must use the same.
 RESUME_MUST_MATCH = ("objective", "seed", "batch_size", "lr", "max_length", "warmup_ratio", "weight_decay",
-                     "data_sha256")
+                     "data_sha256", "eval_data_sha256", "eval_every")
 
 
 @dataclass(frozen=True)
@@ -84,16 +93,23 @@ class TrainConfig:
     stop_at: int | None = None  # end this run after this step; the schedule still spans `steps`
     num_workers: int = 0  # DataLoader worker processes building the batches (0: in the training process)
     keep_checkpoints: int = 0  # keep only the newest N checkpoint directories (0: keep all)
+    eval_data: Path | None = None  # held-out JSONL (the formats of `data`) scored with the training objective
+    eval_every: int | None = None  # evaluate every this many steps; None: every `save_every` steps
+    eval_batch_size: int | None = None  # eval examples per forward pass on each process; None: the micro-batch
 
     def __post_init__(self) -> None:
         get_objective(self.objective)
         if self.stop_at is not None and not 1 <= self.stop_at <= self.steps:
             raise UserError(f"--stop-at must be between 1 and --steps ({self.steps}), got {self.stop_at}")
         positive = {"--steps": self.steps, "--batch-size": self.batch_size, "--save-every": self.save_every,
-                    "--grad-accum": self.grad_accum}
+                    "--grad-accum": self.grad_accum, "--eval-every": self.eval_every,
+                    "--eval-batch-size": self.eval_batch_size}
         for option, value in positive.items():
-            if value < 1:
+            if value is not None and value < 1:
                 raise UserError(f"{option} must be at least 1 (got {value})")
+        if self.eval_data is None and (self.eval_every is not None or self.eval_batch_size is not None):
+            raise UserError("--eval-every and --eval-batch-size go with --eval-data",
+                            hint="give --eval-data FILE, a JSONL file of held-out records to score")
         if self.num_workers < 0:
             raise UserError(f"--num-workers cannot be negative (got {self.num_workers})")
         if self.keep_checkpoints < 0:
@@ -131,11 +147,31 @@ class TrainConfig:
             return f"init:{self.init}"
         return self.model
 
-    def run_settings(self, data_sha256: str) -> dict[str, object]:
-        return {"objective": self.objective, "seed": self.seed, "batch_size": self.batch_size, "lr": self.lr,
-                "max_length": self.max_length, "warmup_ratio": self.warmup_ratio,
-                "weight_decay": self.weight_decay, "data_sha256": data_sha256, "source": self.source,
-                "model_config": self.model_config, "steps": self.steps, "grad_accum": self.grad_accum}
+    @property
+    def eval_interval(self) -> int:
+        """Steps between evaluations: --eval-every, else --save-every."""
+        return self.eval_every or self.save_every
+
+    def run_settings(self, data_sha256: str, eval_sha256: str | None = None) -> dict[str, object]:
+        """The settings trainer_state.json records (the eval ones only for a run with --eval-data)."""
+        settings = {"objective": self.objective, "seed": self.seed, "batch_size": self.batch_size, "lr": self.lr,
+                    "max_length": self.max_length, "warmup_ratio": self.warmup_ratio,
+                    "weight_decay": self.weight_decay, "data_sha256": data_sha256, "source": self.source,
+                    "model_config": self.model_config, "steps": self.steps, "grad_accum": self.grad_accum}
+        if eval_sha256 is not None:
+            settings |= {"eval_data_sha256": eval_sha256, "eval_every": self.eval_interval}
+        return settings
+
+
+@dataclass(frozen=True)
+class EvalInfo:
+    """The held-out set a run scores (--eval-data)."""
+
+    records: int
+    examples: int
+    skipped_too_long: int
+    every: int  # steps between evaluations
+    batch_size: int  # eval examples per forward pass on each process
 
 
 @dataclass(frozen=True)
@@ -159,6 +195,7 @@ class RunInfo:
     resumed_from: Path | None
     distributed: str = "NO"  # Accelerate's distributed type: NO, MULTI_CPU, MULTI_GPU, FSDP, DEEPSPEED, ...
     last_step: int = 0  # where this invocation ends: --stop-at, else --steps
+    evaluation: EvalInfo | None = None  # the held-out set, when --eval-data is given
 
 
 @dataclass(frozen=True)
@@ -200,6 +237,9 @@ class TrainObserver:
         pass
 
     def on_save(self, path: Path, step: int) -> None:
+        pass
+
+    def on_eval(self, record: EvalRecord) -> None:
         pass
 
     def on_complete(self, step: int, output: Path) -> None:
@@ -316,12 +356,24 @@ def micro_batch_size(global_batch: int, processes: int, grad_accum: int) -> int:
     return global_batch // per_step
 
 
+def resume_mismatch(key: str, recorded: object, current: object) -> str:
+    """Why a setting of the resumed run differs from the checkpoint's, in words."""
+    if key == "data_sha256":
+        return "the data file changed"
+    if key == "eval_data_sha256":
+        if recorded is None:
+            return "the run was trained without --eval-data"
+        return "the run was trained with --eval-data; give the same file" if current is None else \
+            "the eval data file changed"
+    default = " (--eval-every defaults to --save-every)" if key == "eval_every" else ""
+    return f"{key} is {current!r} but the checkpoint was trained with {recorded!r}{default}"
+
+
 def check_resume_settings(recorded: dict, current: dict, config: TrainConfig) -> None:
     for key in RESUME_MUST_MATCH:
-        if recorded.get(key) != current[key]:
-            what = "the data file changed" if key == "data_sha256" else \
-                f"{key} is {current[key]!r} but the checkpoint was trained with {recorded.get(key)!r}"
-            raise UserError(f"cannot resume: {what}", hint="resume with the settings of the interrupted run")
+        if recorded.get(key) != current.get(key):  # eval settings are recorded by runs with --eval-data only
+            raise UserError(f"cannot resume: {resume_mismatch(key, recorded.get(key), current.get(key))}",
+                            hint="resume with the settings of the interrupted run")
     if config.source is not None and recorded.get("source") != config.source:
         raise UserError(f"cannot resume: the run started from {recorded.get('source')!r}, not {config.source!r}")
 
@@ -362,10 +414,13 @@ def _train(config: TrainConfig, observer: TrainObserver) -> TrainResult:
     accelerator = make_accelerator(config)
     main = accelerator.is_main_process
 
-    # 1) data file and output directory, before anything slow
+    # 1) data files and output directory, before anything slow
     check_data_file(config.data)
+    if config.eval_data is not None:
+        check_data_file(config.eval_data, "--eval-data")
     resume_from = ckpt.check_output_dir(config.output, config.resume)
-    settings = config.run_settings(file_digest(config.data))
+    settings = config.run_settings(file_digest(config.data),
+                                   file_digest(config.eval_data) if config.eval_data is not None else None)
     state = ckpt.read_trainer_state(resume_from) if resume_from is not None else None
     if state is not None:
         check_resume_settings(state["run"], settings, config)
@@ -383,17 +438,26 @@ def _train(config: TrainConfig, observer: TrainObserver) -> TrainResult:
     if config.gradient_checkpointing:
         enable_activation_checkpointing(model)
     data = load_training_data(config.data, tokenizer, config.max_length)
+    held_out = None if config.eval_data is None else load_training_data(config.eval_data, tokenizer,
+                                                                         config.max_length, "--eval-data")
 
     # 3) Accelerate
     start_step = state["step"] if state is not None else 0
     stream = ShuffledStream(len(data.examples), config.seed, start=start_step * config.batch_size)
     dataset = ObjectiveDataset(data.examples, objective, trainable.mask_token_id, config.seed, config.max_length)
+    collate_fn = partial(collate, pad_id=trainable.pad_token_id, weights_dtype=wide_float(accelerator.device))
     # every example's masking draws come from its own (seed, epoch, index) generator, so worker processes
     # build exactly the batches the training process would
     loader = DataLoader(dataset, sampler=stream, batch_size=micro, num_workers=config.num_workers,
                         persistent_workers=config.num_workers > 0, pin_memory=accelerator.device.type == "cuda",
-                        collate_fn=partial(collate, pad_id=trainable.pad_token_id,
-                                           weights_dtype=wide_float(accelerator.device)))
+                        collate_fn=collate_fn)
+    eval_set, eval_info = None, None
+    if held_out is not None:  # LLaDA pads eval responses to the training canvas
+        eval_set = HeldOutDataset(held_out.examples, objective, trainable.mask_token_id, config.seed,
+                                  config.max_length, response_length=dataset.response_length)
+        eval_info = EvalInfo(records=held_out.records, examples=len(held_out.examples),
+                             skipped_too_long=held_out.skipped_too_long, every=config.eval_interval,
+                             batch_size=config.eval_batch_size or micro)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     warmup = round(config.warmup_ratio * config.steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, cosine_with_warmup(warmup, config.steps))
@@ -410,13 +474,13 @@ def _train(config: TrainConfig, observer: TrainObserver) -> TrainResult:
         parameters=count_parameters(accelerator.unwrap_model(model)), device=str(accelerator.device),
         mixed_precision=accelerator.mixed_precision, output=config.output, resumed_from=resume_from,
         distributed=str(getattr(accelerator.distributed_type, "value", accelerator.distributed_type)),
-        last_step=config.stop_at or config.steps)
+        last_step=config.stop_at or config.steps, evaluation=eval_info)
     if main:
         observer.on_start(info)
 
-    def save(step: int) -> Path:
+    def save(step: int, eval_pending: bool = False) -> Path:
         path = ckpt.checkpoint_path(config.output, step)
-        state = trainer_state(step, config, settings, len(data.examples), accelerator.num_processes)
+        state = trainer_state(step, config, settings, len(data.examples), accelerator.num_processes, eval_pending)
         state["device"] = describe_device(accelerator.device, accelerator.mixed_precision)
         save_checkpoint(accelerator, model, tokenizer, path, state)
         if main:
@@ -426,19 +490,38 @@ def _train(config: TrainConfig, observer: TrainObserver) -> TrainResult:
                     shutil.rmtree(old, ignore_errors=True)
         return path
 
+    def validate(step: int, eval_log) -> None:  # every process scores; the main one writes
+        record = evaluate(accelerator, model, eval_set, eval_info.batch_size, collate_fn, step)
+        if main:
+            eval_log.write(json.dumps(asdict(record)) + "\n")
+            eval_log.flush()
+            observer.on_eval(record)
+
+    last_step = config.stop_at or config.steps
+
+    def eval_due(step: int) -> bool:
+        return eval_set is not None and (step % config.eval_interval == 0 or step == last_step)
+
     # 4) train
-    log_path = config.output / ckpt.LOSS_LOG
+    evaluate_first = eval_set is not None and (state is None or bool(state.get("eval_pending")))
+    log_path, eval_path = config.output / ckpt.LOSS_LOG, config.output / ckpt.EVAL_LOG
     if main:
         if state is not None:
             ckpt.truncate_loss_log(log_path, start_step)
+            # a pending evaluation is (re)done: a line a killed run may have written for it goes too
+            ckpt.truncate_loss_log(eval_path, start_step - 1 if evaluate_first else start_step)
         else:
             log_path.unlink(missing_ok=True)
+            eval_path.unlink(missing_ok=True)
     model.train()
     batches = iter(loader)
     step, last_saved, trained_tokens, trained_seconds = start_step, resume_from, 0, 0.0
-    started = time.perf_counter()
-    with StopRequest() as stop, (open(log_path, "a") if main else nullcontext()) as log:
-        last_step = config.stop_at or config.steps
+    with StopRequest() as stop, appending(log_path, main) as log, \
+            appending(eval_path, main and eval_set is not None) as eval_log:
+        if evaluate_first:  # a fresh run's baseline (step 0), or the evaluation a stop left to --resume
+            validate(start_step, eval_log)
+            last_saved = None  # the resumed checkpoint says "pending": unless a later one comes, 5) saves it anew
+        started = time.perf_counter()
         while step < last_step:
             step_start = time.perf_counter()
             lr = scheduler.get_last_lr()[0]
@@ -460,9 +543,11 @@ def _train(config: TrainConfig, observer: TrainObserver) -> TrainResult:
                 log.write(json.dumps(asdict(record)) + "\n")
                 log.flush()
                 observer.on_step(record)
-            if stopping > 0:
-                path = save(step)
+            if stopping > 0:  # a due evaluation waits for --resume: the checkpoint comes first
+                path = save(step, eval_pending=eval_due(step))
                 return TrainResult(step, True, path, None, trained_tokens, trained_seconds, stop.signum)
+            if eval_due(step):
+                validate(step, eval_log)
             if step % config.save_every == 0 or step == last_step:
                 last_saved = save(step)
 
@@ -479,15 +564,28 @@ def describe_device(device: torch.device, precision: str) -> str:
     return f"{name}, {precision}"
 
 
-def trainer_state(step: int, config: TrainConfig, settings: dict, examples: int, processes: int) -> dict:
-    """What trainer_state.json records; optimizer, scheduler and RNG states live in accelerate_state/."""
+def trainer_state(step: int, config: TrainConfig, settings: dict, examples: int, processes: int,
+                  eval_pending: bool = False) -> dict:
+    """What trainer_state.json records; optimizer, scheduler and RNG states live in accelerate_state/.
+
+    With --eval-data, ``eval_pending`` says the evaluation of this step was due but left to --resume.
+    """
     consumed = step * config.batch_size
-    return {"version": ckpt.STATE_VERSION, "step": step, "examples_consumed": consumed,
-            "epoch": consumed // examples, "run": settings, "processes": processes,
-            "rng": {"seed": config.seed, "data_order": "a permutation per epoch, seeded by (seed, epoch)",
-                    "samples": "a torch.Generator per example, seeded by (seed, epoch, example index)",
-                    "process_states": f"{ckpt.ACCELERATE_DIR}/random_states_<process>.pkl"},
-            "accelerate_state": ckpt.ACCELERATE_DIR}
+    state = {"version": ckpt.STATE_VERSION, "step": step, "examples_consumed": consumed,
+             "epoch": consumed // examples, "run": settings, "processes": processes,
+             "rng": {"seed": config.seed, "data_order": "a permutation per epoch, seeded by (seed, epoch)",
+                     "samples": "a torch.Generator per example, seeded by (seed, epoch, example index)",
+                     "process_states": f"{ckpt.ACCELERATE_DIR}/random_states_<process>.pkl"},
+             "accelerate_state": ckpt.ACCELERATE_DIR}
+    if config.eval_data is not None:
+        state["rng"]["eval_samples"] = "a torch.Generator per eval example, seeded by (seed, 'eval', example index)"
+        state["eval_pending"] = eval_pending
+    return state
+
+
+def appending(path: Path, writes: bool) -> AbstractContextManager:
+    """``path`` opened for appending on the process that writes it (``writes`` is true); a no-op elsewhere."""
+    return open(path, "a") if writes else nullcontext()
 
 
 def optimizer_step(accelerator, model, optimizer, batches, objective, config: TrainConfig) -> torch.Tensor:

@@ -339,13 +339,19 @@ def weighted_losses(logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> tup
     return ar, mdm
 
 
-def compute_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], objective: Objective | str) -> LossParts:
-    """One forward pass over a collated batch; the loss of DESIGN.md §3 (or of the baseline objective)."""
+def example_losses(model: torch.nn.Module, batch: dict[str, torch.Tensor], objective: Objective | str
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One forward pass over a collated batch -> each example's (ar_part [B], mdm_part [B]) of the loss."""
     if isinstance(objective, str):
         objective = get_objective(objective)
     input_ids = batch["input_ids"]
     allowed = broadcast_attention_allowed(batch["lengths"], input_ids.shape[1], objective.bidirectional)
     out = model(input_ids=input_ids, position_ids=batch["position_ids"],
                 attention_mask=model_attention_mask(model, allowed), use_cache=False)
-    ar, mdm = weighted_losses(out.logits, batch)
+    return weighted_losses(out.logits, batch)
+
+
+def compute_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], objective: Objective | str) -> LossParts:
+    """The loss of DESIGN.md §3 (or of the baseline objective) over a collated batch: the mean over its examples."""
+    ar, mdm = example_losses(model, batch, objective)
     return LossParts(loss=(ar + mdm).mean(), ar_loss=ar.detach().mean(), mdm_loss=mdm.detach().mean())

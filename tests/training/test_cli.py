@@ -132,6 +132,10 @@ def test_read_only_output_fails_before_training(fresh, tmp_path, capsys, monkeyp
     pytest.param(["--mixed-precision", "fp16"], "fp16 mixed precision needs a GPU; on CPU use --mixed-precision bf16",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="fp16 runs on a GPU")),
     (["--resume"], "--resume: '{output}' holds no checkpoint to resume from"),
+    (["--eval-data", "{tmp}"], "the eval data path {tmp} is a directory, not a JSONL file (hint: give --eval-data the"),
+    (["--eval-data", "{data}", "--eval-every", "0"], "--eval-every must be at least 1 (got 0)"),
+    (["--eval-data", "{data}", "--eval-batch-size", "0"], "--eval-batch-size must be at least 1 (got 0)"),
+    (["--eval-every", "2"], "--eval-every and --eval-batch-size go with --eval-data (hint: give --eval-data FILE"),
 ])
 def test_bad_options_give_one_error_line(fresh, tmp_path, capsys, monkeypatch, extra, message):
     paths = {"output": tmp_path / "run", "data": tmp_path / "data.jsonl", "tmp": tmp_path}
@@ -141,6 +145,62 @@ def test_bad_options_give_one_error_line(fresh, tmp_path, capsys, monkeypatch, e
     assert code == 2
     assert error_line(err).startswith("error: " + message.format(**paths))
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    ('{"query": "a", "response": "b"}\n{"query": oops}\n', "{eval}, line 2, is not valid JSON"),
+    ('{"query": "a", "response": "b"}\n{"instruction": "a", "output": "b"}\n',
+     "{eval}, line 2, has none of the record formats"),
+    ("\n", "the eval data file {eval} holds no records"),
+    (json.dumps({"query": "what is one ?", "response": " ".join(["one"] * 60)}) + "\n",
+     "all 1 records of {eval} are longer than --max-length 48 tokens"),
+    (None, "no such eval data file: {eval}"),
+])
+def test_bad_eval_data_gives_one_error_line_before_training(fresh, tmp_path, capsys, monkeypatch, content, message):
+    eval_data = tmp_path / "eval.jsonl"
+    if content is not None:
+        eval_data.write_text(content)
+    code, out, err = run_cli([*fresh, "--eval-data", str(eval_data)], capsys, monkeypatch)
+    assert code == 2
+    assert error_line(err).startswith("error: " + message.format(eval=eval_data))
+    assert not (tmp_path / "run").exists() and "step 1" not in out  # nothing trained, nothing left behind
+
+
+def test_eval_data_is_scored_at_step_0_every_n_steps_and_logged(fresh, tmp_path, capsys, monkeypatch):
+    eval_data = write_jsonl(tmp_path / "eval.jsonl", arithmetic_records(11)[8:])
+    code, out, err = run_cli([*fresh, "--eval-data", str(eval_data)], capsys, monkeypatch)  # --save-every 1
+    assert code == 0, err
+    assert ("eval data: 3 examples of 3 records, scored at step 0, every step and at step 2, 2 per forward pass "
+            "and process") in out
+    lines = [line for line in out.splitlines() if line.startswith("eval step ")]
+    records = [json.loads(line) for line in (tmp_path / "run" / "eval_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [0, 1, 2]
+    assert set(records[0]) == {"step", "loss", "ar_loss", "mdm_loss", "examples", "tokens", "seconds"}
+    assert [line.split("  ")[:2] for line in lines] == [[f"eval step {r['step']}/2", f"val loss {r['loss']:.4f} "
+                                                         f"(ar {r['ar_loss']:.4f}, mdm {r['mdm_loss']:.4f})"]
+                                                        for r in records]
+    assert out.index("eval step 1/2") < out.index("saved checkpoint") < out.index("eval step 2/2")
+
+
+@pytest.mark.parametrize(("first", "again", "message"), [
+    (["--eval-data", "{eval}"], ["--eval-data", "{other}"], "cannot resume: the eval data file changed"),
+    (["--eval-data", "{eval}"], ["--eval-data", "{eval}", "--eval-every", "2"],
+     "cannot resume: eval_every is 2 but the checkpoint was trained with 1 (--eval-every defaults to --save-every)"),
+    (["--eval-data", "{eval}"], [], "cannot resume: the run was trained with --eval-data; give the same file"),
+    ([], ["--eval-data", "{eval}"], "cannot resume: the run was trained without --eval-data"),
+])
+def test_resume_needs_the_same_eval_data_and_interval(fresh, tmp_path, capsys, monkeypatch, first, again, message):
+    paths = {"eval": write_jsonl(tmp_path / "eval.jsonl", arithmetic_records(11)[8:]),
+             "other": write_jsonl(tmp_path / "other.jsonl", arithmetic_records(12)[8:])}
+    assert run_cli([*fresh, *(value.format(**paths) for value in first)], capsys, monkeypatch)[0] == 0
+    logs = {name: (tmp_path / "run" / name).read_text() for name in ("loss_log.jsonl", "eval_log.jsonl")
+            if (tmp_path / "run" / name).exists()}
+    args = [*fresh, "--resume", *(value.format(**paths) for value in again)]
+    args[args.index("--steps") + 1] = "3"
+    code, _, err = run_cli(args, capsys, monkeypatch)
+    assert code == 2
+    assert error_line(err).startswith(f"error: {message} (hint: resume with the settings of the interrupted run)")
+    assert {name: (tmp_path / "run" / name).read_text() for name in logs} == logs
 
 
 def test_init_needs_a_tokenizer_and_unknown_options_are_rejected(fresh, capsys, monkeypatch):
@@ -262,6 +322,31 @@ def test_log_file_progress_lines_end_at_the_runs_last_step_and_count_hours_past_
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
     assert [line.split()[1] for line in lines] == [f"{s}/100" for s in range(2, 51, 2)] + ["51/100"]
     assert lines[-1].endswith(" 28:20:00")
+
+
+def test_the_progress_shows_the_latest_validation_loss(capsys, tmp_path):
+    from pathlib import Path
+
+    from refusion_cli.cli import train as train_cli
+    from refusion_cli.training.evaluation import EvalRecord
+    from refusion_cli.training.loop import EvalInfo, RunInfo
+
+    view = train_cli.ProgressView()
+    info = RunInfo(objective="llada", start_step=0, total_steps=100, records=8, examples=8, skipped_too_long=0,
+                   global_batch=2, micro_batch=2, grad_accum=1, processes=1, parameters=10, device="cpu",
+                   mixed_precision="no", output=Path(tmp_path), resumed_from=None, last_step=100,
+                   evaluation=EvalInfo(records=40, examples=39, skipped_too_long=1, every=25, batch_size=4))
+    view.on_start(info)
+    assert view.progress.tasks[0].fields["val"] == ""  # nothing scored yet
+    view.on_eval(EvalRecord(step=25, loss=2.345678, ar_loss=0.0, mdm_loss=2.345678, examples=39, tokens=1234,
+                            seconds=1.5))
+    assert view.progress.tasks[0].fields["val"] == ", val 2.3457"
+    view.progress.stop()
+    out = capsys.readouterr().out
+    assert ("eval data: 39 examples of 40 records, scored at step 0, every 25 steps and at step 100, 4 per forward "
+            "pass and process") in out
+    assert "skipped 1 eval record(s) longer than --max-length" in out
+    assert "eval step 25/100  val loss 2.3457 (ar 0.0000, mdm 2.3457)  39 examples, 1,234 tokens, 1.5 s" in out
 
 
 def test_the_start_lines_are_whole_lines_in_a_log_file(monkeypatch, tmp_path):

@@ -1,4 +1,5 @@
-"""The train loop: exact resume after Ctrl-C, accumulation, multi-process equivalence, saved checkpoints."""
+"""The train loop: exact resume after Ctrl-C, accumulation, multi-process equivalence, saved checkpoints,
+and the validation loss (--eval-data) beside them."""
 
 from __future__ import annotations
 
@@ -47,6 +48,18 @@ def losses(output: Path) -> list[tuple[int, float, float, float]]:
     return [(r["step"], r["loss"], r["ar_loss"], r["mdm_loss"]) for r in map(json.loads, lines)]
 
 
+def validations(output: Path) -> list[dict]:
+    """eval_log.jsonl without the wall times."""
+    lines = (output / "eval_log.jsonl").read_text().splitlines()
+    return [{key: value for key, value in json.loads(line).items() if key != "seconds"} for line in lines]
+
+
+def with_eval_data(config: TrainConfig, tmp_path: Path, **eval_options) -> TrainConfig:
+    """The run, scoring 7 more arithmetic records as held-out data, every 2 steps unless told otherwise."""
+    eval_data = write_jsonl(tmp_path / "eval.jsonl", arithmetic_records(31)[24:])
+    return replace(config, eval_data=eval_data, **{"eval_every": 2, **eval_options})
+
+
 class CtrlCAfter(TrainObserver):
     """Sends SIGINT to this process when step ``step`` is reported (the loop stops after the next step)."""
 
@@ -74,6 +87,57 @@ def test_ctrl_c_saves_a_checkpoint_and_resume_continues_exactly(setup, tmp_path)
     assert losses(tmp_path / "split") == losses(tmp_path / "straight")  # identical, not just close
     a, b = load_file(tmp_path / "straight" / "model.safetensors"), load_file(tmp_path / "split" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("objective", ["refusion", "llada"])
+def test_validation_leaves_the_training_losses_and_weights_bit_identical(setup, tmp_path, objective):
+    plain = replace(setup, output=tmp_path / "plain", objective=objective)
+    train_model(plain)
+    scored = with_eval_data(replace(plain, output=tmp_path / "scored"), tmp_path, eval_every=1, eval_batch_size=3)
+    train_model(scored)
+    assert losses(scored.output) == losses(plain.output)
+    a, b = load_file(plain.output / "model.safetensors"), load_file(scored.output / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    records = validations(scored.output)
+    assert [r["step"] for r in records] == [0, 1, 2, 3, 4]  # the baseline, then every step
+    assert all(r["examples"] == 7 and r["tokens"] == records[0]["tokens"] for r in records)
+    assert records[-1]["loss"] < records[0]["loss"]  # the held-out arithmetic is learnt too
+    state = json.loads((scored.output / "trainer_state.json").read_text())
+    assert state["run"]["eval_every"] == 1 and len(state["run"]["eval_data_sha256"]) == 64
+    assert "eval_every" not in json.loads((plain.output / "trainer_state.json").read_text())["run"]
+
+
+@pytest.mark.parametrize("signal_after", [1, 2, 3])  # stops at step 2 (evaluation due), 3 (not due), 4 (the last)
+def test_resume_after_a_stop_writes_the_eval_log_of_an_uninterrupted_run(setup, tmp_path, signal_after):
+    straight = with_eval_data(replace(setup, output=tmp_path / "straight"), tmp_path)
+    train_model(straight)
+    assert [r["step"] for r in validations(straight.output)] == [0, 2, 4]
+
+    split = replace(straight, output=tmp_path / "split")
+    interrupted = train_model(split, CtrlCAfter(signal_after))
+    stopped = signal_after + 1
+    assert interrupted.interrupted and interrupted.step == stopped
+    state = json.loads((interrupted.checkpoint / "trainer_state.json").read_text())
+    assert state["eval_pending"] == (stopped % 2 == 0)  # a due evaluation is left to --resume, not waited for
+    assert [r["step"] for r in validations(split.output)] == [s for s in (0, 2) if s < stopped]
+    resumed = train_model(replace(split, resume=True))
+    assert resumed.step == 4 and not resumed.interrupted
+    assert validations(split.output) == validations(straight.output)  # identical values, not just close
+    assert losses(split.output) == losses(straight.output)
+    assert json.loads((split.output / "trainer_state.json").read_text())["eval_pending"] is False
+
+
+def test_resume_drops_evaluations_after_the_checkpoint_and_redoes_a_pending_one(setup, tmp_path):
+    straight = with_eval_data(replace(setup, output=tmp_path / "straight", save_every=2), tmp_path, eval_every=1)
+    train_model(straight)
+    split = replace(straight, output=tmp_path / "split")
+    train_model(split, CtrlCAfter(2))  # stops at step 3 with its evaluation pending
+    log = split.output / "eval_log.jsonl"
+    lines = log.read_text().splitlines()
+    extra = {**json.loads(lines[-1]), "step": 3, "loss": 123.0}  # as if a killed run had scored step 3 too
+    log.write_text("\n".join([*lines, json.dumps(extra), json.dumps({**extra, "step": 4})]) + "\n")
+    train_model(replace(split, resume=True))
+    assert validations(split.output) == validations(straight.output)
 
 
 def test_stop_at_ends_inside_the_schedule_and_resume_finishes_it(setup, tmp_path):
@@ -127,8 +191,8 @@ def test_gradient_accumulation_and_checkpointing_match_the_whole_batch(setup, tm
         assert y == pytest.approx(x, rel=1e-5)
 
 
-def test_two_processes_give_the_losses_of_one(setup, tmp_path):
-    one = replace(setup, output=tmp_path / "one", steps=3, save_every=2)
+def test_two_processes_give_the_training_and_validation_losses_of_one(setup, tmp_path):
+    one = with_eval_data(replace(setup, output=tmp_path / "one", steps=3, save_every=2), tmp_path)
     train_model(one)
     command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
@@ -136,7 +200,8 @@ def test_two_processes_give_the_losses_of_one(setup, tmp_path):
                "--data", str(one.data), "--output", str(tmp_path / "two"),
                "--init", "tiny", "--tokenizer", one.tokenizer, "--model-config", json.dumps(MICRO_CONFIG),
                "--steps", "3", "--batch-size", "4", "--lr", str(one.lr), "--max-length", "64", "--save-every", "2",
-               "--seed", "1", "--warmup-ratio", "0.25", "--mixed-precision", "no"]
+               "--seed", "1", "--warmup-ratio", "0.25", "--mixed-precision", "no",
+               "--eval-data", str(one.eval_data), "--eval-every", "2"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200", "CUDA_VISIBLE_DEVICES": ""}
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -146,6 +211,16 @@ def test_two_processes_give_the_losses_of_one(setup, tmp_path):
         assert s1 == s2 and y == pytest.approx(x, rel=1e-5)
         assert ar2 == pytest.approx(ar1, rel=1e-5) and mdm2 == pytest.approx(mdm1, rel=1e-5)
     assert (tmp_path / "two" / "checkpoint-2" / "accelerate_state").is_dir()
+    # 7 eval examples: shares of 4 and 3, in batches of 2 (each process's micro-batch) instead of 4. At step 0 the
+    # weights are the same: a float32 example's loss moves by rounding at most with the batching (it does not move
+    # here); later the weights differ as the training losses do, so the same rel=1e-5
+    assert done.stdout.count("eval step ") == 3
+    one_eval, two_eval = validations(tmp_path / "one"), validations(tmp_path / "two")
+    assert [r["step"] for r in two_eval] == [0, 2, 3]
+    for a, b in zip(one_eval, two_eval, strict=True):
+        assert (a["step"], a["examples"], a["tokens"]) == (b["step"], b["examples"], b["tokens"])
+        for key in ("loss", "ar_loss", "mdm_loss"):
+            assert b[key] == pytest.approx(a[key], rel=1e-6 if a["step"] == 0 else 1e-5), (a["step"], key)
 
 
 def test_fine_tuning_a_checkpoint_with_llada_saves_a_bidirectional_model(setup, tmp_path):
