@@ -3,7 +3,8 @@
 prompts.py  which prompts are decoded (the synthetic task, or a JSONL file)
 runner.py   what is measured and how: settings, the rows to run, the timed decodes, the means
 machine.py  what it ran on, and the peak-memory measurement
-report.py   the CSV rows (written as they are measured), the Markdown report
+report.py   the CSV rows (written as they are measured, read back to resume), the Markdown report
+resume.py   run.json, and continuing an interrupted run (--resume) after checking it is the same run
 plots.py    accuracy-vs-TPS frontier, TPS and latency against the response length
 
 Nothing here prints; ``refusion_cli.cli.bench`` drives it and owns the terminal.

@@ -11,11 +11,15 @@ Contract of :func:`load_prompts`:
 - An empty file, a missing file, a directory, a line that is not a JSON object with a text
   field, a ``target`` no answer could match (not a number), or a ``limit`` below 1 is a
   :class:`UserError` naming the file and line.
+
+:func:`prompts_digest` is what ``run.json`` records of the prompts, so that ``--resume`` decodes the same ones.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +46,12 @@ def load_prompts(path: Path | None = None, limit: int | None = None) -> list[Ben
         return synthetic_prompts(limit if limit is not None else 20)
     prompts = read_prompt_file(path)
     return prompts[:limit] if limit is not None else prompts
+
+
+def prompts_digest(prompts: Sequence[BenchPrompt]) -> str:
+    """SHA-256 (hex) of the prompts' texts and targets, in order."""
+    data = json.dumps([[prompt.text, prompt.target] for prompt in prompts], ensure_ascii=False)
+    return hashlib.sha256(data.encode("utf-8")).hexdigest()
 
 
 def synthetic_prompts(limit: int) -> list[BenchPrompt]:

@@ -1,8 +1,10 @@
 """The benchmark's files: CSV rows written as they are measured, then a Markdown report and plots.
 
 Files under the output directory (``results/bench/`` by default; replaced by each run that
-finishes at least one row, see ``refusion_cli.cli.bench.BenchRun``):
+finishes at least one row, continued by ``--resume``, see ``refusion_cli.cli.bench.BenchRun``):
 
+- ``run.json``     what decides what the rows measure (settings, planned rows, prompts) and the
+                   machine, written with the first row; ``--resume`` checks it (``resume.py``);
 - ``bench.csv``    one row per decoder and response length (:class:`~refusion_cli.bench.runner.BenchRow`),
                    appended and flushed as each row finishes, so an interrupted run keeps its rows;
 - ``samples.csv``  one row per measured decode (timings, counts, correctness, the decoded text),
@@ -12,24 +14,32 @@ finishes at least one row, see ``refusion_cli.cli.bench.BenchRun``):
 - ``machine.json`` the machine as data;
 - ``frontier.png`` accuracy against TPS (only when prompts have targets);
 - ``tps_vs_gen_length.png`` TPS and median latency against the response length (two lengths or more).
+
+:func:`read_records` reads a CSV file back for ``--resume``: every record must be byte for byte
+what :class:`CsvRows` writes for its values, except a last one cut mid-write, which is left out.
 """
 
 from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import json
+import types
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, get_type_hints
 
 from refusion_cli.bench.machine import Machine
 from refusion_cli.bench.runner import RECOMPUTE, BenchRow, BenchSample
+from refusion_cli.errors import UserError
 
 ROWS_FILE = "bench.csv"
 SAMPLES_FILE = "samples.csv"
 REPORT_FILE = "bench.md"
 MACHINE_FILE = "machine.json"
+RUN_FILE = "run.json"
 ROW_FIELDS = [f.name for f in dataclasses.fields(BenchRow)]
 SAMPLE_FIELDS = [f.name for f in dataclasses.fields(BenchSample)]
 
@@ -42,14 +52,22 @@ COUNTING_RULE = (
 
 
 class CsvRows:
-    """A CSV file written one row at a time, flushed after each row."""
+    """A CSV file written one row at a time, flushed after each row.
 
-    def __init__(self, path: Path, fields: Sequence[str]):
+    ``keep``: continue a file this class wrote, cut to its first ``keep`` bytes (its header and the
+    records to keep, :attr:`CsvRecords.ends`); 0 starts the file afresh.
+    """
+
+    def __init__(self, path: Path, fields: Sequence[str], keep: int = 0):
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self._handle: IO[str] = path.open("w", newline="", encoding="utf-8")
+        if keep:
+            with path.open("r+b") as raw:
+                raw.truncate(keep)
+        self._handle: IO[str] = path.open("a" if keep else "w", newline="", encoding="utf-8")
         self._writer = csv.DictWriter(self._handle, fieldnames=list(fields))
-        self._writer.writeheader()
+        if not keep:
+            self._writer.writeheader()
         self._handle.flush()
 
     def write(self, record: dict[str, Any]) -> None:
@@ -72,6 +90,89 @@ def csv_value(value: Any) -> Any:
     if isinstance(value, float):
         return round(value, 6)
     return value
+
+
+@dataclass
+class CsvRecords:
+    """The records of a file :class:`CsvRows` wrote, and where each ends in it."""
+
+    records: list[dict[str, str]]
+    ends: list[int]  # bytes from the file's start: ends[0] after the header (0 when it was cut), ends[i] after record i
+
+
+def csv_line(values: Sequence[str]) -> str:
+    """One record as :class:`CsvRows` writes it (csv's default dialect: minimal quoting, CRLF)."""
+    buffer = io.StringIO(newline="")
+    csv.writer(buffer).writerow(values)
+    return buffer.getvalue()
+
+
+def cut_mid_write(rest: str) -> bool:
+    """Whether ``rest``, the file after its last good record, is one record cut mid-write: no line end, or
+    one inside a quoted value that was never closed."""
+    if not rest.endswith("\r\n"):
+        return True
+    try:
+        list(csv.reader(io.StringIO(rest, newline=""), strict=True))
+    except csv.Error:
+        return True
+    return False
+
+
+def read_records(path: Path, fields: Sequence[str]) -> CsvRecords:
+    """Read back a file :class:`CsvRows` wrote with ``fields`` (a missing file reads as an empty one).
+
+    A last record cut mid-write (the process killed while writing it; a cut header reads as no
+    records) is left out. Any other record that is not exactly what CsvRows writes, or does not
+    have one value per field, is a UserError naming the file and record.
+    """
+    data = path.read_bytes() if path.exists() else b""
+    text = data.decode("utf-8", errors="surrogateescape")  # bytes of a cut character stay in the cut record
+    try:
+        parsed = list(csv.reader(io.StringIO(text, newline="")))
+    except csv.Error as exc:
+        raise UserError(f"cannot resume from {path}: it is not a CSV file ({exc})") from None
+    records: list[dict[str, str]] = []
+    ends: list[int] = []
+    at = end = 0  # characters and bytes read so far
+    for number, values in enumerate(parsed):
+        line = csv_line(values)
+        if not text.startswith(line, at):
+            if number == len(parsed) - 1 and cut_mid_write(text[at:]):
+                break
+            raise UserError(f"cannot resume from {path}: {record_name(number)} is not as this toolkit writes it")
+        try:
+            end += len(line.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise UserError(f"cannot resume from {path}: {record_name(number)} is not UTF-8") from None
+        if number == 0 and values != list(fields):
+            raise UserError(f"cannot resume from {path}: its columns are not the ones this version writes")
+        if len(values) != len(fields):
+            raise UserError(f"cannot resume from {path}: {record_name(number)} has {len(values)} values, "
+                            f"not {len(fields)}")
+        if number:
+            records.append(dict(zip(fields, values)))
+        at += len(line)
+        ends.append(end)
+    return CsvRecords(records, ends or [0])
+
+
+def record_name(number: int) -> str:
+    return "the header" if number == 0 else f"record {number}"
+
+
+def row_from_record(record: dict[str, str]) -> BenchRow:
+    """A :class:`BenchRow` from its bench.csv record (floats as rounded there); ValueError when a value does
+    not parse."""
+    values: dict[str, Any] = {}
+    for name, hint in get_type_hints(BenchRow).items():
+        kinds = getattr(hint, "__args__", (hint,))  # float | None -> (float, NoneType); float -> (float,)
+        text = record[name]
+        if text == "" and types.NoneType in kinds:
+            values[name] = None  # csv_value wrote None as ""
+        else:
+            values[name] = next(kind for kind in kinds if kind is not types.NoneType)(text)
+    return BenchRow(**values)
 
 
 def ablation_ratios(rows: Sequence[BenchRow]) -> dict[int, float]:
@@ -115,11 +216,16 @@ def write_machine(path: Path, machine: Machine) -> None:
 
 def write_markdown(path: Path, rows: Sequence[BenchRow], machine: Machine, *, prompts: str, warmup: int,
                    repeats: int, seed: int, plots: Sequence[str], interrupted: bool = False,
-                   notes: Sequence[str] = ()) -> None:
-    """The human-readable report (``plots``: file names next to it; ``notes``: caveats about the run)."""
+                   notes: Sequence[str] = (), resumed: int = 0) -> None:
+    """The human-readable report (``plots``: file names next to it; ``notes``: caveats about the run;
+    ``resumed``: how many of the rows were measured before a ``--resume`` continued the run)."""
     lines = ["# Decoding speed benchmark", ""]
     if interrupted:
         lines += ["**Interrupted**: the rows below are the ones that finished.", ""]
+    if resumed:
+        lines += [f"**Resumed**: the first {resumed} of the {len(rows)} rows were measured before this process "
+                  f"continued the run (--resume); every row was measured on the same machine with the same settings, "
+                  f"as recorded in {RUN_FILE} and checked by --resume.", ""]
     lines += [
         f"- Machine: {machine_line(machine)}",
         f"- Prompts: {prompts}; batch 1, {warmup} warm-up decode(s), {repeats} repeat(s), seed {seed}",

@@ -12,6 +12,9 @@ Contract:
 - :func:`run_bench` measures the entries in that order and yields one :class:`BenchRow` as soon as
   each is done; ``on_sample`` sees every measured decode as it finishes. One model is held at a
   time (loaded for the first entry that needs it, released when the next entry needs another).
+  A resumed run passes the entries still to measure and AR's TPS from the rows measured before.
+- :func:`bench_machine` describes the machine before any model loads (the device and dtype
+  resolved as ``load_model`` resolves them), so that ``--resume`` can compare it first.
 - A row: ``warmup`` decodes (prompts in order, not recorded), then every prompt ``repeats``
   times. Each decode is timed by the decoder itself (``DecodeStats.seconds``: the wall time of
   the decode call, the device synchronised at both ends) and counted the same way for every
@@ -28,13 +31,13 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from refusion_cli.bench.machine import PeakMemory
+from refusion_cli.bench.machine import Machine, PeakMemory, describe_machine
 from refusion_cli.bench.prompts import BenchPrompt
 from refusion_cli.decoding.registry import (
     DECODERS,
@@ -48,7 +51,14 @@ from refusion_cli.decoding.registry import (
 from refusion_cli.decoding.stats import DecodeResult
 from refusion_cli.errors import UserError
 from refusion_cli.models.chat import user_prompt_ids
-from refusion_cli.models.loading import LoadedModel, check_model_fits, load_model, parse_device, parse_dtype
+from refusion_cli.models.loading import (
+    LoadedModel,
+    check_model_fits,
+    default_dtype,
+    load_model,
+    parse_device,
+    parse_dtype,
+)
 from refusion_cli.tasks.synthetic import is_correct
 
 DEFAULT_DECODERS = ("refusion", "ar", "llada")
@@ -102,6 +112,9 @@ class BenchSettings:
         if self.dtype is not None:
             parse_dtype(self.dtype)
 
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
 
 @dataclass(frozen=True)
 class BenchEntry:
@@ -114,6 +127,9 @@ class BenchEntry:
     config: Any
     kv_reuse: bool = True
     causal_fix: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)  # the config (a dataclass) as a dict of its fields
 
 
 @dataclass
@@ -219,6 +235,15 @@ def budget_notes(entries: list[BenchEntry]) -> list[str]:
     return list(notes.values())
 
 
+def bench_machine(settings: BenchSettings) -> Machine:
+    """The machine the rows are measured on, described before any model loads."""
+    device = parse_device(settings.device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())  # where load_model's model.to("cuda") puts it
+    dtype = parse_dtype(settings.dtype) if settings.dtype is not None else default_dtype(device)
+    return describe_machine(device, dtype)
+
+
 # ---------------------------------------------------------------------------------------------
 # measuring
 
@@ -257,15 +282,19 @@ def run_bench(
     prompts: Sequence[BenchPrompt],
     *,
     entries: Sequence[BenchEntry] | None = None,
+    ar_tps: Mapping[int, float] | None = None,
     on_entry: Callable[[BenchEntry, LoadedModel], None] | None = None,
     on_sample: Callable[[BenchSample], None] | None = None,
 ) -> Iterator[BenchRow]:
-    """Measure every entry (``plan_entries(settings)`` unless given); yield each row when it is done."""
+    """Measure every entry (``plan_entries(settings)`` unless given); yield each row when it is done.
+
+    ``ar_tps``: AR's TPS per response length from rows measured before (a resumed run), for the speed-up.
+    """
     if not prompts:
         raise UserError("there are no prompts to benchmark")
     entries = plan_entries(settings) if entries is None else entries
     slot = ModelSlot(settings)
-    ar_tps: dict[int, float] = {}
+    ar_tps_at = dict(ar_tps or {})  # length -> AR's TPS; this run's AR rows added as they finish
     ids_key: tuple[str, bool] | None = None
     prompt_ids: list[list[int]] = []
     try:
@@ -276,10 +305,11 @@ def run_bench(
                 ids_key = slot.key
             if on_entry is not None:
                 on_entry(entry, loaded)
-            row = measure_entry(entry, loaded, prompt_ids, prompts, settings, ar_tps.get(entry.gen_length), on_sample)
+            row = measure_entry(entry, loaded, prompt_ids, prompts, settings, ar_tps_at.get(entry.gen_length),
+                                on_sample)
             del loaded  # the slot holds the only reference: switching models frees this one before the next loads
             if entry.decoder == "ar":
-                ar_tps[entry.gen_length] = row.tps
+                ar_tps_at[entry.gen_length] = row.tps
                 row.speedup_vs_ar = 1.0 if row.tps > 0 else None
             yield row
     finally:

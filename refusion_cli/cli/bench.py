@@ -2,9 +2,17 @@
 
 A thin wrapper over :mod:`refusion_cli.bench`: parses and checks every option (the output
 directory included) before anything is written, shows progress and the result table with Rich,
-and writes the files (CSV rows as they are measured; Markdown and plots at the end, also after an
-interruption or an error, from the rows that finished; see :class:`BenchRun` for when a previous
-run's files are replaced).
+and writes the files (run.json and the CSV rows as they are measured; Markdown and plots at the
+end, also after an interruption or an error, from the rows that finished; see :class:`BenchRun`
+for when a previous run's files are replaced).
+
+``--resume`` continues the interrupted run in ``--output`` instead (:mod:`refusion_cli.bench.resume`):
+the same command with ``--resume`` keeps the rows in bench.csv and their samples, measures the
+planned rows that are not there, appends them, and writes the report from all rows; a run with
+every row there is only reported again. It refuses (one error line, exit 2, the folder
+unchanged) a folder with no run.json or bench.csv, a run.json whose settings or machine differ
+from this command's, and CSV files with a record this toolkit would not have written; a last
+record cut mid-write and the samples of an unfinished row are dropped and measured again.
 
 Options that take several values accept them space-separated (``--decoder refusion ar llada``),
 comma-separated (``--decoder refusion,ar``) or repeated (``--decoder refusion --decoder ar``).
@@ -19,7 +27,7 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import torch
 import typer
@@ -27,7 +35,7 @@ from rich import box
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from refusion_cli.bench.machine import Machine, describe_machine
+from refusion_cli.bench.machine import Machine
 from refusion_cli.bench.plots import FRONTIER_FILE, LENGTH_FILE, plot_frontier, plot_length_sweep, plotting_available
 from refusion_cli.bench.prompts import SYNTHETIC_TEST, BenchPrompt, load_prompts
 from refusion_cli.bench.report import (
@@ -35,6 +43,7 @@ from refusion_cli.bench.report import (
     REPORT_FILE,
     ROW_FIELDS,
     ROWS_FILE,
+    RUN_FILE,
     SAMPLE_FIELDS,
     SAMPLES_FILE,
     CsvRows,
@@ -44,6 +53,7 @@ from refusion_cli.bench.report import (
     write_machine,
     write_markdown,
 )
+from refusion_cli.bench.resume import Earlier, load_earlier, run_record, write_record
 from refusion_cli.bench.runner import (
     DEFAULT_DECODERS,
     CAUSAL_FIX,
@@ -53,6 +63,7 @@ from refusion_cli.bench.runner import (
     BenchRow,
     BenchSample,
     BenchSettings,
+    bench_machine,
     budget_notes,
     plan_entries,
     run_bench,
@@ -106,8 +117,11 @@ def bench(
     seed: Annotated[int, typer.Option("--seed", parser=seed_value, help="seed of the sampling noise (prompt i "
                                       "uses seed + i)", rich_help_panel=MEASURE)] = 0,
     output: Annotated[Path, typer.Option("--output", "-o", **PATH_OPTION, help="directory for bench.csv, "
-                                         "samples.csv, bench.md and the plots",
+                                         "samples.csv, bench.md, run.json and the plots",
                                          rich_help_panel=MEASURE)] = Path("results/bench"),
+    resume: Annotated[bool, typer.Option("--resume", help="continue the interrupted run in --output: keep its "
+                                         "finished rows, measure the others (needs the same options and machine)",
+                                         rich_help_panel=MEASURE)] = False,
     device: Annotated[str | None, typer.Option("--device", parser=text_value, help="cpu, cuda, cuda:1, ... "
                                                "(default: cuda when available)", rich_help_panel=MACHINE)] = None,
     dtype: Annotated[str | None, typer.Option("--dtype", help="float32, bfloat16, float16 (default: bf16 on "
@@ -143,19 +157,26 @@ def bench(
             raise UserError(f"--threads {threads} is more than this machine's {cpus} CPU threads")
         torch.set_num_threads(threads)
     check_output_dir(output, hint="give a directory for bench.csv, bench.md and the plots")
-    quiet_library_output()
     source = (f"{len(prompt_list)} prompts from {prompts}" if prompts is not None
               else f"the first {len(prompt_list)} problems of the synthetic task "
                    f"(evals/synthetic/{SYNTHETIC_TEST.name})")
+    machine = bench_machine(settings)
+    record = run_record(settings, entries, prompt_list, source, limit=limit, threads=threads, machine=machine)
+    earlier = load_earlier(output, record, entries) if resume else None
     notes = budget_notes(entries) if len(set(decoders)) > 1 else []
+    run = BenchRun(settings, entries, len(prompt_list), output, source, machine, record, earlier, notes)
+    if earlier is not None and len(earlier.rows) == len(entries):
+        run.write_report(interrupted=False)
+        console.print(f"the run in {output} is complete ({len(entries)} rows): nothing to measure; rewrote "
+                      f"{', '.join(run.written)} from {ROWS_FILE}", highlight=False, soft_wrap=True)
+        return
+    quiet_library_output()
     for note in notes:
         console.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
-    run = BenchRun(settings, entries, len(prompt_list), output, source, notes)
     run.execute(prompt_list)
     print_table(result_table(run.rows))
     console.print(models_line(run.rows), highlight=False, soft_wrap=True)
-    if run.machine is not None:
-        console.print(machine_line(run.machine), highlight=False, soft_wrap=True)
+    console.print(machine_line(run.machine), highlight=False, soft_wrap=True)
     console.print(f"[dim]wrote {', '.join(run.written)} to {output}[/]", highlight=False, soft_wrap=True)
 
 
@@ -261,25 +282,34 @@ class BenchRun:
     The output directory is not touched until the first row finishes: an error or Ctrl-C before
     that (a model that fails to load, a decoder that does not fit its model) leaves a previous
     run's files as they were. The first finished row replaces them: the previous run's report,
-    machine.json and plots are removed, the CSV files started afresh with the samples so far; from
-    then on rows and samples are written as they finish, and the report and plots at the end, also
-    after an error or Ctrl-C (then marked Interrupted, from the rows that finished).
+    machine.json and plots are removed, run.json written, the CSV files started afresh with the
+    samples so far; from then on rows and samples are written as they finish, and the report and
+    plots at the end, also after an error or Ctrl-C (then marked Interrupted, from the rows that
+    finished).
+
+    A resumed run (``earlier``: the rows the interrupted one finished) measures only the entries
+    after them. Its first finished row cuts the CSV files to the earlier rows and their samples
+    (dropping a record cut mid-write and an unfinished row's samples) and appends from there;
+    run.json, the report and the plots stay until the report is written again from all rows.
     """
 
     def __init__(self, settings: BenchSettings, entries: list[BenchEntry], n_prompts: int, output: Path,
-                 prompts_source: str, notes: list[str] | None = None):
+                 prompts_source: str, machine: Machine, record: dict[str, Any], earlier: Earlier | None = None,
+                 notes: list[str] | None = None):
         self.settings = settings
         self.notes = notes or []  # caveats for the report (budget_notes)
         self.entries = entries
         self.n_prompts = n_prompts
         self.output = output
         self.prompts_source = prompts_source
-        self.rows: list[BenchRow] = []
+        self.machine = machine
+        self.record = record  # run.json
+        self.earlier = earlier
+        self.rows: list[BenchRow] = list(earlier.rows) if earlier is not None else []
         self.unwritten_samples: list[BenchSample] = []  # measured before the files were opened
         self.files: contextlib.ExitStack | None = None  # open once the first row has finished
         self.rows_csv: CsvRows | None = None
         self.samples_csv: CsvRows | None = None
-        self.machine: Machine | None = None
         self.written: list[str] = []
         self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                                  TimeElapsedColumn(), console=console, transient=True,
@@ -287,16 +317,23 @@ class BenchRun:
         self.task: TaskID | None = None
 
     def execute(self, prompts: list[BenchPrompt]) -> None:
+        """Measure the entries the run does not have yet."""
+        done = len(self.rows)
+        ar_tps = {entry.gen_length: row.tps for entry, row in zip(self.entries, self.rows) if entry.decoder == "ar"}
         finished = False
         try:
             with self.progress:
-                for row in run_bench(self.settings, prompts, entries=self.entries, on_entry=self.start_entry,
-                                     on_sample=self.sample_done):
+                for row in run_bench(self.settings, prompts, entries=self.entries[done:], ar_tps=ar_tps,
+                                     on_entry=self.start_entry, on_sample=self.sample_done):
                     self.row_done(row)
             finished = True
         except KeyboardInterrupt:
-            if self.files is None:
-                console.print(f"[yellow]stopped:[/] no row finished; {self.output} is untouched", highlight=False)
+            if self.files is None and self.earlier is None:
+                console.print(f"[yellow]stopped:[/] no row finished; {self.output} is untouched", highlight=False,
+                              soft_wrap=True)
+            elif self.files is None:
+                console.print(f"[yellow]stopped:[/] no new row finished; {self.output} is untouched{RESUME_NOTE}",
+                              highlight=False, soft_wrap=True)
             raise
         finally:
             if self.files is not None:
@@ -304,23 +341,27 @@ class BenchRun:
                 self.write_report(interrupted=not finished)
 
     def open_files(self) -> None:
-        """Replace the previous run's files with this run's CSV files (the first row has finished)."""
+        """Replace the previous run's files with this run's run.json and CSV files, or cut a resumed run's CSV
+        files to its earlier rows (the first row has finished)."""
         files = contextlib.ExitStack()
+        earlier = self.earlier
         try:
             self.output.mkdir(parents=True, exist_ok=True)
-            for name in (REPORT_FILE, MACHINE_FILE, FRONTIER_FILE, LENGTH_FILE):
-                (self.output / name).unlink(missing_ok=True)
-            rows_csv = files.enter_context(CsvRows(self.output / ROWS_FILE, ROW_FIELDS))
-            samples_csv = files.enter_context(CsvRows(self.output / SAMPLES_FILE, SAMPLE_FIELDS))
+            if earlier is None:
+                for name in (REPORT_FILE, MACHINE_FILE, FRONTIER_FILE, LENGTH_FILE):
+                    (self.output / name).unlink(missing_ok=True)
+                write_record(self.output / RUN_FILE, self.record)
+            rows_csv = files.enter_context(CsvRows(self.output / ROWS_FILE, ROW_FIELDS,
+                                                   keep=earlier.rows_bytes if earlier else 0))
+            samples_csv = files.enter_context(CsvRows(self.output / SAMPLES_FILE, SAMPLE_FIELDS,
+                                                      keep=earlier.samples_bytes if earlier else 0))
         except OSError as exc:
             files.close()
             raise UserError(f"cannot write to --output {self.output}: {exc.strerror or exc}") from None
         self.files, self.rows_csv, self.samples_csv = files, rows_csv, samples_csv
-        self.written = [ROWS_FILE, SAMPLES_FILE]
+        self.written = [ROWS_FILE, SAMPLES_FILE] if earlier else [RUN_FILE, ROWS_FILE, SAMPLES_FILE]
 
     def start_entry(self, entry: BenchEntry, loaded: LoadedModel) -> None:
-        if self.machine is None:
-            self.machine = describe_machine(next(loaded.model.parameters()).device, loaded.model.dtype)
         if self.task is not None:
             self.progress.remove_task(self.task)
         total = self.n_prompts * self.settings.repeats
@@ -349,7 +390,6 @@ class BenchRun:
         self.progress.console.print(row_line(row), highlight=False, soft_wrap=True)
 
     def write_report(self, interrupted: bool) -> None:
-        assert self.machine is not None  # set when the first entry started, before any row finished
         write_machine(self.output / MACHINE_FILE, self.machine)
         plots = []
         if plotting_available():
@@ -361,11 +401,15 @@ class BenchRun:
             console.print("[yellow]matplotlib is not installed: no plots[/] (pip install matplotlib)")
         write_markdown(self.output / REPORT_FILE, self.rows, self.machine, prompts=self.prompts_source,
                        warmup=self.settings.warmup, repeats=self.settings.repeats, seed=self.settings.seed,
-                       plots=plots, interrupted=interrupted, notes=self.notes)
+                       plots=plots, interrupted=interrupted, notes=self.notes,
+                       resumed=len(self.earlier.rows) if self.earlier is not None else 0)
         self.written += [REPORT_FILE, MACHINE_FILE, *plots]
         if interrupted:
-            console.print(f"[yellow]stopped:[/] {len(self.rows)} finished row(s) kept in {self.output}",
-                          highlight=False)
+            console.print(f"[yellow]stopped:[/] {len(self.rows)} finished row(s) kept in {self.output}{RESUME_NOTE}",
+                          highlight=False, soft_wrap=True)
+
+
+RESUME_NOTE = "; the same command with --resume continues it"
 
 
 def row_line(row: BenchRow) -> str:

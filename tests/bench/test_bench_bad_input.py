@@ -155,6 +155,7 @@ def test_a_new_run_replaces_every_file_of_the_previous_one(tmp_path, monkeypatch
     code, _, err = run_bench_cli(["--decoder", "ar", "--model", f"ar={causal_checkpoint}", "--prompts", str(prompts),
                                   "--gen-length", "16", "--warmup", "0", "-o", str(output)], monkeypatch, capsys)
     assert code == 0, err
-    assert sorted(path.name for path in output.iterdir()) == ["bench.csv", "bench.md", "machine.json", "samples.csv"]
+    assert sorted(path.name for path in output.iterdir()) == ["bench.csv", "bench.md", "machine.json", "run.json",
+                                                              "samples.csv"]
     assert (output / "bench.csv").read_text().startswith("decoder,model,gen_length")
     assert "Interrupted" not in (output / "bench.md").read_text()

@@ -180,6 +180,7 @@ def test_an_interrupted_bench_keeps_its_finished_rows(causal_checkpoint, tmp_pat
     child.close()
     assert child.exitstatus == 130
     assert child.before.rstrip().endswith("error: interrupted") and "Traceback" not in child.before
+    assert f"kept in {output}; the same command with --resume continues it" in child.before
     rows = read_csv(output / "bench.csv")
     assert rows and rows[0]["decoder"] == "ar" and rows[0]["gen_length"] == "16"
     assert len(rows) < 4
