@@ -32,6 +32,7 @@ import shutil
 import signal
 import threading
 import time
+from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field
 from functools import partial
@@ -66,6 +67,8 @@ MIXED_PRECISION = ("no", "bf16", "fp16")
 # Settings that fix the data order and the optimisation: a resumed run must use the same.
 RESUME_MUST_MATCH = ("objective", "seed", "batch_size", "lr", "max_length", "warmup_ratio", "weight_decay",
                      "data_sha256", "eval_data_sha256", "eval_every")
+# What `accelerate launch` sets for a sharded config -> the distributed type Accelerate then reports.
+REQUESTED_SHARDING = {"ACCELERATE_USE_FSDP": "FSDP", "ACCELERATE_USE_DEEPSPEED": "DEEPSPEED"}
 
 
 @dataclass(frozen=True)
@@ -327,7 +330,27 @@ def make_accelerator(config: TrainConfig):
     if accelerator.num_processes != launched:
         raise UserError(f"{launched} processes were launched but Accelerate set up {accelerator.num_processes}; "
                         "they would train independently", hint="launch with `accelerate launch` or torchrun")
+    check_sharding_applied(os.environ, distributed_name(accelerator), accelerator.device)
     return accelerator
+
+
+def distributed_name(accelerator) -> str:
+    """Accelerate's distributed type as a plain string: NO, MULTI_CPU, MULTI_GPU, FSDP, DEEPSPEED, ..."""
+    return str(getattr(accelerator.distributed_type, "value", accelerator.distributed_type))
+
+
+def check_sharding_applied(environ: Mapping[str, str], distributed: str, device: torch.device) -> None:
+    """A launch config that asks for FSDP or DeepSpeed must get it, not plain data parallelism.
+
+    Accelerate sets up FSDP and DeepSpeed on GPUs (and other accelerators) only: on CPU it reads the
+    config, then trains with every process holding the whole model and optimizer, and says nothing.
+    """
+    for variable, wanted in REQUESTED_SHARDING.items():
+        if environ.get(variable, "").lower() == "true" and distributed != wanted:
+            raise UserError(f"the Accelerate config asks for {wanted} but Accelerate set up {distributed} on "
+                            f"{device.type}: it shards only on GPUs, and this run would not be sharded",
+                            hint="train on GPUs, or on CPU leave the config out and launch data-parallel: "
+                                 "accelerate launch --multi_gpu --num_processes N -m refusion_cli train ...")
 
 
 def check_accumulation(accelerator, config: TrainConfig) -> None:
@@ -473,7 +496,7 @@ def _train(config: TrainConfig, observer: TrainObserver) -> TrainResult:
         micro_batch=micro, grad_accum=config.grad_accum, processes=accelerator.num_processes,
         parameters=count_parameters(accelerator.unwrap_model(model)), device=str(accelerator.device),
         mixed_precision=accelerator.mixed_precision, output=config.output, resumed_from=resume_from,
-        distributed=str(getattr(accelerator.distributed_type, "value", accelerator.distributed_type)),
+        distributed=distributed_name(accelerator),
         last_step=config.stop_at or config.steps, evaluation=eval_info)
     if main:
         observer.on_start(info)

@@ -1,5 +1,5 @@
 """The train loop: exact resume after Ctrl-C, accumulation, multi-process equivalence, saved checkpoints,
-and the validation loss (--eval-data) beside them."""
+the validation loss (--eval-data) beside them, and FSDP configs refused where Accelerate would not shard."""
 
 from __future__ import annotations
 
@@ -17,7 +17,12 @@ from safetensors.torch import load_file
 
 from refusion_cli.errors import UserError
 from refusion_cli.models.loading import load_model
-from refusion_cli.training.loop import TrainConfig, TrainObserver, train_model
+from refusion_cli.training.loop import (
+    TrainConfig,
+    TrainObserver,
+    check_sharding_applied,
+    train_model,
+)
 from refusion_cli.training.modeling import ensure_mask_token
 from tests.ports import free_port
 from tests.tiny import tiny_qwen3
@@ -31,6 +36,22 @@ from tests.training.training_helpers import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
+# README's FSDP config ("Several GPUs or nodes"), at 2 processes and without bf16
+README_FSDP_CONFIG = """\
+compute_environment: LOCAL_MACHINE
+distributed_type: FSDP
+mixed_precision: 'no'
+num_machines: 1
+num_processes: 2
+fsdp_config:
+  fsdp_version: 2
+  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP
+  fsdp_transformer_layer_cls_to_wrap: Qwen3DecoderLayer
+  fsdp_reshard_after_forward: true
+  fsdp_state_dict_type: SHARDED_STATE_DICT
+  fsdp_cpu_ram_efficient_loading: false
+  fsdp_offload_params: false
+"""
 
 
 @pytest.fixture
@@ -191,19 +212,28 @@ def test_gradient_accumulation_and_checkpointing_match_the_whole_batch(setup, tm
         assert y == pytest.approx(x, rel=1e-5)
 
 
+def launch_train(launcher_options: list[str], config: TrainConfig, output: Path) -> subprocess.CompletedProcess:
+    """`accelerate launch [launcher_options] -m refusion_cli train` on CPU with the settings of ``config`` (a fresh
+    --init run, with its --eval-data if any), writing to ``output``."""
+    evaluation = ["--eval-data", str(config.eval_data), "--eval-every", str(config.eval_interval)] \
+        if config.eval_data else []
+    command = [sys.executable, "-m", "accelerate.commands.launch", *launcher_options,
+               "--main_process_port", str(free_port()), "-m", "refusion_cli", "train",
+               "--data", str(config.data), "--output", str(output),
+               "--init", "tiny", "--tokenizer", config.tokenizer, "--model-config", json.dumps(MICRO_CONFIG),
+               "--steps", str(config.steps), "--batch-size", str(config.batch_size), "--lr", str(config.lr),
+               "--max-length", str(config.max_length), "--save-every", str(config.save_every),
+               "--seed", str(config.seed), "--warmup-ratio", str(config.warmup_ratio), "--mixed-precision", "no",
+               *evaluation]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200", "CUDA_VISIBLE_DEVICES": ""}
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+
 def test_two_processes_give_the_training_and_validation_losses_of_one(setup, tmp_path):
     one = with_eval_data(replace(setup, output=tmp_path / "one", steps=3, save_every=2), tmp_path)
     train_model(one)
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-               "--main_process_port", str(free_port()), "-m", "refusion_cli", "train",
-               "--data", str(one.data), "--output", str(tmp_path / "two"),
-               "--init", "tiny", "--tokenizer", one.tokenizer, "--model-config", json.dumps(MICRO_CONFIG),
-               "--steps", "3", "--batch-size", "4", "--lr", str(one.lr), "--max-length", "64", "--save-every", "2",
-               "--seed", "1", "--warmup-ratio", "0.25", "--mixed-precision", "no",
-               "--eval-data", str(one.eval_data), "--eval-every", "2"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200", "CUDA_VISIBLE_DEVICES": ""}
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    done = launch_train(["--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
+                         "--dynamo_backend", "no"], one, tmp_path / "two")
     assert done.returncode == 0, done.stderr[-2000:]
     assert "2 process(es)" in done.stdout and done.stdout.count("done: 3 steps") == 1  # only rank 0 reports
     for (s1, x, ar1, mdm1), (s2, y, ar2, mdm2) in zip(losses(tmp_path / "one"), losses(tmp_path / "two"),
@@ -221,6 +251,33 @@ def test_two_processes_give_the_training_and_validation_losses_of_one(setup, tmp
         assert (a["step"], a["examples"], a["tokens"]) == (b["step"], b["examples"], b["tokens"])
         for key in ("loss", "ar_loss", "mdm_loss"):
             assert b[key] == pytest.approx(a[key], rel=1e-6 if a["step"] == 0 else 1e-5), (a["step"], key)
+
+
+def test_the_readme_fsdp_config_on_cpu_stops_before_training_unsharded(setup, tmp_path):
+    """Accelerate sets up FSDP on GPUs only; on CPU it would train plain data-parallel (MULTI_CPU), unannounced."""
+    config_file = tmp_path / "fsdp.yaml"
+    config_file.write_text(README_FSDP_CONFIG)
+    done = launch_train(["--config_file", str(config_file)], setup, tmp_path / "run")
+    assert done.returncode != 0 and "step 1/" not in done.stdout
+    assert done.stderr.count("error: the Accelerate config asks for FSDP but Accelerate set up MULTI_CPU on cpu") == 2
+    assert not (tmp_path / "run").exists()  # refused before the output directory is made
+
+
+@pytest.mark.parametrize(("environ", "distributed", "refused"), [
+    ({"ACCELERATE_USE_FSDP": "true"}, "FSDP", None),  # the README's FSDP config on GPUs
+    ({"ACCELERATE_USE_FSDP": "true"}, "MULTI_CPU", "FSDP"),  # the same on CPU
+    ({"ACCELERATE_USE_FSDP": "true"}, "NO", "FSDP"),  # one CPU process
+    ({"ACCELERATE_USE_DEEPSPEED": "true"}, "DEEPSPEED", None),
+    ({"ACCELERATE_USE_DEEPSPEED": "true"}, "MULTI_CPU", "DEEPSPEED"),
+    ({"ACCELERATE_USE_FSDP": "false"}, "MULTI_CPU", None),  # data parallel, as the two-process test launches it
+    ({}, "NO", None),
+])
+def test_a_sharded_config_accelerate_did_not_set_up_is_refused(environ, distributed, refused):
+    if refused is None:
+        check_sharding_applied(environ, distributed, torch.device("cpu"))
+    else:
+        with pytest.raises(UserError, match=f"asks for {refused} but Accelerate set up {distributed} on cpu"):
+            check_sharding_applied(environ, distributed, torch.device("cpu"))
 
 
 def test_fine_tuning_a_checkpoint_with_llada_saves_a_bidirectional_model(setup, tmp_path):
