@@ -635,11 +635,31 @@ def optimizer_step(accelerator, model, optimizer, batches, objective, config: Tr
     return totals
 
 
+def share_tied_tensors(state_dict: dict[str, torch.Tensor] | None,
+                       model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
+    """``state_dict`` with every name of one tied parameter (Qwen3's input embedding and output head when
+    ``tie_word_embeddings``) holding the same tensor; a process that got no state dict (None) passes it on.
+
+    A gathered sharded state dict (FSDP) has a separate copy under each name; ``save_pretrained`` drops
+    the tied names only when they share storage, and would otherwise write the copy too.
+    """
+    if state_dict is None:
+        return None
+    shared = dict(state_dict)
+    first_names: dict[int, str] = {}
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        first = first_names.setdefault(id(parameter), name)
+        if first != name and first in shared and name in shared:
+            shared[name] = shared[first]
+    return shared
+
+
 def save_model_files(accelerator, model, tokenizer, directory: Path) -> None:
     """config.json + weights + tokenizer, as ``from_pretrained`` reads them (weights gathered from all shards)."""
     state_dict = accelerator.get_state_dict(model)  # collective under FSDP / DeepSpeed: every process calls it
-    accelerator.unwrap_model(model).save_pretrained(directory, is_main_process=accelerator.is_main_process,
-                                                    state_dict=state_dict)
+    unwrapped = accelerator.unwrap_model(model)
+    unwrapped.save_pretrained(directory, is_main_process=accelerator.is_main_process,
+                              state_dict=share_tied_tensors(state_dict, unwrapped))
     if accelerator.is_main_process:
         tokenizer.save_pretrained(directory)
 

@@ -21,9 +21,10 @@ from refusion_cli.training.loop import (
     TrainConfig,
     TrainObserver,
     check_sharding_applied,
+    share_tied_tensors,
     train_model,
 )
-from refusion_cli.training.modeling import ensure_mask_token
+from refusion_cli.training.modeling import build_tiny_model, ensure_mask_token
 from tests.ports import free_port
 from tests.tiny import tiny_qwen3
 from tests.training.training_helpers import (
@@ -278,6 +279,21 @@ def test_a_sharded_config_accelerate_did_not_set_up_is_refused(environ, distribu
     else:
         with pytest.raises(UserError, match=f"asks for {refused} but Accelerate set up {distributed} on cpu"):
             check_sharding_applied(environ, distributed, torch.device("cpu"))
+
+
+def test_a_gathered_state_dict_saves_a_tied_head_once(tmp_path):
+    """FSDP's full state dict holds a separate copy under each name of a tied parameter; the model saved from it is
+    the one save_pretrained writes from the model itself, without the embedding again as lm_head.weight."""
+    model = build_tiny_model("tiny", make_tokenizer(), MICRO_CONFIG, seed=0).model
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    gathered = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    model.save_pretrained(tmp_path / "plain")
+    model.save_pretrained(tmp_path / "gathered", state_dict=share_tied_tensors(gathered, model))
+    plain, saved = load_file(tmp_path / "plain" / "model.safetensors"), load_file(tmp_path / "gathered" /
+                                                                                  "model.safetensors")
+    assert saved.keys() == plain.keys() and "lm_head.weight" not in saved
+    assert all(torch.equal(saved[name], plain[name]) for name in plain)
+    assert share_tied_tensors(None, model) is None  # a process that holds no state dict
 
 
 def test_fine_tuning_a_checkpoint_with_llada_saves_a_bidirectional_model(setup, tmp_path):
