@@ -258,7 +258,8 @@ def load_model(
     except (OSError, ValueError) as exc:
         raise UserError(f"cannot load the weights of '{name_or_path}': {str(exc).splitlines()[0]}") from exc
     model.to(device).eval().requires_grad_(False)
-    stops = stop_ids(int(eos_id), getattr(model, "generation_config", None), model.config)
+    stops = stop_ids(int(eos_id), getattr(model, "generation_config", None), model.config,
+                     vocab_size=model.get_input_embeddings().num_embeddings, name=name_or_path)
     return LoadedModel(model, tokenizer, mask_id, int(eos_id), int(pad_id), family, info.bidirectional, source, stops)
 
 
@@ -287,15 +288,30 @@ def _eos_id(config, tokenizer) -> int | None:
     return None if eos is None else int(eos)
 
 
-def stop_ids(eos_id: int, generation_config, config) -> tuple[int, ...]:
-    """``eos_id`` first, then every other EOS id of the generation config (else the model config)."""
-    source = generation_config if getattr(generation_config, "eos_token_id", None) is not None else config
+def stop_ids(eos_id: int, generation_config, config, *, vocab_size: int | None = None,
+             name: str = "the checkpoint") -> tuple[int, ...]:
+    """``eos_id`` first, then every other EOS id of the generation config (else the model config).
+
+    An id that is not an integer, or not below ``vocab_size``, is a UserError naming the file that lists it.
+    """
+    from_generation = getattr(generation_config, "eos_token_id", None) is not None
+    source = generation_config if from_generation else config
     listed = getattr(source, "eos_token_id", None)
     if listed is None:
         listed = []
-    elif isinstance(listed, int):
+    elif not isinstance(listed, (list, tuple)):
         listed = [listed]
-    return tuple(dict.fromkeys([eos_id, *(int(token) for token in listed)]))
+    for token in listed:
+        if not is_token_id(token) or vocab_size is not None and not 0 <= token < vocab_size:
+            where = "generation_config.json" if from_generation else "config.json"
+            size = f" (the vocabulary has {vocab_size} ids)" if is_token_id(token) else ""
+            raise UserError(f"'{name}' lists eos_token_id {listed!r} in its {where}: {token!r} is not a token id"
+                            f"{size}", hint=f"give eos_token_id in {where} as one token id or a list of them")
+    return tuple(dict.fromkeys([eos_id, *listed]))
+
+
+def is_token_id(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def parse_dtype(name: str) -> torch.dtype:

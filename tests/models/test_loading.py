@@ -94,6 +94,25 @@ def test_a_response_ends_at_any_eos_id_of_the_generation_config(refusion_layout,
     assert loaded.stop_token_ids == (151645, 151643)
 
 
+@pytest.mark.parametrize("listed, message", [
+    ([151645, None], "None is not a token id"),
+    ([151645, True], "True is not a token id"),
+    ("151643", "'151643' is not a token id"),
+    ([151645, 200000], "200000 is not a token id (the vocabulary has 151671 ids)"),
+    (-1, "-1 is not a token id"),
+])
+def test_a_generation_config_eos_that_is_no_token_id_is_one_error(refusion_layout, tmp_path, listed, message):
+    """A broken eos_token_id in generation_config.json is a UserError at load time, not a traceback or a wrong stop."""
+    path = tmp_path / "bad-eos"
+    path.mkdir()
+    for item in refusion_layout.iterdir():
+        (path / item.name).write_bytes(item.read_bytes())
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": listed}))
+    with pytest.raises(UserError, match="lists eos_token_id .* in its generation_config.json: ") as caught:
+        load_model(str(path), device="cpu")
+    assert message in str(caught.value)
+
+
 def test_no_such_directory(tmp_path):
     with pytest.raises(UserError, match="no such checkpoint directory"):
         load_model(str(tmp_path / "missing"))
