@@ -38,7 +38,7 @@ from refusion_cli.bench.report import (
     read_records,
     row_from_record,
 )
-from refusion_cli.bench.runner import BenchEntry, BenchRow, BenchSettings, describe_config
+from refusion_cli.bench.runner import BenchEntry, BenchRow, BenchSettings, describe_config, measuring_order
 from refusion_cli.errors import UserError
 
 RECORD_PARTS = {"settings": dict, "prompts": dict, "entries": list, "machine": dict}  # run.json's keys and types
@@ -118,9 +118,16 @@ def check_same_run(there: dict[str, Any], here: dict[str, Any]) -> None:
 
 
 def compared_settings(record: dict[str, Any]) -> dict[str, Any]:
-    """The settings and the prompts (count and hash; the source is a description only)."""
-    prompts = record["prompts"]
-    return {**record["settings"], "prompts": f"{prompts.get('count')} (sha256 {str(prompts.get('sha256'))[:12]})"}
+    """The settings and the prompts (count and hash; the source is a description only). The decoders and
+    lengths compare as the plan measures them (each once, AR first), so ``--decoder refusion,ar`` resumes
+    a run given ``--decoder ar refusion``."""
+    settings, prompts = dict(record["settings"]), record["prompts"]
+    decoders, lengths = settings.get("decoders"), settings.get("gen_lengths")
+    if isinstance(decoders, list) and all(isinstance(name, str) for name in decoders):
+        settings["decoders"] = measuring_order(decoders)
+    if isinstance(lengths, list) and all(isinstance(length, int) for length in lengths):
+        settings["gen_lengths"] = list(dict.fromkeys(lengths))
+    return {**settings, "prompts": f"{prompts.get('count')} (sha256 {str(prompts.get('sha256'))[:12]})"}
 
 
 def differences(there: dict[str, Any], here: dict[str, Any], prefix: str = "") -> list[str]:

@@ -198,9 +198,14 @@ def preset_config(name: str) -> Any:
     return load_suite().preset(name)
 
 
+def measuring_order(decoders: Sequence[str]) -> list[str]:
+    """The decoders in the order their rows are measured: each once, AR first, the others as given."""
+    return sorted(dict.fromkeys(decoders), key=lambda name: name != "ar")  # stable
+
+
 def plan_entries(settings: BenchSettings) -> list[BenchEntry]:
     """Every row of the run, in measuring order (AR first); everything is checked here."""
-    decoders = sorted(dict.fromkeys(settings.decoders), key=lambda name: name != "ar")  # stable: AR first
+    decoders = measuring_order(settings.decoders)
     lengths = tuple(dict.fromkeys(settings.gen_lengths))  # a length given twice is measured once
     configs = {(decoder, length): decoder_config(decoder, length, settings.overrides.get(decoder), settings.preset)
                for decoder in decoders for length in lengths}

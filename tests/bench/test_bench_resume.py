@@ -146,6 +146,20 @@ def test_resume_measures_only_the_rows_the_interrupted_run_did_not_finish(stoppe
     assert out.startswith("refusion @ 16: ")  # the rows measured now, not AR's
 
 
+@pytest.mark.parametrize("decoders", [["refusion,ar"], ["refusion", "--decoder", "ar", "--decoder", "ar"]])
+def test_resume_takes_the_decoders_in_another_order_or_twice_when_the_plan_is_the_same(
+        decoders, stopped_in_row_2, causal_checkpoint, tmp_path, monkeypatch):
+    """The run was given ``--decoder ar refusion``; AR is measured first whatever the order, so the rows are the same."""
+    output = copied(stopped_in_row_2, tmp_path)
+    args = bench_args(causal_checkpoint, output, "--resume")
+    at = args.index("--decoder")
+    args[at + 1:at + 3] = decoders
+    measured = watch(monkeypatch, "row_done")
+    assert bench(monkeypatch, args) == 0
+    assert [row.decoder for row in measured] == list(LABELS[1:])
+    assert [row["decoder"] for row in read_csv(output / "bench.csv")] == list(LABELS)
+
+
 def test_a_record_cut_mid_write_is_dropped_and_measured_again(stopped_in_row_2, causal_checkpoint, tmp_path,
                                                               monkeypatch):
     """A kill while writing a line leaves it without its end: refusion's row line (after all its samples) and
