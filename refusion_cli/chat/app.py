@@ -2,8 +2,13 @@
 
 Contract of :class:`ChatApp`:
 
-- ``handle(line)`` takes one line: a slash command (``/reset``, ``/set NAME VALUE``, ``/stats``,
-  ``/help``, ``/quit``) or a question; it returns False when the chat should end.
+- ``handle(line)`` takes one line: a slash command (``/reset``, ``/set NAME VALUE``, ``/system
+  [TEXT|off]``, ``/save PATH``, ``/save! PATH``, ``/stats``, ``/help``, ``/quit``) or a question; it
+  returns False when the chat should end.
+- ``/system TEXT`` sets the system message and starts a new conversation (``off`` removes it);
+  ``/system`` alone shows it. ``/save PATH`` writes the conversation as JSON
+  (``ChatSession.transcript``) and never replaces a file; ``/save! PATH`` does. A path that cannot
+  be written is one line and the chat goes on.
 - A question is answered with the live view (when stdout is a terminal), then the answer's text
   and a stats line (tokens, TPS, tokens per forward, forwards, seconds).
 - In the interactive chat (``run_interactive()``), Ctrl-C during an answer interrupts it and the
@@ -29,6 +34,7 @@ import signal
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -36,6 +42,7 @@ from rich.console import Console
 from rich.text import Text
 
 from refusion_cli.chat.session import ChatAnswer, ChatSession
+from refusion_cli.chat.transcript import FileExists, save_transcript
 from refusion_cli.chat.view import LiveAnswer, PieceCache
 from refusion_cli.decoding.stats import DecodeStats
 from refusion_cli.errors import UserError
@@ -49,8 +56,12 @@ class Command:
 
 
 COMMANDS: dict[str, Command] = {command.name: command for command in (
-    Command("/reset", "/reset", "forget the conversation (the decoder settings stay)"),
+    Command("/reset", "/reset", "forget the conversation (the system message and the decoder settings stay)"),
     Command("/set", "/set NAME VALUE", "change a decoder setting, e.g. /set slot_threshold 0.8"),
+    Command("/system", "/system [TEXT|off]", "show the system message; TEXT sets it, off removes it "
+            "(either starts a new conversation)"),
+    Command("/save", "/save PATH", "write the conversation so far as JSON (never over an existing file)"),
+    Command("/save!", "/save! PATH", "the same, replacing PATH if it exists"),
     Command("/stats", "/stats", "show the decoder, its settings and the last answer's stats"),
     Command("/help", "/help", "list the commands and settings"),
     Command("/quit", "/quit", "leave (Ctrl-D works too)"),
@@ -137,6 +148,8 @@ class ChatApp:
     def run_interactive(self) -> None:
         self.notice(Text.assemble(("refusion chat", "bold"), f" · model {self.session.model_name}"
                                   f" · decoder {self.session.decoder}"))
+        if self.session.system is not None:
+            self.notice(Text(f"system: {self.session.system}", style="dim"))
         self.notice("[dim]/help for commands, Ctrl-C stops an answer, Ctrl-D leaves[/]")
         self.interactive = True
         while True:
@@ -190,7 +203,8 @@ class ChatApp:
     # -- commands ----------------------------------------------------------------------------
 
     def command(self, line: str) -> bool:
-        name, *args = line.split(maxsplit=2)
+        name, *after = line.split(maxsplit=1)
+        rest = after[0] if after else ""  # the line after the command, as typed (a path, a system message)
         name = ALIASES.get(name.lower(), name.lower())
         if name == "/quit":
             return False
@@ -198,7 +212,11 @@ class ChatApp:
             self.session.reset()
             self.notice("conversation cleared")
         elif name == "/set":
-            self.set_option(args)
+            self.set_option(rest.split(maxsplit=1))
+        elif name == "/system":
+            self.system(rest)
+        elif name in ("/save", "/save!"):
+            self.save(rest, replace=name == "/save!")
         elif name == "/stats":
             self.show_stats()
         elif name == "/help":
@@ -221,6 +239,39 @@ class ChatApp:
             self.notice(Text.assemble(("refused: ", "red"), f"{exc}; nothing changed"))
             return
         self.notice(Text(f"{name} = {getattr(config, name)!r}"))
+
+    def system(self, text: str) -> None:
+        session = self.session
+        if not text:
+            shown = "none (/system TEXT sets one)" if session.system is None else session.system
+            self.notice(Text(f"system: {shown}"))
+            return
+        try:
+            session.set_system(None if text.lower() == "off" else text)
+        except UserError as exc:
+            self.failures += 1
+            self.notice(Text.assemble(("refused: ", "red"), f"{exc}; nothing changed"))
+            return
+        said = "removed" if session.system is None else "set"
+        self.notice(Text(f"system message {said}; a new conversation starts"))
+
+    def save(self, where: str, *, replace: bool) -> None:
+        if not where:
+            self.failures += 1
+            self.notice(Text(f"usage: {COMMANDS['/save'].usage} (or {COMMANDS['/save!'].usage} to replace a file)"))
+            return
+        path = Path(where).expanduser()
+        try:
+            save_transcript(path, self.session.transcript(), replace=replace)
+        except FileExists as exc:
+            self.failures += 1
+            self.notice(Text.assemble(("refused: ", "red"), f"{exc}; /save! {where} replaces it"))
+            return
+        except UserError as exc:
+            self.failures += 1
+            self.notice(Text.assemble(("not saved: ", "red"), str(exc)))
+            return
+        self.notice(Text(f"saved {len(self.session.exchanges)} answer(s) to {path}"))
 
     def show_stats(self) -> None:
         session = self.session

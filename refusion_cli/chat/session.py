@@ -12,7 +12,12 @@ Contract of :class:`ChatSession`:
   (here or in the starting overrides) also moves LLaDA's / Dream's ``steps`` and LLaDA's
   ``block_length`` as bench and eval set them (``registry.length_settings``), unless the user set
   those.
-- ``reset()`` forgets the history; the config and the last stats are kept.
+- ``system`` (at creation, or ``set_system``) is the system message every prompt starts with,
+  rendered by the same template as the turns; setting it starts a new conversation. A template
+  that cannot render it (raises) is a :class:`UserError` and nothing changes.
+- ``reset()`` forgets the history; the system message, the config and the last stats are kept.
+- ``transcript()`` is the conversation so far as JSON-ready data (what ``/save`` writes): every
+  answered question since the last reset, with or without history (``"history"`` says which).
 - Sampling noise (temperature > 0) comes from one ``torch.Generator`` seeded at creation, so a
   conversation replays identically.
 
@@ -27,11 +32,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from jinja2 import TemplateError
 
 from refusion_cli.decoding.registry import build_config, check_decoder_fits, run_decoder, with_length
 from refusion_cli.decoding.stats import DecodeStats
+from refusion_cli.errors import UserError
 from refusion_cli.models.chat import chat_prompt_ids
 from refusion_cli.models.loading import LoadedModel
+
+
+SYSTEM_PROBE = "?"  # the user turn rendered after a new system message, to see that the template takes it
 
 
 def chat_config(decoder: str, overrides: dict[str, Any]) -> Any:
@@ -49,7 +59,8 @@ class ChatAnswer:
 
 class ChatSession:
     def __init__(self, loaded: LoadedModel, decoder: str = "refusion", overrides: dict[str, Any] | None = None,
-                 *, model_name: str = "", seed: int = 0, force: bool = False, keep_history: bool = True):
+                 *, model_name: str = "", seed: int = 0, force: bool = False, keep_history: bool = True,
+                 system: str | None = None):
         check_decoder_fits(decoder, loaded.bidirectional, force=force)
         self.keep_history = keep_history  # False: every question is asked on its own
         self.loaded = loaded
@@ -57,27 +68,58 @@ class ChatSession:
         self.model_name = model_name or loaded.source
         self.explicit = set(overrides or {})  # settings the user gave; the others may follow gen_length
         self.config = chat_config(decoder, overrides or {})
-        self.history: list[dict[str, str]] = []
+        self.system: str | None = None
+        self.exchanges: list[tuple[str, ChatAnswer]] = []  # (question, answer) since the last reset, in order
         self.last: ChatAnswer | None = None
+        self.seed = seed
         self.generator = torch.Generator(device=next(loaded.model.parameters()).device).manual_seed(seed)
+        self.set_system(system)
+
+    @property
+    def history(self) -> list[dict[str, str]]:
+        """The turns the next prompt carries after the system message (none without history)."""
+        return turn_messages(self.exchanges) if self.keep_history else []
 
     @property
     def turns(self) -> int:
         """Answered questions in the current conversation."""
         return len(self.history) // 2
 
+    def messages(self, question: str) -> list[dict[str, str]]:
+        """What the prompt for ``question`` renders: the system message, the history, the question."""
+        system = [] if self.system is None else [{"role": "system", "content": self.system}]
+        return [*system, *self.history, {"role": "user", "content": question}]
+
+    def prompt_ids(self, question: str) -> list[int]:
+        """The prompt for ``question`` as the model's chat template renders it (the only place that renders)."""
+        return self._render(self.messages(question), what="this conversation")
+
     def ask(self, question: str, on_step: Callable[[Any], None] | None = None) -> ChatAnswer:
-        messages = [*self.history, {"role": "user", "content": question}]
-        prompt_ids = chat_prompt_ids(self.loaded.tokenizer, messages)
+        prompt_ids = self.prompt_ids(question)
         result = run_decoder(self.decoder, self.loaded.model, prompt_ids, self.config,
                              mask_token_id=self.loaded.mask_token_id, eos_token_id=self.loaded.stop_token_ids,
                              generator=self.generator, on_step=on_step)
         text = self.loaded.tokenizer.decode(result.tokens, skip_special_tokens=True).strip()
         answer = ChatAnswer(text, result.tokens, result.stats, len(prompt_ids))
-        if self.keep_history:
-            self.history = [*messages, {"role": "assistant", "content": text}]
+        self.exchanges.append((question, answer))
         self.last = answer
         return answer
+
+    def set_system(self, system: str | None) -> None:
+        """Start a new conversation under ``system`` (None: without a system message). A template that
+        cannot render a system message raises :class:`UserError` and nothing changes."""
+        if system is not None:
+            self._render([{"role": "system", "content": system}, {"role": "user", "content": SYSTEM_PROBE}],
+                         what="a system message")
+        self.system = system
+        self.exchanges = []
+
+    def _render(self, messages: list[dict[str, str]], what: str) -> list[int]:
+        """``chat_prompt_ids``; a template that raises (e.g. on a role it does not take) is a :class:`UserError`."""
+        try:
+            return chat_prompt_ids(self.loaded.tokenizer, messages)
+        except TemplateError as exc:
+            raise UserError(f"the chat template of {self.model_name} cannot render {what}: {exc}") from exc
 
     def set_option(self, name: str, value: str) -> Any:
         """Change one decoder option (validated); returns the new config. A new ``gen_length`` also
@@ -92,4 +134,30 @@ class ChatSession:
         return dataclasses.asdict(self.config)
 
     def reset(self) -> None:
-        self.history = []
+        """A new conversation under the same system message."""
+        self.exchanges = []
+
+    def transcript(self) -> dict[str, Any]:
+        """The conversation so far as JSON-ready data: what ``/save`` and ``--save`` write."""
+        return {
+            "model": self.model_name,
+            "decoder": self.decoder,
+            "config": self.options(),  # the settings in use now (``/set`` may have changed them between answers)
+            "seed": self.seed,
+            "history": self.keep_history,  # False: each question was asked on its own
+            "system": self.system,
+            "messages": turn_messages(self.exchanges),
+            "stats": [answer_stats(answer) for _, answer in self.exchanges],  # one per assistant message
+        }
+
+
+def turn_messages(exchanges: list[tuple[str, ChatAnswer]]) -> list[dict[str, str]]:
+    """(question, answer) pairs as alternating user and assistant messages."""
+    return [message for question, answer in exchanges
+            for message in ({"role": "user", "content": question}, {"role": "assistant", "content": answer.text})]
+
+
+def answer_stats(answer: ChatAnswer) -> dict[str, float | int]:
+    stats = answer.stats
+    return {"tokens": stats.tokens, "tps": stats.tps, "tpf": stats.tpf, "forwards": stats.forwards,
+            "seconds": stats.seconds, "prompt_tokens": answer.prompt_tokens}

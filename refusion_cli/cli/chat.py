@@ -11,6 +11,11 @@ of three modes:
   status 2 when a line failed (a refused or unknown command, a question that could not be
   answered; each is reported where it happens and the run goes on).
 
+``--system`` / ``--system-file`` give the system message every conversation starts with; a chat
+template that cannot render one is an error before the first question. ``--save PATH`` writes the
+conversation as JSON (what ``/save`` writes) when the run ends, never over an existing file (checked
+before the model loads).
+
 Bytes of stdin that are not valid in its encoding are read as U+FFFD, not refused.
 """
 
@@ -18,13 +23,16 @@ from __future__ import annotations
 
 import sys
 from contextlib import nullcontext
+from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.text import Text
 
 from refusion_cli.chat import ChatApp, ChatSession
 from refusion_cli.chat.session import chat_config
-from refusion_cli.cli.options import seed_value, text_value
+from refusion_cli.chat.transcript import FileExists, check_target, save_transcript
+from refusion_cli.cli.options import PATH_OPTION, seed_value, text_value
 from refusion_cli.cli.output import console, err_console, quiet_library_output
 from refusion_cli.decoding.registry import DECODERS, decoder_spec, default_model
 from refusion_cli.errors import UserError
@@ -32,6 +40,8 @@ from refusion_cli.models.loading import load_model
 
 MODEL = "Model"
 DECODING = "Decoding"
+CONVERSATION = "Conversation"
+SAVE_HINT = "--save never replaces a file: remove it or choose another path"
 
 
 def chat(
@@ -47,7 +57,16 @@ def chat(
                                                rich_help_panel=DECODING)] = None,
     history: Annotated[bool, typer.Option("--history/--no-history", help="keep the conversation (default), or "
                                           "answer every question on its own, e.g. a file of independent "
-                                          "questions on stdin", rich_help_panel=DECODING)] = True,
+                                          "questions on stdin", rich_help_panel=CONVERSATION)] = True,
+    system: Annotated[str | None, typer.Option("--system", parser=text_value, help="system message every "
+                                               "conversation starts with (/system in the chat)",
+                                               rich_help_panel=CONVERSATION)] = None,
+    system_file: Annotated[Path | None, typer.Option("--system-file", help="read the system message from "
+                                                     "this UTF-8 text file", rich_help_panel=CONVERSATION,
+                                                     **PATH_OPTION)] = None,
+    save: Annotated[Path | None, typer.Option("--save", help="write the conversation as JSON to this new file "
+                                              "when the run ends (/save in the chat)",
+                                              rich_help_panel=CONVERSATION, **PATH_OPTION)] = None,
     seed: Annotated[int, typer.Option("--seed", parser=seed_value, help="seed of the sampling noise "
                                       "(temperature > 0)", rich_help_panel=DECODING)] = 0,
     device: Annotated[str | None, typer.Option("--device", parser=text_value, help="cpu, cuda, ... (default: cuda "
@@ -60,13 +79,21 @@ def chat(
 ) -> None:
     """Chat with a model; answers fill in slot by slot as the decoder commits them.
 
-    In the chat: /set NAME VALUE, /stats, /reset, /help, /quit. Ctrl-C stops an answer, Ctrl-D leaves.
+    In the chat: /set NAME VALUE, /system [TEXT|off], /save PATH, /save! PATH, /stats, /reset, /help, /quit.
+    Ctrl-C stops an answer, Ctrl-D leaves.
     """
     spec = decoder_spec(decoder)
     overrides = parse_settings(set_options or [])
     chat_config(decoder, overrides)  # refuse bad settings before loading anything
     if prompt is not None and not prompt.strip():
         raise UserError("--prompt is empty")
+    if system_file is not None:
+        if system is not None:
+            raise UserError("--system and --system-file both give the system message; pick one")
+        system = read_system_file(system_file)
+    if save is not None:
+        save = save.expanduser()
+        save_conversation(save)  # an existing file is refused before the model loads
     name = model or default_model(decoder)
     if prompt is None and sys.stdin is None:
         raise UserError("stdin is closed: there is nothing to read questions from",
@@ -75,20 +102,55 @@ def chat(
     interactive = prompt is None and sys.stdin.isatty()
     with console.status(f"loading {name} …") if interactive and console.is_terminal else nullcontext():
         loaded = load_model(name, device, dtype, trust_remote_code=trust_remote_code, require_mask=spec.needs_mask)
-    session = ChatSession(loaded, decoder, overrides, model_name=name, seed=seed, keep_history=history)
+    session = ChatSession(loaded, decoder, overrides, model_name=name, seed=seed, keep_history=history,
+                          system=system)
     app = ChatApp(session, console, err_console, strict=prompt is not None)
+    failed = run_mode(app, prompt, interactive)
+    if save is not None:
+        save_conversation(save, session)
+        app.notice(Text(f"saved {len(session.exchanges)} answer(s) to {save}"))
+    if failed:
+        lines = ", ".join(str(number) for number in failed)
+        raise UserError(f"input line{'s' if len(failed) > 1 else ''} {lines} failed (reported above)")
+
+
+def run_mode(app: ChatApp, prompt: str | None, interactive: bool) -> list[int]:
+    """Answer ``--prompt``, or chat at the terminal, or answer stdin's lines; the numbers of the lines that failed."""
     if prompt is not None:
         app.answer(prompt.strip())  # a question, even one that starts with "/"
-        return
+        return []
     _lenient_stdin()
     if interactive:
         _line_editing()
         app.run_interactive()
-        return
-    failed = app.run_lines(sys.stdin)
-    if failed:
-        lines = ", ".join(str(number) for number in failed)
-        raise UserError(f"input line{'s' if len(failed) > 1 else ''} {lines} failed (reported above)")
+        return []
+    return app.run_lines(sys.stdin)
+
+
+def read_system_file(path: Path) -> str:
+    """``--system-file``: the file's text, surrounding blank space dropped; unreadable or empty is an error."""
+    try:
+        text = path.expanduser().read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise UserError(f"cannot read --system-file {path}: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise UserError(f"--system-file {path} is not UTF-8 text") from exc
+    if not text:
+        raise UserError(f"--system-file {path} is empty")
+    return text
+
+
+def save_conversation(path: Path, session: ChatSession | None = None) -> None:
+    """``--save``: check the target (before the model loads: no ``session`` yet), or write the session's transcript."""
+    try:
+        if session is None:
+            check_target(path)
+        else:
+            save_transcript(path, session.transcript())
+    except FileExists as exc:
+        raise UserError(f"--save: {exc}", hint=SAVE_HINT) from exc
+    except UserError as exc:
+        raise UserError(f"--save: {exc}") from exc
 
 
 def parse_settings(values: list[str]) -> dict[str, str]:

@@ -2,13 +2,14 @@
 
 The tiny checkpoint is random, so its answers are noise; what is checked is the chat's behaviour:
 a live view then an answer and a stats line, /set refusing bad values, /reset, /quit, Ctrl-C
-stopping an answer without leaving, Ctrl-D leaving. The last tests ask the embedded refusion-tiny
-a question of the synthetic task and check its answer.
+stopping an answer without leaving, Ctrl-D leaving, --system and /save / --save. Some tests ask the
+embedded refusion-tiny a question of the synthetic task and check its answer.
 """
 
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 import subprocess
@@ -24,7 +25,9 @@ from tests.envs import cache_env
 
 REPO = Path(__file__).resolve().parents[2]
 QUESTION = "Mia has 3 apples. She buys 4 more apples. How many apples does Mia have now?"
+SYSTEM = "You are a careful tutor. End every answer with #### and the number."
 STATS = r"\d+ tokens · [\d.]+ tokens/s · [\d.]+ tokens/forward · \d+ forwards · [\d.]+ s"
+STATS_NUMBERS = re.compile(r"(\d+) tokens · [\d.]+ tokens/s · ([\d.]+) tokens/forward · (\d+) forwards")
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 # The held-out problem asked of the embedded model (index into evals/synthetic/test.jsonl):
@@ -149,6 +152,12 @@ def test_piped_stdin_with_a_bad_line_goes_on_then_exits_2(causal_checkpoint):
     (["--model", ""], "Invalid value for '--model': the value is empty"),  # not the default model instead
     (["--device", ""], "Invalid value for '--device': the value is empty"),
     (["--seed", str(2**70)], "Invalid value for '--seed': must be a whole number from 0 to 9223372036854775807"),
+    (["--system", ""], "Invalid value for '--system': the value is empty"),
+    (["--system", "Be brief.", "--system-file", "system.txt"],
+     "--system and --system-file both give the system message; pick one"),
+    (["--system-file", "/no/such/system.txt"],
+     "cannot read --system-file /no/such/system.txt: No such file or directory"),
+    (["--save", "/no/such/folder/chat.json"], "--save: cannot write /no/such/folder/chat.json: there is no folder"),
 ])
 def test_bad_options_are_one_line_and_exit_2(args, message, causal_checkpoint, monkeypatch, capsys):
     """Through the real entry point (in-process, for speed)."""
@@ -247,3 +256,107 @@ def test_ctrl_c_during_a_prompt_answer_exits_130(causal_checkpoint):
     assert child.exitstatus == 130 and "Traceback" not in child.before
     assert re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", child.before).rstrip().endswith("error: interrupted")
     assert "answer interrupted" not in child.before
+
+
+# -- the system message and saving the conversation ------------------------------------------
+
+
+def stats_of(stderr: str) -> list[dict[str, float | int]]:
+    """tokens, tokens per forward (as shown: two decimals) and forwards of every stats line."""
+    return [{"tokens": int(tokens), "tpf": float(tpf), "forwards": int(forwards)}
+            for tokens, tpf, forwards in STATS_NUMBERS.findall(stderr)]
+
+
+def shown(stats: list[dict[str, float | int]]) -> list[dict[str, float | int]]:
+    """A transcript's stats as the stats line shows them."""
+    return [{"tokens": s["tokens"], "tpf": round(s["tpf"], 2), "forwards": s["forwards"]} for s in stats]
+
+
+@pytest.mark.skipif(EMBEDDED_MISSING, reason=EMBEDDED_SKIP)
+def test_save_writes_two_piped_turns_of_the_embedded_model(embedded_problem, tmp_path, monkeypatch, capsys):
+    """/save in a piped conversation, and --save at its end, write the same record: the model, the decoder,
+    the settings in use (one changed by /set), the system message, the four messages, each answer's stats."""
+    saved, at_end = tmp_path / "chat.json", tmp_path / "at-end.json"
+    follow_up = "And if she eats 2 of them?"
+    lines = f"/set slot_threshold 0.8\n{embedded_problem['question']}\n{follow_up}\n/save {saved}\n"
+    code, out = run_main(monkeypatch, capsys, "--system", SYSTEM, "--save", str(at_end), stdin=io.StringIO(lines))
+    assert code == 0, out.err
+    record = json.loads(saved.read_text(encoding="utf-8"))
+    answers = [message["content"] for message in record["messages"][1::2]]
+    assert out.out == "\n\n".join(answers) + "\n"  # the answers as printed
+    assert record == {
+        "model": "refusion-tiny",
+        "decoder": "refusion",
+        "config": {"gen_length": 512, "slot_size": 8, "block_size": None, "slot_threshold": 0.8,
+                   "token_threshold": 0.9, "temperature": 0.0},
+        "seed": 0,
+        "history": True,
+        "system": SYSTEM,
+        "messages": [{"role": "user", "content": embedded_problem["question"]},
+                     {"role": "assistant", "content": answers[0]},
+                     {"role": "user", "content": follow_up},
+                     {"role": "assistant", "content": answers[1]}],
+        "stats": record["stats"],  # timings vary; the counts are checked against the stats lines below
+    }
+    assert shown(record["stats"]) == stats_of(out.err) and len(record["stats"]) == 2
+    assert record["stats"][1]["prompt_tokens"] > record["stats"][0]["prompt_tokens"]  # the first turn is in it
+    assert all(answer["tps"] > 0 and answer["seconds"] > 0 for answer in record["stats"])
+    assert json.loads(at_end.read_text(encoding="utf-8")) == record
+    assert f"saved 2 answer(s) to {saved}" in out.err and f"saved 2 answer(s) to {at_end}" in out.err
+
+
+def test_save_with_prompt_writes_the_answer_and_never_replaces_a_file(causal_checkpoint, tmp_path, monkeypatch,
+                                                                       capsys):
+    system_file = tmp_path / "system.txt"
+    system_file.write_text(f"{SYSTEM}\n", encoding="utf-8")
+    target = tmp_path / "answer.json"
+    args = ("--model", str(causal_checkpoint), "--set", "gen_length=16", "--system-file", str(system_file),
+            "--prompt", QUESTION, "--save", str(target))
+    code, out = run_main(monkeypatch, capsys, *args)
+    assert code == 0, out.err
+    record = json.loads(target.read_text(encoding="utf-8"))
+    assert record["system"] == SYSTEM and record["config"]["gen_length"] == 16
+    assert record["messages"] == [{"role": "user", "content": QUESTION},
+                                  {"role": "assistant", "content": out.out.removesuffix("\n")}]
+    assert shown(record["stats"]) == stats_of(out.err) and len(record["stats"]) == 1
+    before = target.read_bytes()
+    code, out = run_main(monkeypatch, capsys, *args)  # the same again: refused before the model loads
+    assert code == 2 and out.out == "" and target.read_bytes() == before
+    assert out.err.splitlines() == [f"error: --save: {target} already exists (hint: --save never replaces a file: "
+                                    "remove it or choose another path)"]
+
+
+def test_a_template_that_cannot_render_a_system_message_is_one_error_line(no_system_checkpoint, monkeypatch,
+                                                                          capsys):
+    code, out = run_main(monkeypatch, capsys, "--model", str(no_system_checkpoint), "--system", SYSTEM,
+                         "--prompt", QUESTION)
+    assert code == 2 and out.out == ""
+    assert out.err.splitlines() == [f"error: the chat template of {no_system_checkpoint} cannot render a system "
+                                    "message: System role not supported"]
+
+
+def test_interactive_chat_with_a_system_message_saves_the_conversation(causal_checkpoint, tmp_path):
+    target = tmp_path / "chat.json"
+    child = spawn_chat("--model", str(causal_checkpoint), "--set", "gen_length=32", "--system", SYSTEM)
+    child.expect(re.escape(f"system: {SYSTEM}"))  # under the banner
+    child.expect("you › ")
+    child.sendline(QUESTION)
+    child.expect(STATS)
+    child.expect("you › ")
+    child.sendline(f"/save {target}")
+    child.expect(re.escape(f"saved 1 answer(s) to {target}"))
+    child.expect("you › ")
+    child.sendline(f"/save {target}")
+    child.expect(re.escape(f"refused: {target} already exists; /save! {target} replaces it"))
+    child.expect("you › ")
+    child.sendline("/help")
+    child.expect(re.escape("/save! PATH"))
+    child.expect("you › ")
+    child.sendline("/quit")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    record = json.loads(target.read_text(encoding="utf-8"))
+    assert record["system"] == SYSTEM and record["config"]["gen_length"] == 32
+    assert [message["role"] for message in record["messages"]] == ["user", "assistant"]
+    assert record["messages"][0]["content"] == QUESTION and len(record["stats"]) == 1

@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import io
+import json
+import os
 from types import SimpleNamespace
 
 import pytest
 from rich.console import Console
 
 from refusion_cli.chat import AnswerInterrupted, ChatApp, ChatSession, SlotCanvas
+from refusion_cli.chat.transcript import scratch_path
 from refusion_cli.chat.view import MASKED, PALETTE
 from refusion_cli.errors import UserError
 from refusion_cli.models import load_model
+from tests.chat.test_chat_cli import EMBEDDED_MISSING, EMBEDDED_SKIP
 
 QUESTION = "Mia has 3 apples. She buys 4 more apples. How many apples does Mia have now?"
+SYSTEM = "You are a careful tutor. End every answer with #### and the number."
 
 
 @pytest.fixture(scope="module")
@@ -210,3 +215,130 @@ def test_ctrl_c_just_after_an_answer_does_not_leave_the_chat(loaded, monkeypatch
     monkeypatch.setattr(app, "show_stats", pressed)
     app.run_interactive()  # returns at EOF, no KeyboardInterrupt
     assert "(/quit or Ctrl-D leaves)" in err.getvalue()
+
+
+# -- the system message and /save -------------------------------------------------------------
+
+
+def template_ids(tokenizer, messages: list[dict[str, str]]) -> list[int]:
+    """The reference: the tokenizer's own rendering of ``messages`` with the generation prompt."""
+    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True)["input_ids"])
+
+
+def user(text: str) -> dict[str, str]:
+    return {"role": "user", "content": text}
+
+
+def system(text: str) -> dict[str, str]:
+    return {"role": "system", "content": text}
+
+
+def chat_app(session: ChatSession) -> tuple[ChatApp, io.StringIO]:
+    """An app off a terminal; returns it and what it printed besides answers."""
+    err = io.StringIO()
+    return ChatApp(session, Console(file=io.StringIO(), width=300), Console(file=err, width=300)), err
+
+
+@pytest.mark.skipif(EMBEDDED_MISSING, reason=EMBEDDED_SKIP)
+def test_the_prompt_with_a_system_message_is_the_template_rendering(monkeypatch):
+    """What the decoder gets is exactly apply_chat_template([system, user, ...], add_generation_prompt=True) of
+    the embedded tokenizer's Qwen3-style template, the system message first in every prompt."""
+    from refusion_cli.chat import session as session_module
+
+    embedded = load_model("refusion-tiny", device="cpu")
+    tokenizer = embedded.tokenizer
+    decoded_after: list[list[int]] = []  # the prompt of every decode call
+    run_decoder = session_module.run_decoder
+
+    def recording(decoder, model, prompt_ids, *args, **kwargs):
+        decoded_after.append(list(prompt_ids))
+        return run_decoder(decoder, model, prompt_ids, *args, **kwargs)
+
+    monkeypatch.setattr(session_module, "run_decoder", recording)
+    session = ChatSession(embedded, "refusion", {"gen_length": "32"}, model_name="refusion-tiny", system=SYSTEM)
+    first = session.ask(QUESTION)
+    second = session.ask("And then?")
+    assert decoded_after == [
+        template_ids(tokenizer, [system(SYSTEM), user(QUESTION)]),
+        template_ids(tokenizer, [system(SYSTEM), user(QUESTION), {"role": "assistant", "content": first.text},
+                                 user("And then?")]),
+    ]
+    assert second.prompt_tokens == len(decoded_after[1])
+    assert tokenizer.decode(decoded_after[0]).startswith(f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user")
+
+
+def test_reset_keeps_the_system_message_and_system_starts_a_new_conversation(loaded):
+    session = ChatSession(loaded, "refusion", {"gen_length": "16"}, model_name="ckpt", system=SYSTEM)
+    app, err = chat_app(session)
+    app.handle(QUESTION)
+    app.handle("/reset")
+    assert session.system == SYSTEM and session.turns == 0
+    assert session.prompt_ids(QUESTION) == template_ids(loaded.tokenizer, [system(SYSTEM), user(QUESTION)])
+    app.handle(QUESTION)
+    app.handle("/system   Answer with the number only.  ")
+    assert session.system == "Answer with the number only." and session.turns == 0 and session.history == []
+    assert session.prompt_ids(QUESTION) == template_ids(loaded.tokenizer,
+                                                        [system("Answer with the number only."), user(QUESTION)])
+    app.handle("/system")
+    app.handle("/system off")
+    assert session.system is None
+    assert session.prompt_ids(QUESTION) == template_ids(loaded.tokenizer, [user(QUESTION)])
+    app.handle("/system")
+    notes = err.getvalue().splitlines()
+    assert [note for note in notes if "system" in note] == [
+        "system message set; a new conversation starts",
+        "system: Answer with the number only.",
+        "system message removed; a new conversation starts",
+        "system: none (/system TEXT sets one)",
+    ]
+    assert app.failures == 0
+
+
+def test_a_template_without_a_system_role_refuses_it_and_changes_nothing(no_system_checkpoint):
+    loaded = load_model(str(no_system_checkpoint), device="cpu")
+    with pytest.raises(UserError, match="cannot render a system message: System role not supported"):
+        ChatSession(loaded, "refusion", {"gen_length": "16"}, model_name="ckpt", system=SYSTEM)
+    session = ChatSession(loaded, "refusion", {"gen_length": "16"}, model_name="ckpt")
+    app, err = chat_app(session)
+    app.handle(QUESTION)
+    app.handle(f"/system {SYSTEM}")
+    assert session.system is None and session.turns == 1 and app.failures == 1  # the conversation goes on
+    assert err.getvalue().splitlines()[-1] == ("refused: the chat template of ckpt cannot render a system message: "
+                                               "System role not supported; nothing changed")
+
+
+def test_save_refuses_an_existing_file_and_save_bang_replaces_it(loaded, tmp_path):
+    target = tmp_path / "chat.json"
+    target.write_text("an earlier conversation\n")
+    app, err = chat_app(ChatSession(loaded, "refusion", {"gen_length": "16"}, model_name="ckpt"))
+    app.handle(QUESTION)
+    assert app.handle(f"/save {target}")
+    assert target.read_text() == "an earlier conversation\n" and app.failures == 1
+    assert err.getvalue().splitlines()[-1] == f"refused: {target} already exists; /save! {target} replaces it"
+    app.handle(f"/save! {target}")
+    record = json.loads(target.read_text(encoding="utf-8"))
+    assert record["system"] is None
+    assert record["messages"] == [user(QUESTION), {"role": "assistant", "content": app.session.last.text}]
+    assert err.getvalue().splitlines()[-1] == f"saved 1 answer(s) to {target}" and app.failures == 1
+    assert [path.name for path in tmp_path.iterdir()] == ["chat.json"]  # no scratch file left behind
+
+
+def test_a_path_that_cannot_be_written_is_one_line_and_the_chat_goes_on(loaded, tmp_path):
+    app, err = chat_app(ChatSession(loaded, "refusion", {"gen_length": "16"}, model_name="ckpt"))
+    app.handle(QUESTION)
+    no_folder = tmp_path / "no-such-folder" / "chat.json"
+    too_long = tmp_path / ("x" * 300 + ".json")
+    blocked = tmp_path / "blocked.json"
+    scratch_path(blocked).mkdir()  # the scratch file cannot be created: the write itself fails
+    for target in (no_folder, too_long, tmp_path, blocked, ""):
+        assert app.handle(f"/save {target}")
+    assert err.getvalue().splitlines()[-5:] == [
+        f"not saved: cannot write {no_folder}: there is no folder {no_folder.parent}",
+        f"not saved: cannot write {too_long}: File name too long",
+        f"not saved: {tmp_path} is a folder, not a file",
+        f"not saved: cannot write {blocked}: Is a directory",
+        "usage: /save PATH (or /save! PATH to replace a file)",
+    ]
+    assert not blocked.exists() and app.failures == 5
+    assert app.answer("And then?") is not None and app.session.turns == 2  # the chat went on
+    assert os.listdir(tmp_path) == [scratch_path(blocked).name]

@@ -1,0 +1,59 @@
+"""Saving a conversation (``/save``, ``/save!``, ``--save``) as a JSON file.
+
+Contract of :func:`save_transcript`: the record is written to a scratch file in the target's folder
+(:func:`scratch_path`) and renamed over the target at the end, so a reader (or a crash) never sees
+half a file. An existing target is refused (:class:`FileExists`) unless ``replace``; a path that
+cannot be written is a :class:`UserError` naming the path and the reason. Both leave the target as
+it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from refusion_cli.errors import UserError
+
+
+class FileExists(UserError):
+    """The target exists and replacing it was not asked for."""
+
+
+def scratch_path(path: Path) -> Path:
+    """Where ``path`` is written before the rename: a short hidden name in the same folder (the same file system)."""
+    return path.parent / f".refusion-chat-{os.getpid()}.tmp"
+
+
+def check_target(path: Path, *, replace: bool = False) -> None:
+    """Refuse a target that is a folder or lies in no folder, or a file that exists when ``replace`` is off."""
+    try:
+        is_folder, exists, in_folder = path.is_dir(), path.exists(), path.parent.is_dir()
+    except OSError as exc:  # e.g. a name too long for the file system
+        raise cannot_write(path, exc) from exc
+    if is_folder:
+        raise UserError(f"{path} is a folder, not a file")
+    if not in_folder:
+        raise UserError(f"cannot write {path}: there is no folder {path.parent}")
+    if exists and not replace:
+        raise FileExists(f"{path} already exists")
+
+
+def save_transcript(path: Path, record: dict[str, Any], *, replace: bool = False) -> None:
+    """Write ``record`` to ``path`` as indented UTF-8 JSON, atomically (see the module doc)."""
+    check_target(path, replace=replace)
+    scratch = scratch_path(path)
+    text = json.dumps(record, indent=2, ensure_ascii=False) + "\n"
+    try:
+        scratch.write_text(text, encoding="utf-8")
+        scratch.replace(path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):  # never written, or not ours to remove
+            scratch.unlink()
+        raise cannot_write(path, exc) from exc
+
+
+def cannot_write(path: Path, exc: OSError) -> UserError:
+    return UserError(f"cannot write {path}: {exc.strerror or exc}")
