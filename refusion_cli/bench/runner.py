@@ -50,7 +50,7 @@ from refusion_cli.decoding.registry import (
 )
 from refusion_cli.decoding.stats import DecodeResult
 from refusion_cli.errors import UserError
-from refusion_cli.models.chat import user_prompt_ids
+from refusion_cli.models.chat import require_chat_template, user_prompt_ids
 from refusion_cli.models.loading import (
     LoadedModel,
     check_model_fits,
@@ -306,6 +306,7 @@ def run_bench(
         for entry in entries:
             loaded = slot.get(entry.model, entry.decoder)
             if slot.key != ids_key:  # each checkpoint renders the prompts with its own chat template
+                require_chat_template(loaded.tokenizer, f"'{entry.model}'")
                 prompt_ids = [user_prompt_ids(loaded.tokenizer, prompt.text) for prompt in prompts]
                 ids_key = slot.key
             if on_entry is not None:

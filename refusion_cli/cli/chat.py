@@ -36,6 +36,7 @@ from refusion_cli.cli.options import PATH_OPTION, seed_value, text_value
 from refusion_cli.cli.output import console, err_console, quiet_library_output
 from refusion_cli.decoding.registry import DECODERS, decoder_spec, default_model
 from refusion_cli.errors import UserError
+from refusion_cli.models.chat import require_chat_template
 from refusion_cli.models.loading import load_model
 
 MODEL = "Model"
@@ -102,6 +103,7 @@ def chat(
     interactive = prompt is None and sys.stdin.isatty()
     with console.status(f"loading {name} …") if interactive and console.is_terminal else nullcontext():
         loaded = load_model(name, device, dtype, trust_remote_code=trust_remote_code, require_mask=spec.needs_mask)
+    require_chat_template(loaded.tokenizer, f"'{name}'")
     session = ChatSession(loaded, decoder, overrides, model_name=name, seed=seed, keep_history=history,
                           system=system)
     app = ChatApp(session, console, err_console, strict=prompt is not None)

@@ -159,3 +159,21 @@ def test_a_new_run_replaces_every_file_of_the_previous_one(tmp_path, monkeypatch
                                                               "samples.csv"]
     assert (output / "bench.csv").read_text().startswith("decoder,model,gen_length")
     assert "Interrupted" not in (output / "bench.md").read_text()
+
+
+def test_a_checkpoint_without_a_chat_template_is_one_line_and_keeps_the_previous_run(
+        tmp_path, monkeypatch, capsys, causal_checkpoint):
+    """Every prompt is rendered as a chat turn: a tokenizer without a template is refused, not a traceback."""
+    import shutil
+
+    model = Path(shutil.copytree(causal_checkpoint, tmp_path / "no-template"))
+    (model / "chat_template.jinja").unlink()
+    output = tmp_path / "out"
+    before = previous_run(output)
+    code, out, err = run_bench_cli(["--decoder", "ar", "--model", f"ar={model}", "--limit", "1", "--gen-length", "16",
+                                    "--warmup", "0", "-o", str(output)], monkeypatch, capsys)
+    assert code == 2 and out == ""
+    assert error_line(err) == (f"error: the tokenizer of '{model}' has no chat template; prompts are rendered as chat "
+                               "turns (hint: use a chat (instruct) checkpoint, or give its tokenizer a chat_template "
+                               "(chat_template.jinja))")
+    assert files_in(output) == before

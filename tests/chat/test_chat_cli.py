@@ -239,6 +239,18 @@ def test_prompt_is_a_question_even_when_it_starts_with_a_slash(causal_checkpoint
     assert re.search(STATS, out.err) and out.out.endswith("\n")  # answered (the random model's text may be empty)
 
 
+def test_a_checkpoint_without_a_chat_template_is_one_error_line(causal_checkpoint, tmp_path, monkeypatch, capsys):
+    import shutil
+
+    model = Path(shutil.copytree(causal_checkpoint, tmp_path / "no-template"))
+    (model / "chat_template.jinja").unlink()
+    code, out = run_main(monkeypatch, capsys, "--model", str(model), "--decoder", "ar", "--prompt", QUESTION)
+    assert code == 2 and out.out == ""
+    assert out.err.splitlines() == [
+        f"error: the tokenizer of '{model}' has no chat template; prompts are rendered as chat turns (hint: use a "
+        "chat (instruct) checkpoint, or give its tokenizer a chat_template (chat_template.jinja))"]
+
+
 def test_a_closed_stdin_is_one_error_line(causal_checkpoint, monkeypatch, capsys):
     monkeypatch.setattr(sys, "stdin", None)
     code, out = run_main(monkeypatch, capsys, "--model", str(causal_checkpoint))
