@@ -4,7 +4,9 @@ A thin wrapper over :func:`refusion_cli.harness.runner.run_eval`: parses options
 bar per benchmark and decoder, prints the summary tables. Library chatter (lm-eval, datasets,
 transformers progress bars and warnings) goes to ``<output>/eval.log``, not the terminal. A run that
 fails before it journals a sample removes the output folder it created (a folder it did not create is
-kept: runs resume from the samples there).
+kept: runs resume from the samples there). ``--download`` fetches missing benchmark files from the hub
+while the run is planned, one line per file; ``--limit 0`` stops after planning, before the output
+folder exists.
 """
 
 from __future__ import annotations
@@ -45,8 +47,9 @@ def evaluate(
     model: Annotated[list[str] | None, typer.Option("--model", "-m", help="checkpoint for every decoder, or "
                                                     "DECODER=PATH for one (default: the decoder's embedded model)",
                                                     rich_help_panel=WHAT)] = None,
-    limit: Annotated[int | None, typer.Option("--limit", help="first N documents of each lm-eval task",
-                                              rich_help_panel=WHAT)] = None,
+    limit: Annotated[int | None, typer.Option("--limit", help="first N documents of each lm-eval task (0: check "
+                                              "the data and tasks, with --download fetch the data, evaluate "
+                                              "nothing)", rich_help_panel=WHAT)] = None,
     preset: Annotated[str | None, typer.Option("--preset", help="ReFusion preset for every task (default: the "
                                                "task's paper preset from evals/suite.yaml)", rich_help_panel=HOW)] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="decoder option KEY=VALUE for every decoder that has "
@@ -68,6 +71,9 @@ def evaluate(
                                                   rich_help_panel=WHERE)] = None,
     data_file: Annotated[list[str] | None, typer.Option("--data-file", help="TASK=PATH: the one local data file of "
                                                         "a task", rich_help_panel=WHERE)] = None,
+    download: Annotated[bool, typer.Option("--download", help="first fetch the selected benchmarks' files missing "
+                                           "from the data dir from the Hugging Face hub (files already there are "
+                                           "used as they are)", rich_help_panel=WHERE)] = False,
     confirm_run_unsafe_code: Annotated[bool, typer.Option("--confirm-run-unsafe-code", help="allow HumanEval / MBPP "
                                                           "to execute model-written code (sandboxed)",
                                                           rich_help_panel=WHERE)] = False,
@@ -76,21 +82,28 @@ def evaluate(
     """Evaluate decoders on the paper's benchmarks (offline, local data) and report accuracy / TPS."""
     tasks, decoders = _split(task), _split(decoder)
     _absorb_extra_values(more or [], tasks, decoders)
-    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # every benchmark reads local files
+    # every benchmark reads local files; --download fetches them in a child process started without this
+    # variable (harness/download.py, fetch_split), so this process stays offline
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     from refusion_cli.harness.runner import EvalOptions, default_output, has_results, make_output, plan_eval, run_eval
 
     run_dir = output or default_output(tasks)
     options = EvalOptions(
         tasks=tasks, decoders=decoders, output=run_dir, models=list(model or []), overrides=_split(set_ or []),
-        preset=preset, limit=limit, data_dir=data_dir, data_files=list(data_file or []),
+        preset=preset, limit=limit, data_dir=data_dir, data_files=list(data_file or []), download=download,
         confirm_run_unsafe_code=confirm_run_unsafe_code, device=device, dtype=dtype, seed=seed,
         trust_remote_code=trust_remote_code,
     )
-    planning = io.StringIO()  # datasets' "Generating test split" bars and the like, for eval.log
-    with _stderr_to(planning):
-        plan = plan_eval(options)  # every option, data file and task is checked before anything is written
-    created = make_output(run_dir)
     main_process = int(os.environ.get("RANK", "0")) == 0
+    planning = io.StringIO()  # datasets' "Generating test split" bars and the like, for eval.log
+    with _stderr_to(planning):  # every option, data file and task is checked before anything is written
+        plan = plan_eval(options, say=_note)
+    if limit == 0:
+        if main_process:
+            _note(f"--limit 0: the data and tasks of {', '.join(b.name for b in plan.benchmarks)} are ready; "
+                  "nothing was evaluated")
+        return
+    created = make_output(run_dir)
     if plan.sandbox is not None and main_process:
         console.print(f"[dim]{plan.sandbox}[/]", highlight=False, soft_wrap=True)
     view = EvalView() if main_process else None
@@ -107,6 +120,10 @@ def evaluate(
         raise
     if main_process:
         _print_summary(results, run_dir)
+
+
+def _note(text: str) -> None:
+    console.print(text, highlight=False, soft_wrap=True)
 
 
 def _split(values: list[str]) -> list[str]:

@@ -5,10 +5,11 @@ Contract of :func:`run_eval`:
 1) plan      every (benchmark, decoder) config is built first (the ReFusion preset of the suite
              manifest or ``preset``, the benchmark's response budget, then ``--set`` overrides,
              validated by ``registry.build_config``); the benchmarks' task YAMLs are rendered
-             and their local data checked (present, not empty, JSON lines), as are ``--device``,
+             and their local data checked (present, not empty, JSON lines; with ``download``, the
+             missing files are fetched from the hub first, see ``download``), as are ``--device``,
              ``--dtype``, ``--output`` and ``--data-dir``; then the lm-eval tasks are built over
              that data (in a temporary folder). Any mistake is a ``UserError`` before a model is
-             loaded or a file is written.
+             loaded or a file is written (downloaded data aside). With ``limit=0`` the run ends here.
 2) evaluate  per benchmark, the task YAML is kept in the run folder; per decoder, an adapter
              (``lm_adapters``) with a :class:`~refusion_cli.harness.journal.SampleJournal` as its
              generation hook runs lm-eval's ``evaluate`` (zero-shot, the chat template, the suite's
@@ -34,10 +35,12 @@ import dataclasses
 import datetime as dt
 import hashlib
 import json
+import os
 import random
 import re
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -45,10 +48,12 @@ from typing import Any, Protocol
 from refusion_cli.decoding.registry import DECODERS, build_config, decoder_spec, default_model, with_length
 from refusion_cli.decoding.config import config_fields
 from refusion_cli.errors import UserError
+from refusion_cli.harness.download import download_missing
 from refusion_cli.harness.journal import JournalObserver, SampleJournal, journal_files, read_records
 from refusion_cli.harness.report import METRICS_FILE, merge_results, read_results, write_reports
 from refusion_cli.harness.scoring import TaskScorer
-from refusion_cli.harness.suite import Benchmark, RenderedTask, Suite, check_data, load_suite, load_tasks, render
+from refusion_cli.harness.suite import (Benchmark, RenderedTask, Suite, check_data, data_root, load_suite, load_tasks,
+                                        render)
 from refusion_cli.models.loading import (EMBEDDED, check_model_fits, embedded_path, is_embedded, parse_device,
                                          parse_dtype)
 from refusion_cli.paths import check_output_dir
@@ -62,9 +67,10 @@ class EvalOptions:
     models: list[str] = field(default_factory=list)  # "PATH" (every decoder) or "decoder=PATH"
     overrides: list[str] = field(default_factory=list)  # "key=value" or "decoder.key=value"
     preset: str | None = None  # ReFusion preset for every benchmark (default: the manifest's)
-    limit: int | None = None  # documents per lm-eval task
+    limit: int | None = None  # documents per lm-eval task (0: plan and check only, evaluate nothing)
     data_dir: Path | None = None
     data_files: list[str] = field(default_factory=list)  # "benchmark=PATH"
+    download: bool = False  # fetch the benchmark files missing under data_dir from the hub while planning
     confirm_run_unsafe_code: bool = False
     device: str | None = None
     dtype: str | None = None
@@ -279,10 +285,11 @@ def data_file_options(values: list[str], benchmarks: list[Benchmark]) -> dict[st
     return {name: Path(path).expanduser() for name, path in given.items()}
 
 
-def check_data_dir(data_dir: Path, rendered: dict[str, RenderedTask]) -> None:
-    """``--data-dir`` must exist and hold a file that a selected benchmark reads."""
+def check_data_dir(data_dir: Path, rendered: dict[str, RenderedTask], download: bool = False) -> None:
+    """``--data-dir`` must exist (or, with ``download``, not be a file: it is created) and hold a file
+    that a selected benchmark reads."""
     root = data_dir.expanduser()
-    if not root.is_dir():
+    if not root.is_dir() and not (download and not root.exists()):
         raise UserError(f"--data-dir {data_dir} does not exist or is not a directory",
                         hint="give the folder holding the benchmark files, laid out as in evals/README.md")
     if not any(root.resolve() in path.parents for task in rendered.values() for path in task.data_files):
@@ -331,10 +338,12 @@ class Plan:
     sandbox: str | None = None  # how code benchmarks' candidates are isolated here (None: no code benchmark)
 
 
-def plan_eval(options: EvalOptions, suite: Suite | None = None) -> Plan:
+def plan_eval(options: EvalOptions, suite: Suite | None = None,
+              say: Callable[[str], None] = lambda text: None) -> Plan:
     """Step 1: everything that can fail before a model loads or a file is written: the options, each
-    checkpoint's config, the data files, and lm-eval's tasks built over them (a missing package or a
-    record without the fields a task reads stops the run here, not after the benchmarks before it)."""
+    checkpoint's config, the data files (with ``options.download``, fetched where missing; ``say``
+    gets a line per file), and lm-eval's tasks built over them (a missing package or a record without
+    the fields a task reads stops the run here, not after the benchmarks before it)."""
     suite = suite or load_suite()
     benchmarks = suite.select(options.tasks)
     runs = decoder_runs(options.decoders, options.models)
@@ -346,8 +355,9 @@ def plan_eval(options: EvalOptions, suite: Suite | None = None) -> Plan:
         if "refusion" not in decoders:
             raise UserError("--preset sets the ReFusion decoder's preset, but --decoder does not include refusion")
         suite.preset(options.preset)
-    if options.limit is not None and options.limit < 1:
-        raise UserError(f"--limit must be a positive number of documents, got {options.limit}")
+    if options.limit is not None and options.limit < 0:
+        raise UserError(f"--limit must be a number of documents (0: check the data and tasks only), "
+                        f"got {options.limit}")
     if options.limit is not None and options.limit > sys.maxsize:
         raise UserError(f"--limit {options.limit} is larger than any benchmark",
                         hint="leave --limit out to run every document")
@@ -355,9 +365,12 @@ def plan_eval(options: EvalOptions, suite: Suite | None = None) -> Plan:
     if options.dtype is not None:
         parse_dtype(options.dtype)
     check_output_dir(options.output, hint="give a folder for metrics.json, the summaries and the samples")
+    if options.download and int(os.environ.get("WORLD_SIZE", "1")) > 1:  # each process would fetch the same files
+        raise UserError("--download fetches the data in one process, not under accelerate launch or torchrun",
+                        hint="fetch it first with the same refusion eval command and --download --limit 0, then launch")
     configs = {(b.name, d): plan_config(suite, b, d, overrides[d], options.preset) for b in benchmarks for d in decoders}
     sandbox = None
-    if any(b.code for b in benchmarks):
+    if any(b.code for b in benchmarks) and options.limit != 0:  # with --limit 0 no code runs
         from refusion_cli.harness.code_tasks import require_confirmation, sandbox_line
 
         require_confirmation(options.confirm_run_unsafe_code)
@@ -368,7 +381,9 @@ def plan_eval(options: EvalOptions, suite: Suite | None = None) -> Plan:
         rendered[benchmark.name] = render(benchmark, options.output / "tasks" / benchmark.name, options.data_dir,
                                           files.get(benchmark.name))
     if options.data_dir is not None:
-        check_data_dir(options.data_dir, rendered)
+        check_data_dir(options.data_dir, rendered, options.download)
+    if options.download:
+        download_missing(rendered.values(), data_root(options.data_dir), say)
     for task in rendered.values():
         check_data(task)
     tasks = {}
@@ -390,6 +405,8 @@ def run_eval(options: EvalOptions, observer: EvalObserver | None = None, suite: 
 
     observer = observer or SilentObserver()
     plan = plan or plan_eval(options, suite)
+    if options.limit == 0:
+        return []
     rank, _, accelerator = distributed_context(options.device)
     device = str(accelerator.device) if accelerator is not None else options.device  # one device per process
     needs_mask = {run.model: any(decoder_spec(r.decoder).needs_mask for r in plan.runs if r.model == run.model)

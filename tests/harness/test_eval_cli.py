@@ -346,6 +346,8 @@ def run_cli(capsys, monkeypatch, *args: str) -> tuple[int, str, str]:
     (["--task", "synthetic", "--decoder", "ar", "--seed", str(2**64)],
      "Invalid value for '--seed': must be a whole number from 0 to 9223372036854775807, got 18446744073709551616"),
     # lm-eval slices the documents with islice, which takes no stop past sys.maxsize
+    (["--task", "synthetic", "--decoder", "ar", "--limit", "-1"],
+     "--limit must be a number of documents (0: check the data and tasks only), got -1"),
     (["--task", "synthetic", "--decoder", "ar", "--limit", "99999999999999999999"],
      "--limit 99999999999999999999 is larger than any benchmark (hint: leave --limit out to run every document)"),
 ])
@@ -370,6 +372,7 @@ def test_a_benchmark_without_offline_data_says_which_file_it_needs(causal_checkp
     assert code == 2 and stdout == "" and "Traceback" not in stderr
     squeezed = "".join(stderr.split())  # Rich may fold a long path across lines
     assert f"{tmp_path / 'nothing' / 'gsm8k' / 'test.jsonl'}ismissing" in squeezed and "openai/gsm8k" in stderr
+    assert "(hint: add --download to fetch it from the hub, or put openai/gsm8k, config main, split test" in stderr
     assert time.monotonic() - start < 30 and not (tmp_path / "run").exists()
 
 

@@ -112,7 +112,8 @@ def test_missing_local_data_names_the_file_and_its_source(tmp_path):
     with pytest.raises(UserError) as error:
         check_data(rendered)
     assert str(tmp_path / "empty" / "gsm8k" / "test.jsonl") in str(error.value)
-    assert "openai/gsm8k" in error.value.hint and "--data-file gsm8k=PATH" in error.value.hint
+    assert error.value.hint.startswith("add --download to fetch it from the hub, or put openai/gsm8k, config main")
+    assert "--data-file gsm8k=PATH" in error.value.hint
     math = render(suite.benchmarks["math"], tmp_path / "math", data_dir=tmp_path / "empty")
     with pytest.raises(UserError, match="6 more"):
         check_data(math)

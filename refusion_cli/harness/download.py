@@ -1,0 +1,285 @@
+"""`refusion eval --download`: fetch the benchmark files a run is missing from the Hugging Face hub.
+
+Contract:
+
+- Where a file comes from is the benchmark's ``hub`` entry in ``evals/suite.yaml`` (:class:`HubData`:
+  the dataset, its split, and per file under ``--data-dir`` the config); which files a run reads is
+  its task YAML (``RenderedTask.data_files``). A file the YAML reads that the entry does not list is
+  an error in the manifest, caught by the tests.
+- :func:`download_missing` fetches every missing file of the benchmarks that have a ``hub`` entry and
+  no ``--data-file``; a file already there is used as it is. First it checks in seconds that the hub
+  answers (``hub_reachable``). A benchmark's files are written under temporary names in their own
+  folder (``.<name>.<pid>.part``) and renamed once all of them are complete, so a failed or
+  interrupted download leaves no file that a later run would read, nor a folder it created.
+  Benchmarks finished before a failure keep their (complete) files. Every failure is one
+  :class:`UserError` line: the hub unreachable, a gated dataset this account cannot read, a dataset,
+  config or split the hub does not have, a download or a write that fails.
+- :func:`fetch_split` is the one function that reaches the hub (through a child process, see there).
+  Files are written with ``Dataset.to_json``: one JSON object per line, the format the task YAMLs
+  read (``dataset_path: json``).
+
+This module imports neither torch nor ``datasets`` at the top: it is also the child's program.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from refusion_cli.errors import UserError
+
+if TYPE_CHECKING:
+    from datasets import Dataset
+
+    from refusion_cli.harness.suite import Benchmark, RenderedTask
+
+CHILD = "refusion_cli.harness.download"  # ``python -m`` this module: the child that calls the hub
+DEFAULT_ENDPOINT = "https://huggingface.co"
+
+
+@dataclass(frozen=True)
+class HubSplit:
+    """One split of a hub dataset: what ``datasets.load_dataset(dataset, config, split=split)`` returns."""
+
+    dataset: str  # hub id, e.g. openai/gsm8k
+    config: str | None  # None: the dataset's only config
+    split: str
+
+    def describe(self) -> str:
+        return self.dataset + (f", config {self.config}" if self.config else "") + f", split {self.split}"
+
+
+@dataclass(frozen=True)
+class HubData:
+    """A benchmark's ``hub`` entry in ``evals/suite.yaml``: where ``--download`` fetches its files from."""
+
+    dataset: str  # hub id
+    split: str
+    files: tuple[tuple[str, str | None], ...]  # (file under --data-dir, as the task YAML reads it; config)
+    gated: bool = False  # the hub serves it only to accounts that accepted its terms
+
+    @classmethod
+    def from_manifest(cls, entry: dict[str, Any]) -> HubData:
+        return cls(dataset=entry["dataset"], split=entry["split"], files=tuple(entry["files"].items()),
+                   gated=bool(entry.get("gated", False)))
+
+    def source(self, relative: str) -> HubSplit:
+        """The split behind ``relative`` (a file under --data-dir, ``/``-separated); KeyError if unlisted."""
+        return HubSplit(self.dataset, dict(self.files)[relative], self.split)
+
+    def describe(self) -> str:
+        """Where the data comes from, for messages: ``openai/gsm8k, config main, split test, as JSON lines``."""
+        name = self.dataset + (" (gated)" if self.gated else "")
+        if len(self.files) > 1:
+            return f"{name}, split {self.split} of each of its {len(self.files)} configs, as JSON lines"
+        config = self.files[0][1]
+        return name + (f", config {config}" if config else "") + f", split {self.split}, as JSON lines"
+
+
+class HubDataError(Exception):
+    """The hub did not give a split. ``kind``: ``gated`` (this account may not read it), ``no_dataset``,
+    ``no_config`` (nor split), ``unreachable`` or ``failed``; ``detail``: the library's first line."""
+
+    def __init__(self, kind: str, detail: str):
+        super().__init__(f"{kind}: {detail}")
+        self.kind = kind
+        self.detail = detail
+
+
+# --- the parent: what is missing, fetched and written whole -------------------------------------
+
+
+def download_missing(tasks: Iterable[RenderedTask], data_root: Path,
+                     say: Callable[[str], None] = lambda text: None) -> None:
+    """Fetch the missing files of ``tasks`` (rendered over ``data_root``, resolved) from the hub;
+    ``say`` gets one line per file used as it is, per download and per file written."""
+    from refusion_cli.models.loading import hub_reachable
+
+    wanted: dict[str, list[tuple[Path, HubSplit]]] = {}  # benchmark -> (file, source) to download
+    for task in tasks:
+        benchmark = task.benchmark
+        if benchmark.hub is None or task.data_file is not None:
+            continue  # data shipped with a package or the repository, or the user's own file
+        for path in task.data_files:
+            if path.is_file():
+                say(f"{benchmark.name}: using {path}")
+            else:
+                wanted.setdefault(benchmark.name, []).append((path, _source(benchmark, path, data_root)))
+    if wanted and not hub_reachable():
+        raise UserError(f"--download: cannot reach the Hugging Face hub ({hub_endpoint()}) to fetch the data of "
+                        f"{', '.join(wanted)}",
+                        hint="check the network, HF_ENDPOINT, and that HF_HUB_OFFLINE is not set; or download on a "
+                             "machine that reaches the hub and copy the data folder (evals/README.md, Offline data)")
+    for name, files in wanted.items():
+        download_benchmark(name, files, say)
+
+
+def _source(benchmark: Benchmark, path: Path, data_root: Path) -> HubSplit:
+    relative = path.relative_to(data_root).as_posix()
+    try:
+        return benchmark.hub.source(relative)
+    except KeyError:
+        raise ValueError(f"evals/suite.yaml: the hub entry of {benchmark.name} does not list {relative}, "
+                         f"which {benchmark.yaml.name} reads") from None
+
+
+def download_benchmark(name: str, files: list[tuple[Path, HubSplit]], say: Callable[[str], None]) -> None:
+    """Fetch and write one benchmark's ``files``: all of them appear together, or none (and no folder
+    this call created)."""
+    created = _make_folders(sorted({path.parent for path, _ in files}))
+    parts: list[Path] = []
+    counts: list[int] = []
+    try:
+        for path, source in files:
+            say(f"{name}: downloading {source.describe()}")
+            dataset = _fetch(name, source)
+            parts.append(path.with_name(f".{path.name}.{os.getpid()}.part"))  # same folder: the rename is atomic
+            with _writing(name, path):
+                dataset.to_json(parts[-1])  # one JSON object per line (orient="records", lines=True)
+            counts.append(len(dataset))
+        for part, (path, _), count in zip(parts, files, counts):
+            with _writing(name, path):
+                part.replace(path)
+            say(f"{name}: wrote {path} ({count:,} records)")
+    except BaseException:
+        for part in parts:
+            part.unlink(missing_ok=True)
+        for folder in reversed(created):
+            if not any(folder.iterdir()):
+                folder.rmdir()
+        raise
+
+
+@contextmanager
+def _writing(name: str, path: Path) -> Iterator[None]:
+    """An OSError while ``path`` is written (no space, no permission, a folder in the way) is one line."""
+    try:
+        yield
+    except OSError as exc:
+        raise UserError(f"{name}: cannot write {path}: {exc.strerror or exc}",
+                        hint="free some space, or pick a --data-dir you can write to") from exc
+
+
+def _fetch(name: str, source: HubSplit) -> Dataset:
+    try:
+        return fetch_split(source)
+    except HubDataError as error:
+        raise download_error(name, source, error) from None
+
+
+def _make_folders(folders: list[Path]) -> list[Path]:
+    """Create ``folders`` and their missing parents; the ones created, parents before children."""
+    created: list[Path] = []
+    for folder in folders:
+        missing = [p for p in (folder, *folder.parents) if not p.exists()]
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UserError(f"--download: cannot create the folder {folder}: {exc.strerror or exc}",
+                            hint="pick a --data-dir you can write to") from None
+        created += [p for p in reversed(missing) if p not in created]
+    return created
+
+
+def hub_endpoint() -> str:
+    return os.environ.get("HF_ENDPOINT", DEFAULT_ENDPOINT).rstrip("/")
+
+
+def download_error(name: str, source: HubSplit, error: HubDataError) -> UserError:
+    """One line for a split the hub did not give, with what to do about it."""
+    page = f"{hub_endpoint()}/datasets/{source.dataset}"
+    if error.kind == "gated":
+        return UserError(f"{name}: {source.dataset} is a gated dataset and the hub does not let this account read "
+                         f"it ({error.detail})",
+                         hint=f"accept its terms at {page} while logged in, then log in here with `hf auth login` "
+                              "(`huggingface-cli login` before huggingface_hub 1.0) or set HF_TOKEN")
+    if error.kind == "no_dataset":
+        return UserError(f"{name}: the hub has no dataset {source.dataset} that this account can read "
+                         f"({error.detail})", hint="the hub entry of evals/suite.yaml names it")
+    if error.kind == "no_config":
+        return UserError(f"{name}: the hub has no {source.describe()} ({error.detail})",
+                         hint="the hub entry of evals/suite.yaml names the config and split")
+    return UserError(f"{name}: downloading {source.describe()} failed: {error.detail}",
+                     hint="nothing of it was written; run the command again to retry")
+
+
+def fetch_split(source: HubSplit) -> Dataset:
+    """``datasets.load_dataset(dataset, config, split=split)``, the one call that reaches the hub.
+
+    It runs in a child process. `refusion eval` sets HF_DATASETS_OFFLINE=1, and ``datasets`` and
+    ``huggingface_hub`` read their offline switches once, when they are imported; this process may
+    have imported them already (lm-eval does) and its evaluation must stay offline. Unsetting the
+    variable here would come too late for them, and flipping their module settings would reach into
+    their internals. A fresh interpreter started without HF_DATASETS_OFFLINE goes online for this
+    one load and leaves this process as it was; it saves the split in Arrow format to a scratch
+    folder, read back here into memory. HF_HUB_OFFLINE, HF_ENDPOINT, HF_TOKEN, HF_HOME and proxies
+    pass to it unchanged. Raises :class:`HubDataError`.
+    """
+    from datasets import load_from_disk
+
+    with tempfile.TemporaryDirectory(prefix="refusion-download-") as scratch:
+        environment = {key: value for key, value in os.environ.items() if key != "HF_DATASETS_OFFLINE"}
+        done = subprocess.run([sys.executable, "-m", CHILD, json.dumps(asdict(source)), scratch],
+                              env=environment, capture_output=True, text=True)
+        sys.stderr.write(done.stderr)  # datasets' progress bars; `refusion eval` puts them in eval.log
+        if done.returncode != 0:
+            raise _child_failure(done)
+        return load_from_disk(scratch, keep_in_memory=True)
+
+
+def _child_failure(done: subprocess.CompletedProcess) -> HubDataError:
+    lines = done.stdout.strip().splitlines()
+    try:
+        report = json.loads(lines[-1])
+        return HubDataError(report["kind"], report["detail"])
+    except (IndexError, ValueError, KeyError, TypeError):  # it died before it could say why
+        last = done.stderr.strip().splitlines()
+        return HubDataError("failed", last[-1] if last else f"the download process exited with {done.returncode}")
+
+
+# --- the child ----------------------------------------------------------------------------------
+
+
+def failure_kind(exc: BaseException) -> str:
+    """The :class:`HubDataError` kind of a ``load_dataset`` exception (``datasets`` wraps the hub's errors)."""
+    from datasets.exceptions import DatasetNotFoundError
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    text = str(exc)
+    if isinstance(exc, GatedRepoError) or (isinstance(exc, DatasetNotFoundError) and " gated " in text):
+        return "gated"
+    if isinstance(exc, (DatasetNotFoundError, RepositoryNotFoundError)):
+        return "no_dataset"
+    if isinstance(exc, ValueError) and text.startswith(("BuilderConfig ", "Config name is missing", "Bad split",
+                                                        "Unknown split")):
+        return "no_config"
+    if isinstance(exc, ConnectionError):
+        return "unreachable"
+    return "failed"
+
+
+def _child(argv: list[str]) -> int:
+    """``python -m refusion_cli.harness.download SOURCE_JSON FOLDER``: save the split to FOLDER; on failure
+    print ``{"kind", "detail"}`` as the last line of stdout and exit 1."""
+    source = HubSplit(**json.loads(argv[0]))
+    try:
+        from datasets import load_dataset
+
+        load_dataset(source.dataset, source.config, split=source.split).save_to_disk(argv[1])
+    except Exception as exc:  # every kind becomes one line in the parent
+        lines = str(exc).strip().splitlines()
+        print(json.dumps({"kind": failure_kind(exc), "detail": lines[0] if lines else type(exc).__name__}))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_child(sys.argv[1:]))
