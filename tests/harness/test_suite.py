@@ -9,6 +9,7 @@ import pytest
 
 from refusion_cli.decoding.config import PRESETS, ReFusionConfig
 from refusion_cli.errors import UserError
+from refusion_cli.harness.runner import check_data_dir
 from refusion_cli.harness.suite import check_data, lm_eval_tasks_dir, load_suite, load_tasks, render
 
 PAPER = {  # DESIGN.md §2: benchmark -> lm-eval task of the paper's table
@@ -126,6 +127,15 @@ def test_data_file_replaces_the_default_location(tmp_path, data_dir):
     rendered = render(suite.benchmarks["gsm8k"], tmp_path / "tasks", data_file=data_dir / "gsm8k" / "test.jsonl")
     assert rendered.data_files == ((data_dir / "gsm8k" / "test.jsonl").resolve(),)
     check_data(rendered)
+
+
+def test_a_data_dir_under_home_written_with_a_tilde_is_read(tmp_path, data_dir, monkeypatch):
+    """``--data-dir '~/data'`` (quoted, or after ``=``, so no shell expands it) names the folder in the home."""
+    monkeypatch.setenv("HOME", str(data_dir.parent))
+    rendered = render(load_suite().benchmarks["gsm8k"], tmp_path / "tasks", data_dir=Path("~") / data_dir.name)
+    assert rendered.data_files == ((data_dir / "gsm8k" / "test.jsonl").resolve(),)
+    check_data(rendered)
+    check_data_dir(Path("~") / data_dir.name, {"gsm8k": rendered})
 
 
 @pytest.mark.parametrize("name", ["synthetic", "gsm8k", "arc_challenge", "mmlu_pro", "gpqa", "math", "humaneval",
