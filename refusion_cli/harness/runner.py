@@ -54,6 +54,7 @@ from refusion_cli.harness.report import METRICS_FILE, merge_results, read_result
 from refusion_cli.harness.scoring import TaskScorer
 from refusion_cli.harness.suite import (Benchmark, RenderedTask, Suite, check_data, data_root, load_suite, load_tasks,
                                         render)
+from refusion_cli.models.chat import require_chat_template
 from refusion_cli.models.loading import (EMBEDDED, check_model_fits, embedded_path, is_embedded, parse_device,
                                          parse_dtype)
 from refusion_cli.paths import check_output_dir
@@ -425,6 +426,8 @@ def run_eval(options: EvalOptions, observer: EvalObserver | None = None, suite: 
                 loaded[run.model] = load_model(run.model, device, options.dtype,
                                                trust_remote_code=options.trust_remote_code,
                                                require_mask=needs_mask[run.model])
+            if benchmark.chat_template:
+                require_chat_template(loaded[run.model].tokenizer, f"'{run.model}'")
             where = placement(loaded[run.model].model)
             digest = config_hash(run.decoder, config, model_fingerprint(run.model), options.seed,
                                  benchmark.chat_template, where, benchmark.metric_key,

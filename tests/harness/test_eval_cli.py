@@ -376,6 +376,22 @@ def test_a_benchmark_without_offline_data_says_which_file_it_needs(causal_checkp
     assert time.monotonic() - start < 30 and not (tmp_path / "run").exists()
 
 
+def test_a_checkpoint_without_a_chat_template_is_one_line_and_writes_nothing(causal_checkpoint, capsys, monkeypatch,
+                                                                             tmp_path):
+    """Every benchmark prompt goes through the chat template: a tokenizer without one is refused, not a traceback."""
+    import shutil
+
+    model = Path(shutil.copytree(causal_checkpoint, tmp_path / "no-template"))
+    (model / "chat_template.jinja").unlink()
+    code, stdout, stderr = run_cli(capsys, monkeypatch, "--task", "synthetic", "--decoder", "ar", "--model", str(model),
+                                   "--limit", "1", "--output", str(tmp_path / "run"))
+    assert code == 2 and stdout == "" and "Traceback" not in stderr
+    assert " ".join(stderr.split()) == (f"error: the tokenizer of '{model}' has no chat template; prompts are rendered "
+                                        "as chat turns (hint: use a chat (instruct) checkpoint, or give its tokenizer "
+                                        "a chat_template (chat_template.jinja))")
+    assert not (tmp_path / "run").exists()
+
+
 def write_lines(path: Path, *lines: str) -> Path:
     path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     return path
