@@ -29,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -150,12 +150,20 @@ def download_benchmark(name: str, files: list[tuple[Path, HubSplit]], say: Calla
                 part.replace(path)
             say(f"{name}: wrote {path} ({count:,} records)")
     except BaseException:
-        for part in parts:
+        _remove(parts, created)
+        raise
+
+
+def _remove(parts: list[Path], created: list[Path]) -> None:
+    """Undo a failed download: its temporary files, then the folders it created that are empty. Best effort:
+    where the file system refuses (read-only, no permission) the error that stopped the download is the one shown."""
+    for part in parts:
+        with suppress(OSError):  # e.g. EROFS: nothing could be written there, so nothing is left either
             part.unlink(missing_ok=True)
-        for folder in reversed(created):
+    for folder in reversed(created):
+        with suppress(OSError):
             if not any(folder.iterdir()):
                 folder.rmdir()
-        raise
 
 
 @contextmanager

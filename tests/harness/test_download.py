@@ -189,6 +189,35 @@ def test_a_download_that_fails_midway_leaves_no_file_no_temporary_file_and_no_fo
         assert len(hub.calls) == 4
 
 
+class ReadOnlyWrite(TornWrite):
+    """A folder on a read-only mount: the file cannot be created."""
+
+    def to_json(self, path) -> None:
+        raise OSError(errno.EROFS, "Read-only file system", str(path))
+
+
+def test_a_read_only_data_folder_is_one_line_not_the_cleanup_traceback(hub, capsys, monkeypatch, tmp_path):
+    """On a read-only mount removing the temporary file fails too (EROFS, not "no such file"): that must not
+    replace the one-line error with a traceback."""
+    data = tmp_path / "data"
+    (data / "gsm8k").mkdir(parents=True)  # the folders exist: the mount is read-only below them
+    hub.returns = ReadOnlyWrite()
+    unlink = Path.unlink
+
+    def read_only_unlink(path: Path, missing_ok: bool = False) -> None:
+        if path.name.endswith(".part"):
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        unlink(path, missing_ok=missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", read_only_unlink)
+    code, stdout, stderr = run_cli(capsys, monkeypatch, "--task", "gsm8k", "--decoder", "ar", "--download",
+                                   "--limit", "0", "--data-dir", str(data), "--output", str(tmp_path / "run"))
+    assert code == 2 and "Traceback" not in stderr and stderr.count("error:") == 1
+    assert stderr.startswith(f"error: gsm8k: cannot write {(data / 'gsm8k' / 'test.jsonl').resolve()}: Read-only "
+                             "file system (hint: free some space, or pick a --data-dir you can write to)")
+    assert files_under(data) == []
+
+
 def test_benchmarks_without_a_hub_entry_or_given_a_data_file_need_nothing(hub, tmp_path):
     data = tmp_path / "data"
     suite = load_suite()
