@@ -43,6 +43,9 @@ if TYPE_CHECKING:
 
 CHILD = "refusion_cli.harness.download"  # ``python -m`` this module: the child that calls the hub
 DEFAULT_ENDPOINT = "https://huggingface.co"
+# the longest one split may take, answer and retries included: each file here is a few MB, and a hub
+# that accepts connections but never finishes answering would otherwise keep the child waiting for good
+FETCH_TIMEOUT_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -219,7 +222,7 @@ def download_error(name: str, source: HubSplit, error: HubDataError) -> UserErro
                      hint="nothing of it was written; run the command again to retry")
 
 
-def fetch_split(source: HubSplit) -> Dataset:
+def fetch_split(source: HubSplit, timeout: float = FETCH_TIMEOUT_S) -> Dataset:
     """``datasets.load_dataset(dataset, config, split=split)``, the one call that reaches the hub.
 
     It runs in a child process. `refusion eval` sets HF_DATASETS_OFFLINE=1, and ``datasets`` and
@@ -229,18 +232,29 @@ def fetch_split(source: HubSplit) -> Dataset:
     their internals. A fresh interpreter started without HF_DATASETS_OFFLINE goes online for this
     one load and leaves this process as it was; it saves the split in Arrow format to a scratch
     folder, read back here into memory. HF_HUB_OFFLINE, HF_ENDPOINT, HF_TOKEN, HF_HOME and proxies
-    pass to it unchanged. Raises :class:`HubDataError`.
+    pass to it unchanged. A child that has not finished after ``timeout`` seconds is killed (a server
+    that accepts the connection and then trickles or withholds its answer defeats the libraries' own
+    per-read timeouts). Raises :class:`HubDataError`.
     """
     from datasets import load_from_disk
 
     with tempfile.TemporaryDirectory(prefix="refusion-download-") as scratch:
         environment = {key: value for key, value in os.environ.items() if key != "HF_DATASETS_OFFLINE"}
-        done = subprocess.run([sys.executable, "-m", CHILD, json.dumps(asdict(source)), scratch],
-                              env=environment, capture_output=True, text=True)
+        try:
+            done = subprocess.run([sys.executable, "-m", CHILD, json.dumps(asdict(source)), scratch],
+                                  env=environment, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired as expired:  # the child is killed by now
+            sys.stderr.write(_text(expired.stderr))
+            raise HubDataError("unreachable", f"{hub_endpoint()} did not deliver it within {timeout:g} s") from None
         sys.stderr.write(done.stderr)  # datasets' progress bars; `refusion eval` puts them in eval.log
         if done.returncode != 0:
             raise _child_failure(done)
         return load_from_disk(scratch, keep_in_memory=True)
+
+
+def _text(output: str | bytes | None) -> str:
+    """What a timed-out child wrote (``TimeoutExpired`` may hold bytes even with ``text=True``)."""
+    return output.decode(errors="replace") if isinstance(output, bytes) else output or ""
 
 
 def _child_failure(done: subprocess.CompletedProcess) -> HubDataError:

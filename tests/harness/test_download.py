@@ -9,6 +9,7 @@ import errno
 import http.server
 import json
 import os
+import socketserver
 import threading
 import time
 from pathlib import Path
@@ -332,6 +333,42 @@ def test_the_child_goes_online_while_this_process_stays_offline(monkeypatch):
     assert error.value.kind == "gated" and "You must be authenticated" in error.value.detail
     assert any("Idavidrein/gpqa" in path for path in server.paths)  # it asked the hub
     assert datasets.config.HF_HUB_OFFLINE == offline_before and os.environ["HF_DATASETS_OFFLINE"] == "1"
+
+
+class TricklingHub(socketserver.ThreadingTCPServer):
+    """A hub that accepts every connection and sends its answer's headers one byte a quarter second, never
+    ending them: every read succeeds, so no per-read timeout of the HTTP client ever fires."""
+
+    daemon_threads = True
+
+    class Handler(socketserver.BaseRequestHandler):
+        def handle(self) -> None:
+            self.request.recv(65536)
+            try:
+                self.request.sendall(b"HTTP/1.1 200 OK\r\nX-Slow: ")
+                while not self.server.stop.wait(0.25):
+                    self.request.sendall(b"a")
+            except OSError:  # the client is gone
+                pass
+
+
+def test_a_hub_that_never_finishes_answering_is_given_up_after_the_timeout(monkeypatch):
+    server = TricklingHub(("127.0.0.1", 0), TricklingHub.Handler)
+    server.stop = threading.Event()  # set: every handler returns
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.server_address[1]}")
+    start = time.monotonic()
+    try:
+        with pytest.raises(HubDataError) as error:
+            download.fetch_split(HubSplit("openai/gsm8k", "main", "test"), timeout=8)
+    finally:
+        server.stop.set()
+        server.shutdown()
+        server.server_close()
+    assert time.monotonic() - start < 60
+    assert error.value.kind == "unreachable"
+    assert error.value.detail == f"http://127.0.0.1:{server.server_address[1]} did not deliver it within 8 s"
 
 
 def test_the_child_hands_back_the_split_it_loaded(monkeypatch, tmp_path):
