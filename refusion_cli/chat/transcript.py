@@ -4,7 +4,8 @@ Contract of :func:`save_transcript`: the record is written to a scratch file in 
 (:func:`scratch_path`) and renamed over the target at the end, so a reader (or a crash) never sees
 half a file. An existing target is refused (:class:`FileExists`) unless ``replace``; a path that
 cannot be written is a :class:`UserError` naming the path and the reason. Both leave the target as
-it was.
+it was. :func:`check_target` and :func:`check_writable` find those before anything is written
+(``--save`` calls them before the model loads).
 """
 
 from __future__ import annotations
@@ -39,6 +40,17 @@ def check_target(path: Path, *, replace: bool = False) -> None:
         raise UserError(f"cannot write {path}: there is no folder {path.parent}")
     if exists and not replace:
         raise FileExists(f"{path} already exists")
+
+
+def check_writable(path: Path) -> None:
+    """Create and remove the scratch file ``path`` is written through: a folder that takes no new file
+    (read-only, no permission) is a :class:`UserError` now, not after the conversation it was to keep."""
+    scratch = scratch_path(path)
+    try:
+        scratch.open("w", encoding="utf-8").close()
+        scratch.unlink()
+    except OSError as exc:
+        raise cannot_write(path, exc) from exc
 
 
 def save_transcript(path: Path, record: dict[str, Any], *, replace: bool = False) -> None:

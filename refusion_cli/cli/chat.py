@@ -13,8 +13,8 @@ of three modes:
 
 ``--system`` / ``--system-file`` give the system message every conversation starts with; a chat
 template that cannot render one is an error before the first question. ``--save PATH`` writes the
-conversation as JSON (what ``/save`` writes) when the run ends, never over an existing file (checked
-before the model loads).
+conversation as JSON (what ``/save`` writes) when the run ends, never over an existing file; an
+existing file, or a folder where no file can be created (read-only), is refused before the model loads.
 
 Bytes of stdin that are not valid in its encoding are read as U+FFFD, not refused.
 """
@@ -31,7 +31,7 @@ from rich.text import Text
 
 from refusion_cli.chat import ChatApp, ChatSession
 from refusion_cli.chat.session import chat_config
-from refusion_cli.chat.transcript import FileExists, check_target, save_transcript
+from refusion_cli.chat.transcript import FileExists, check_target, check_writable, save_transcript
 from refusion_cli.cli.options import PATH_OPTION, seed_value, text_value
 from refusion_cli.cli.output import console, err_console, quiet_library_output
 from refusion_cli.decoding.registry import DECODERS, decoder_spec, default_model
@@ -147,6 +147,7 @@ def save_conversation(path: Path, session: ChatSession | None = None) -> None:
     try:
         if session is None:
             check_target(path)
+            check_writable(path)  # a read-only folder is found now, not after the whole conversation
         else:
             save_transcript(path, session.transcript())
     except FileExists as exc:

@@ -338,6 +338,16 @@ def test_save_with_prompt_writes_the_answer_and_never_replaces_a_file(causal_che
                                     "remove it or choose another path)"]
 
 
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc, a folder no one can create a file in")
+def test_save_into_a_folder_that_takes_no_file_is_refused_before_any_answer(causal_checkpoint, monkeypatch, capsys):
+    """Found at the end, the error would lose the whole piped conversation: it is found before the model loads."""
+    code, out = run_main(monkeypatch, capsys, "--model", str(causal_checkpoint), "--set", "gen_length=16",
+                         "--save", "/proc/chat.json", stdin=io.StringIO(f"{QUESTION}\n"))
+    assert code == 2 and out.out == ""  # nothing was answered
+    [line] = out.err.splitlines()
+    assert line.startswith("error: --save: cannot write /proc/chat.json: ")
+
+
 def test_a_template_that_cannot_render_a_system_message_is_one_error_line(no_system_checkpoint, monkeypatch,
                                                                           capsys):
     code, out = run_main(monkeypatch, capsys, "--model", str(no_system_checkpoint), "--system", SYSTEM,
