@@ -107,10 +107,14 @@ def chat(
     session = ChatSession(loaded, decoder, overrides, model_name=name, seed=seed, keep_history=history,
                           system=system)
     app = ChatApp(session, console, err_console, strict=prompt is not None)
-    failed = run_mode(app, prompt, interactive)
+    try:
+        failed = run_mode(app, prompt, interactive)
+    except KeyboardInterrupt:  # Ctrl-C stops --prompt and piped runs: the answers so far are still saved
+        if save is not None and session.exchanges:
+            save_answers(app, save, session)
+        raise
     if save is not None:
-        save_conversation(save, session)
-        app.notice(Text(f"saved {len(session.exchanges)} answer(s) to {save}"))
+        save_answers(app, save, session)
     if failed:
         lines = ", ".join(str(number) for number in failed)
         raise UserError(f"input line{'s' if len(failed) > 1 else ''} {lines} failed (reported above)")
@@ -127,6 +131,11 @@ def run_mode(app: ChatApp, prompt: str | None, interactive: bool) -> list[int]:
         app.run_interactive()
         return []
     return app.run_lines(sys.stdin)
+
+
+def save_answers(app: ChatApp, path: Path, session: ChatSession) -> None:
+    save_conversation(path, session)
+    app.notice(Text(f"saved {len(session.exchanges)} answer(s) to {path}"))
 
 
 def read_system_file(path: Path) -> str:

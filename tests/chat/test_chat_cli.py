@@ -251,6 +251,30 @@ def test_a_checkpoint_without_a_chat_template_is_one_error_line(causal_checkpoin
         "chat (instruct) checkpoint, or give its tokenizer a chat_template (chat_template.jinja))"]
 
 
+class InterruptedLines:
+    """Piped stdin whose reader gets Ctrl-C after ``lines``."""
+
+    def __init__(self, *lines: str):
+        self.lines = lines
+
+    def isatty(self) -> bool:
+        return False
+
+    def __iter__(self):
+        yield from self.lines
+        raise KeyboardInterrupt
+
+
+def test_ctrl_c_in_a_piped_run_still_saves_the_answers_so_far(causal_checkpoint, tmp_path, monkeypatch, capsys):
+    target = tmp_path / "chat.json"
+    code, out = run_main(monkeypatch, capsys, "--model", str(causal_checkpoint), "--set", "gen_length=16",
+                         "--save", str(target), stdin=InterruptedLines(QUESTION + "\n", "What is 2 + 2?\n"))
+    assert code == 130 and out.err.splitlines()[-1] == "error: interrupted"
+    saved = json.loads(target.read_text(encoding="utf-8"))
+    assert [m["content"] for m in saved["messages"] if m["role"] == "user"] == [QUESTION, "What is 2 + 2?"]
+    assert len(saved["stats"]) == 2 and f"saved 2 answer(s) to {target}" in " ".join(out.err.split())
+
+
 def test_a_closed_stdin_is_one_error_line(causal_checkpoint, monkeypatch, capsys):
     monkeypatch.setattr(sys, "stdin", None)
     code, out = run_main(monkeypatch, capsys, "--model", str(causal_checkpoint))
