@@ -42,8 +42,8 @@ import torch
 
 from refusion_cli.decoding.cache import Context
 from refusion_cli.decoding.config import ReFusionConfig
-from refusion_cli.decoding.stats import (DecodeResult, DecodeStats, EosIds, Timer, cut_after_eos, eos_ids, eos_mask,
-                                         report_step, wide_float)
+from refusion_cli.decoding.stats import (DecodeResult, DecodeStats, EosIds, Timer, cut_after_eos, eos_ids, report_step,
+                                         wide_float)
 from refusion_cli.errors import UserError
 
 
@@ -159,11 +159,12 @@ def verify_drafts(ctx: Context, drafts: torch.Tensor, positions: torch.Tensor,
 
 
 def complete_slots(ctx: Context, rows: torch.Tensor, positions: torch.Tensor, accepted: torch.Tensor,
-                   config: ReFusionConfig, mask_token_id: int, eos_token_id: EosIds, causal_fix: bool = False
+                   config: ReFusionConfig, mask_token_id: int, stops: torch.Tensor | None, causal_fix: bool = False
                    ) -> tuple[torch.Tensor, int, torch.Tensor]:
     """3) Re-draft and verify each chosen slot in its own row until every row is accepted.
 
-    ``rows`` [R, k] drafts, ``accepted`` [R, k] cumulative flags from the global verification.
+    ``rows`` [R, k] drafts, ``accepted`` [R, k] cumulative flags from the global verification,
+    ``stops`` the EOS ids on the rows' device (None: no EOS).
     Returns the final rows (cut after the first row holding an accepted EOS), the rounds run and
     how each token was accepted ([R, k] of FIRST / VERIFIED / FORCED or CORRECTED); the context's last call is the
     verification of exactly these rows, ready to be committed.
@@ -203,8 +204,8 @@ def complete_slots(ctx: Context, rows: torch.Tensor, positions: torch.Tensor, ac
         kinds = torch.where(now_accepted & ~accepted, torch.where(checked, VERIFIED, forced_kind), kinds)
         accepted = now_accepted
         # c) an accepted EOS ends its row; later rows are dropped
-        if eos_ids(eos_token_id):
-            eos_rows = (eos_mask(rows, eos_token_id) & accepted).any(-1).nonzero().flatten()
+        if stops is not None:
+            eos_rows = (torch.isin(rows, stops) & accepted).any(-1).nonzero().flatten()
             if eos_rows.numel():
                 last = int(eos_rows[0]) + 1
                 rows, positions, accepted, kinds = rows[:last], positions[:last], accepted[:last], kinds[:last]
@@ -244,6 +245,8 @@ def decode_refusion(
     slots_per_block = config.block_tokens // k
     # true position ids of every response slot: [n_slots, k]
     slot_pos = torch.arange(n_prompt, n_prompt + n_slots * k, device=device).view(n_slots, k)
+    stop_ids = eos_ids(eos_token_id)
+    stops = torch.tensor(stop_ids, dtype=torch.long, device=device) if stop_ids else None  # made once per decode
 
     stats = DecodeStats()
     trace: list[StepTrace] = []
@@ -262,7 +265,7 @@ def decode_refusion(
                 accepted = verify_drafts(ctx, rows, positions, config.token_threshold)
                 prefix = int(accepted.flatten().long().cumprod(0).sum())
                 flat = rows.flatten()
-                eos_at = _first_eos(flat[:prefix], eos_token_id)
+                eos_at = _first_eos(flat[:prefix], stops)
                 if eos_at is not None or prefix >= k:
                     n_commit = eos_at + 1 if eos_at is not None else prefix // k * k
                     path, rounds = "fast", 0
@@ -271,9 +274,9 @@ def decode_refusion(
                 else:
                     # 3) complete in parallel
                     rows, rounds, kinds = complete_slots(ctx, rows, positions, accepted.long().cumprod(-1).bool(),
-                                                         config, mask_token_id, eos_token_id, causal_fix)
+                                                         config, mask_token_id, stops, causal_fix)
                     flat = rows.flatten()
-                    eos_at = _first_eos(flat, eos_token_id)
+                    eos_at = _first_eos(flat, stops)
                     n_commit = eos_at + 1 if eos_at is not None else flat.numel()
                     path = "completion"
                 # 4) commit: the first n_commit fed tokens, with the K/V just computed
@@ -298,8 +301,8 @@ def decode_refusion(
     return DecodeResult(tokens=tokens, stats=stats, trace=trace)
 
 
-def _first_eos(tokens: torch.Tensor, eos_token_id: EosIds) -> int | None:
-    if not eos_ids(eos_token_id):
+def _first_eos(tokens: torch.Tensor, stops: torch.Tensor | None) -> int | None:
+    if stops is None:
         return None
-    hits = eos_mask(tokens, eos_token_id).nonzero()
+    hits = torch.isin(tokens, stops).nonzero()
     return int(hits[0]) if hits.numel() else None

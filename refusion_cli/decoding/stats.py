@@ -1,10 +1,11 @@
 """The result type shared by every decoder, and the one counting rule they all follow.
 
 Counting rule: ``tokens`` is the number of response tokens up to and including the first EOS
-(the first token that is any of the model's EOS ids; the whole response if there is none); ``forwards`` counts every call of the model, whatever
-it was for (planning, verification, drafting, a CFG pass); ``seconds`` is the wall time of the
-whole decode call, less the time spent in the caller's ``on_step`` callback (a live view's
-drawing is not decoding). TPS = tokens / seconds and TPF = tokens / forwards.
+(the first token that is any of the model's EOS ids; the whole response if there is none);
+``forwards`` counts every call of the model, whatever it was for (planning, verification,
+drafting, a CFG pass); ``seconds`` is the wall time of the whole decode call, less the time spent
+in the caller's ``on_step`` callback (a live view's drawing is not decoding). TPS = tokens / seconds
+and TPF = tokens / forwards.
 """
 
 from __future__ import annotations
@@ -75,12 +76,6 @@ def cut_after_eos(tokens: list[int], eos_token_id: EosIds) -> list[int]:
         if token in stops:
             return tokens[: index + 1]
     return tokens
-
-
-def eos_mask(tokens: torch.Tensor, eos_token_id: EosIds) -> torch.Tensor:
-    """Bool tensor shaped like ``tokens``: which tokens are any of the EOS ids."""
-    stops = eos_ids(eos_token_id)
-    return torch.isin(tokens, torch.tensor(stops, dtype=tokens.dtype, device=tokens.device))
 
 
 def synchronize(device: torch.device) -> None:

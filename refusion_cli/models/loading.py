@@ -44,11 +44,7 @@ class LoadedModel:
     source: str  # the directory the weights came from
     # every id that ends a response: eos_token_id, then the generation config's other EOS ids
     # (Qwen3 chat checkpoints list <|im_end|> and <|endoftext|>), as transformers' generate stops
-    stop_token_ids: tuple[int, ...] = ()
-
-    def __post_init__(self):
-        if not self.stop_token_ids:
-            self.stop_token_ids = (self.eos_token_id,)
+    stop_token_ids: tuple[int, ...]
 
 
 def embedded_path(name: str) -> Path:
