@@ -9,11 +9,12 @@ from refusion_cli.errors import UserError
 NO_TEMPLATE_HINT = "use a chat (instruct) checkpoint, or give its tokenizer a chat_template (chat_template.jinja)"
 
 
-def require_chat_template(tokenizer: Any, name: str = "the model") -> None:
-    """Refuse a tokenizer without a chat template: every prompt here is rendered as a chat turn."""
+def require_chat_template(tokenizer: Any, name: str | None = None,
+                          use: str = "prompts are rendered as chat turns") -> None:
+    """Refuse a tokenizer without a chat template: every prompt here (and every training record) is a chat turn."""
     if not getattr(tokenizer, "chat_template", None):
-        raise UserError(f"the tokenizer of {name} has no chat template; prompts are rendered as chat turns",
-                        hint=NO_TEMPLATE_HINT)
+        whose = f"the tokenizer of {name}" if name else "the tokenizer"
+        raise UserError(f"{whose} has no chat template; {use}", hint=NO_TEMPLATE_HINT)
 
 
 def chat_prompt_ids(tokenizer: Any, messages: list[dict[str, str]], **template_options: Any) -> list[int]:

@@ -27,6 +27,7 @@ from torch.utils.data import Dataset, Sampler
 
 from refusion_cli.errors import UserError
 from refusion_cli.jsonl import json_objects, read_text
+from refusion_cli.models.chat import require_chat_template
 from refusion_cli.training.objectives import Example, Objective, Sample, pad_with_eos
 
 RECORD_FORMATS = (("query", "response"), ("prompt", "completion"), ("question", "answer"))
@@ -87,8 +88,7 @@ def _record(value: dict, path: Path, number: int) -> Record:
 
 def chat_prompt_text(tokenizer, prompt: str) -> str:
     """The user turn and the assistant header, as the chat template renders them."""
-    if not getattr(tokenizer, "chat_template", None):
-        raise UserError("the tokenizer has no chat template; training formats every record as a chat turn")
+    require_chat_template(tokenizer, use="training formats every record as a chat turn")
     return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
                                          tokenize=False)
 

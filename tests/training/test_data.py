@@ -30,6 +30,15 @@ def test_records_are_formatted_with_the_chat_template(tmp_path):
     assert data.examples[1].response_ids[-1] == tokenizer.eos_token_id
 
 
+def test_a_tokenizer_without_a_chat_template_is_refused(tmp_path):
+    tokenizer = make_tokenizer()
+    tokenizer.chat_template = None
+    path = write_jsonl(tmp_path / "data.jsonl", [{"query": "what is one ?", "response": "one"}])
+    with pytest.raises(UserError) as error:
+        load_training_data(path, tokenizer, max_length=64)
+    assert str(error.value) == "the tokenizer has no chat template; training formats every record as a chat turn"
+
+
 def test_malformed_line_names_the_file_and_line(tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_text('{"query": "a", "response": "b"}\n{"query": "a", "response": "b"}\n{"query": "a", resp\n')
