@@ -38,7 +38,8 @@ from refusion_cli.bench.report import (
     read_records,
     row_from_record,
 )
-from refusion_cli.bench.runner import BenchEntry, BenchRow, BenchSettings, describe_config, measuring_order
+from refusion_cli.bench.runner import (BenchEntry, BenchRow, BenchSettings, describe_config, measured_lengths,
+                                      measuring_order)
 from refusion_cli.errors import UserError
 
 RECORD_PARTS = {"settings": dict, "prompts": dict, "entries": list, "machine": dict}  # run.json's keys and types
@@ -126,7 +127,7 @@ def compared_settings(record: dict[str, Any]) -> dict[str, Any]:
     if isinstance(decoders, list) and all(isinstance(name, str) for name in decoders):
         settings["decoders"] = measuring_order(decoders)
     if isinstance(lengths, list) and all(isinstance(length, int) for length in lengths):
-        settings["gen_lengths"] = list(dict.fromkeys(lengths))
+        settings["gen_lengths"] = measured_lengths(lengths)
     return {**settings, "prompts": f"{prompts.get('count')} (sha256 {str(prompts.get('sha256'))[:12]})"}
 
 

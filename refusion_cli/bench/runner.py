@@ -203,10 +203,15 @@ def measuring_order(decoders: Sequence[str]) -> list[str]:
     return sorted(dict.fromkeys(decoders), key=lambda name: name != "ar")  # stable
 
 
+def measured_lengths(lengths: Sequence[int]) -> list[int]:
+    """The response lengths measured, in the order given: a length given twice is measured once."""
+    return list(dict.fromkeys(lengths))
+
+
 def plan_entries(settings: BenchSettings) -> list[BenchEntry]:
     """Every row of the run, in measuring order (AR first); everything is checked here."""
     decoders = measuring_order(settings.decoders)
-    lengths = tuple(dict.fromkeys(settings.gen_lengths))  # a length given twice is measured once
+    lengths = measured_lengths(settings.gen_lengths)
     configs = {(decoder, length): decoder_config(decoder, length, settings.overrides.get(decoder), settings.preset)
                for decoder in decoders for length in lengths}
     models = {decoder: settings.models.get(decoder) or default_model(decoder) for decoder in decoders}
