@@ -490,6 +490,7 @@ def _train(config: TrainConfig, observer: TrainObserver) -> TrainResult:
         accelerator.load_state(str(resume_from / ckpt.ACCELERATE_DIR))
         follow_schedule(scheduler)
 
+    last_step = config.stop_at or config.steps  # where this invocation ends
     info = RunInfo(
         objective=objective.name, start_step=start_step, total_steps=config.steps, records=data.records,
         examples=len(data.examples), skipped_too_long=data.skipped_too_long, global_batch=config.batch_size,
@@ -497,7 +498,7 @@ def _train(config: TrainConfig, observer: TrainObserver) -> TrainResult:
         parameters=count_parameters(accelerator.unwrap_model(model)), device=str(accelerator.device),
         mixed_precision=accelerator.mixed_precision, output=config.output, resumed_from=resume_from,
         distributed=distributed_name(accelerator),
-        last_step=config.stop_at or config.steps, evaluation=eval_info)
+        last_step=last_step, evaluation=eval_info)
     if main:
         observer.on_start(info)
 
@@ -519,8 +520,6 @@ def _train(config: TrainConfig, observer: TrainObserver) -> TrainResult:
             eval_log.write(json.dumps(asdict(record)) + "\n")
             eval_log.flush()
             observer.on_eval(record)
-
-    last_step = config.stop_at or config.steps
 
     def eval_due(step: int) -> bool:
         return eval_set is not None and (step % config.eval_interval == 0 or step == last_step)
