@@ -1,7 +1,9 @@
-"""Checks on paths a command will write to, made before anything is written."""
+"""Checks on paths a command will write to, made before anything is written, and the one way a
+whole file is replaced (:func:`write_atomically`)."""
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 from pathlib import Path
 
@@ -20,8 +22,27 @@ def check_output_dir(path: Path, hint: str, option: str = "--output") -> None:
         where = "is a file" if existing == path else f"cannot be created: {existing} is a file"
         raise UserError(f"{option} {path} {where}, not a directory", hint=hint)
     try:
-        with tempfile.TemporaryFile(dir=existing):
-            pass
+        probe_new_file(existing)
     except OSError as exc:
         raise UserError(f"{option} {path} is not writable: cannot create a file in {existing} "
                         f"({exc.strerror or exc})", hint=hint) from None
+
+
+def probe_new_file(folder: Path) -> None:
+    """Create a temporary file in ``folder`` and remove it at once; OSError when the folder takes no new file."""
+    with tempfile.TemporaryFile(dir=folder):
+        pass
+
+
+def write_atomically(path: Path, text: str, scratch: Path | None = None) -> None:
+    """Write ``text`` (UTF-8) to ``path`` through ``scratch`` (default ``<path>.tmp``, the same folder) renamed
+    over ``path`` at the end, so a reader or a crash never sees half a file. If writing fails the scratch
+    file is removed and the OSError raised."""
+    scratch = scratch or path.with_name(path.name + ".tmp")
+    try:
+        scratch.write_text(text, encoding="utf-8")
+        scratch.replace(path)
+    except OSError:
+        with contextlib.suppress(OSError):  # never written, or not ours to remove
+            scratch.unlink()
+        raise

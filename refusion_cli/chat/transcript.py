@@ -1,8 +1,8 @@
 """Saving a conversation (``/save``, ``/save!``, ``--save``) as a JSON file.
 
 Contract of :func:`save_transcript`: the record is written to a scratch file in the target's folder
-(:func:`scratch_path`) and renamed over the target at the end, so a reader (or a crash) never sees
-half a file. An existing target is refused (:class:`FileExists`) unless ``replace``; a path that
+(:func:`scratch_path`) and renamed over the target at the end (:func:`refusion_cli.paths.write_atomically`),
+so a reader (or a crash) never sees half a file. An existing target is refused (:class:`FileExists`) unless ``replace``; a path that
 cannot be written is a :class:`UserError` naming the path and the reason. Both leave the target as
 it was. :func:`check_target` and :func:`check_writable` find those before anything is written
 (``--save`` calls them before the model loads).
@@ -10,13 +10,13 @@ it was. :func:`check_target` and :func:`check_writable` find those before anythi
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 from pathlib import Path
 from typing import Any
 
 from refusion_cli.errors import UserError
+from refusion_cli.paths import probe_new_file, write_atomically
 
 
 class FileExists(UserError):
@@ -45,10 +45,8 @@ def check_target(path: Path, *, replace: bool = False) -> None:
 def check_writable(path: Path) -> None:
     """Create and remove the scratch file ``path`` is written through: a folder that takes no new file
     (read-only, no permission) is a :class:`UserError` now, not after the conversation it was to keep."""
-    scratch = scratch_path(path)
     try:
-        scratch.open("w", encoding="utf-8").close()
-        scratch.unlink()
+        probe_new_file(path.parent)
     except OSError as exc:
         raise cannot_write(path, exc) from exc
 
@@ -56,14 +54,10 @@ def check_writable(path: Path) -> None:
 def save_transcript(path: Path, record: dict[str, Any], *, replace: bool = False) -> None:
     """Write ``record`` to ``path`` as indented UTF-8 JSON, atomically (see the module doc)."""
     check_target(path, replace=replace)
-    scratch = scratch_path(path)
     text = json.dumps(record, indent=2, ensure_ascii=False) + "\n"
     try:
-        scratch.write_text(text, encoding="utf-8")
-        scratch.replace(path)
+        write_atomically(path, text, scratch_path(path))
     except OSError as exc:
-        with contextlib.suppress(OSError):  # never written, or not ours to remove
-            scratch.unlink()
         raise cannot_write(path, exc) from exc
 
 

@@ -15,6 +15,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from refusion_cli.paths import write_atomically
+
 if TYPE_CHECKING:
     from refusion_cli.harness.runner import RunResult
 
@@ -105,7 +107,7 @@ def write_reports(directory: Path, results: list[RunResult]) -> None:
     """Rewrite metrics.json, summary.csv (both tables, one after the other) and summary.md."""
     directory.mkdir(parents=True, exist_ok=True)
     payload = {"results": [dataclasses.asdict(result) for result in results]}
-    _replace(directory / METRICS_FILE, json.dumps(payload, indent=2, ensure_ascii=False) + "\n")
+    write_atomically(directory / METRICS_FILE, json.dumps(payload, indent=2, ensure_ascii=False) + "\n")
     tables = summary_tables(results)
     csv_path = directory / CSV_FILE
     with csv_path.with_suffix(".tmp").open("w", newline="", encoding="utf-8") as handle:
@@ -117,11 +119,6 @@ def write_reports(directory: Path, results: list[RunResult]) -> None:
             writer.writerow(table.headers)
             writer.writerows(table.rows)
     csv_path.with_suffix(".tmp").replace(csv_path)
-    _replace(directory / MARKDOWN_FILE, markdown(tables))
+    write_atomically(directory / MARKDOWN_FILE, markdown(tables))
 
 
-def _replace(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically (a killed run never leaves half a file)."""
-    scratch = path.with_suffix(path.suffix + ".tmp")
-    scratch.write_text(text, encoding="utf-8")
-    scratch.replace(path)
