@@ -42,7 +42,6 @@ if TYPE_CHECKING:
     from refusion_cli.harness.suite import Benchmark, RenderedTask
 
 CHILD = "refusion_cli.harness.download"  # ``python -m`` this module: the child that calls the hub
-DEFAULT_ENDPOINT = "https://huggingface.co"
 # the longest one split may take, answer and retries included: each file here is a few MB, and a hub
 # that accepts connections but never finishes answering would otherwise keep the child waiting for good
 FETCH_TIMEOUT_S = 600.0
@@ -104,7 +103,7 @@ def download_missing(tasks: Iterable[RenderedTask], data_root: Path,
                      say: Callable[[str], None] = lambda text: None) -> None:
     """Fetch the missing files of ``tasks`` (rendered over ``data_root``, resolved) from the hub;
     ``say`` gets one line per file used as it is, per download and per file written."""
-    from refusion_cli.models.loading import hub_reachable
+    from refusion_cli.models.loading import hub_endpoint, hub_reachable
 
     wanted: dict[str, list[tuple[Path, HubSplit]]] = {}  # benchmark -> (file, source) to download
     for task in tasks:
@@ -200,12 +199,10 @@ def _make_folders(folders: list[Path]) -> list[Path]:
     return created
 
 
-def hub_endpoint() -> str:
-    return os.environ.get("HF_ENDPOINT", DEFAULT_ENDPOINT).rstrip("/")
-
-
 def download_error(name: str, source: HubSplit, error: HubDataError) -> UserError:
     """One line for a split the hub did not give, with what to do about it."""
+    from refusion_cli.models.loading import hub_endpoint  # not at import: the child process needs no torch
+
     page = f"{hub_endpoint()}/datasets/{source.dataset}"
     if error.kind == "gated":
         return UserError(f"{name}: {source.dataset} is a gated dataset and the hub does not let this account read "
@@ -237,6 +234,8 @@ def fetch_split(source: HubSplit, timeout: float = FETCH_TIMEOUT_S) -> Dataset:
     per-read timeouts). Raises :class:`HubDataError`.
     """
     from datasets import load_from_disk
+
+    from refusion_cli.models.loading import hub_endpoint
 
     with tempfile.TemporaryDirectory(prefix="refusion-download-") as scratch:
         environment = {key: value for key, value in os.environ.items() if key != "HF_DATASETS_OFFLINE"}

@@ -56,11 +56,16 @@ def is_embedded(name: str) -> bool:
     return name in EMBEDDED and not Path(name).expanduser().exists()
 
 
+def hub_endpoint() -> str:
+    """The hub's address: HF_ENDPOINT, else huggingface.co (no trailing slash)."""
+    return os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+
+
 def hub_reachable(timeout: float = 3.0) -> bool:
     """True when the model hub answers a TCP connection within ``timeout`` seconds (offline mode: False)."""
     if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}:
         return False
-    return _probe(os.environ.get("HF_ENDPOINT", "https://huggingface.co"), timeout)
+    return _probe(hub_endpoint(), timeout)
 
 
 @lru_cache(maxsize=4)
