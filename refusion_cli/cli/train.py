@@ -49,7 +49,7 @@ def train(
                                                      "for --init, e.g. '{\"num_hidden_layers\": 2}'",
                                                      rich_help_panel=SOURCE)] = None,
     objective: Annotated[ObjectiveName, typer.Option("--objective", help="refusion (hybrid slot objective), ar, "
-                                                     "or llada (masked diffusion, bidirectional)",
+                                                     "llada (masked diffusion, bidirectional) or dream (llada with shifted labels)",
                                                      rich_help_panel=SCHEDULE)] = ObjectiveName.refusion,
     steps: Annotated[int, typer.Option("--steps", help="optimizer steps in total", rich_help_panel=SCHEDULE)] = 1000,
     batch_size: Annotated[int, typer.Option("--batch-size", help="global batch: examples per optimizer step over "

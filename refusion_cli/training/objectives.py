@@ -17,6 +17,9 @@ every objective; only the attention (causal or bidirectional) differs.
   token predicts the original token at its position. As in LLaDA's SFT, responses are first padded
   with EOS to a common length (:func:`pad_with_eos`; the padding is masked and scored like any
   response token), so the model learns to fill the rest of a fixed-length canvas with EOS.
+- ``dream``: LLaDA's masking and padding with *shifted* labels: the masked token at position i is
+  scored from the logits at position i-1, so a model initialised from an AR checkpoint keeps its
+  next-token head (Dream is trained this way from Qwen2.5).
 
 Per example, the loss is ``ar_part + mdm_part`` with ``ar_part`` = the mean CE over the AR-labelled
 tokens and ``mdm_part`` = Σ CE(masked token) / p / response length; the batch loss is the mean over
@@ -206,6 +209,25 @@ def build_llada(example: Example, mask_id: int, generator: torch.Generator) -> S
     return layout_llada(example, masked, mask_prob, mask_id)
 
 
+def shift_left(sample: Sample) -> Sample:
+    """The same row with every label (and its weight and kind) moved one index left: the logits at
+    position i-1 score the token at position i, as Dream predicts. Needs a non-empty prompt, so the
+    first response token is scored from the last prompt token."""
+    def shifted(values: torch.Tensor, fill: float | int) -> torch.Tensor:
+        return torch.cat([values[1:], values.new_full((1,), fill)])
+
+    return Sample(sample.input_ids, sample.position_ids, shifted(sample.labels, IGNORE_INDEX),
+                  shifted(sample.loss_weights, 0.0), shifted(sample.loss_kinds, int(LossKind.NONE)),
+                  mask_prob=sample.mask_prob)
+
+
+def build_dream(example: Example, mask_id: int, generator: torch.Generator) -> Sample:
+    """Dream's masked diffusion: LLaDA's masking (the same draws) with shifted labels."""
+    if not example.prompt_ids:
+        raise ValueError("the dream objective needs a prompt: the first response token is read from the last prompt token")
+    return shift_left(build_llada(example, mask_id, generator))
+
+
 def pad_with_eos(example: Example, response_length: int) -> Example:
     """The example with its response padded to ``response_length`` tokens by repeating its final EOS."""
     missing = response_length - len(example.response_ids)
@@ -229,6 +251,8 @@ OBJECTIVES: dict[str, Objective] = {
     "ar": Objective("ar", False, build_ar, "next-token prediction on the response"),
     "llada": Objective("llada", True, build_llada, "masked diffusion with bidirectional attention",
                        eos_padding=True),
+    "dream": Objective("dream", True, build_dream, "masked diffusion with shifted labels (token i read at "
+                       "position i-1), bidirectional attention; start from an AR model", eos_padding=True),
 }
 
 

@@ -16,6 +16,7 @@ from refusion_cli.training.objectives import (
     RefusionPlan,
     attention_allowed,
     build_ar,
+    build_dream,
     build_llada,
     build_refusion,
     collate,
@@ -151,6 +152,23 @@ def test_llada_layout_masks_response_tokens_only():
     assert OBJECTIVES["llada"].bidirectional and not OBJECTIVES["refusion"].bidirectional
 
 
+def test_dream_scores_each_masked_token_from_the_position_before_it():
+    # the same draws as llada (same generator seed), with every label moved one index left
+    example = Example(PROMPT, RESPONSE * 2)
+    llada, dream = build_llada(example, MASK_ID, generator(4)), build_dream(example, MASK_ID, generator(4))
+    assert dream.input_ids.tolist() == llada.input_ids.tolist()
+    assert dream.mask_prob == llada.mask_prob
+    masked = [i for i, token in enumerate(llada.input_ids.tolist()) if token == MASK_ID]
+    assert masked and min(masked) >= len(PROMPT)
+    X = IGNORE_INDEX
+    assert dream.labels.tolist() == [example_token if i + 1 in masked else X
+                                     for i, example_token in enumerate([*PROMPT, *RESPONSE * 2][1:] + [X])]
+    assert [i for i, w in enumerate(dream.loss_weights.tolist()) if w > 0] == [i - 1 for i in masked]
+    assert OBJECTIVES["dream"].bidirectional and OBJECTIVES["dream"].eos_padding
+    with pytest.raises(ValueError, match="needs a prompt"):
+        build_dream(Example((), RESPONSE), MASK_ID, generator(4))
+
+
 def test_collate_pads_right_and_never_scores_padding():
     short = build_ar(Example((10,), (20, EOS_ID)), MASK_ID, generator(0))
     long = build_ar(Example(PROMPT, RESPONSE), MASK_ID, generator(0))
@@ -252,7 +270,7 @@ def test_refusion_loss_equals_a_hand_computed_value():
     assert parts.mdm_loss.item() == pytest.approx(mdm, rel=1e-12)
 
 
-@pytest.mark.parametrize("name", ["ar", "llada"])
+@pytest.mark.parametrize("name", ["ar", "llada", "dream"])
 def test_baseline_losses_equal_hand_computed_values(name):
     objective = OBJECTIVES[name]
     model = tiny_qwen3(seed=5, causal=not objective.bidirectional, init_std=0.2)
