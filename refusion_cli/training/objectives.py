@@ -6,7 +6,7 @@ labels with a loss weight. ``labels[i]`` is scored against the logits at buffer 
 shift, where an objective has one, is already applied), so :func:`compute_loss` is the same for
 every objective; only the attention (causal or bidirectional) differs.
 
-- ``refusion`` (DESIGN.md §3): the response is cut into slots of k tokens; each slot is masked with
+- ``refusion`` (docs/training.md): the response is cut into slots of k tokens; each slot is masked with
   probability p. The buffer is the prompt, the clean slots in random order, then the masked slots
   (all ``<|mask|>``, in position order), each token at its true position, plain causal attention
   over the buffer order. A clean token predicts the next token of its own slot; a masked token
@@ -168,7 +168,7 @@ def layout_refusion(example: Example, plan: RefusionPlan, mask_id: int) -> Sampl
 
 
 def build_refusion(example: Example, mask_id: int, generator: torch.Generator) -> Sample:
-    """The hybrid objective of DESIGN.md §3."""
+    """The hybrid objective (docs/training.md)."""
     return layout_refusion(example, draw_refusion_plan(len(example.response_ids), generator), mask_id)
 
 
@@ -328,7 +328,7 @@ def model_attention_mask(model: torch.nn.Module, allowed: torch.Tensor) -> dict[
     """The explicit 4-D mask for every attention layer type, in the form the attention backend takes.
 
     Passing a dict bypasses transformers' own mask construction, which would misread out-of-order
-    position ids as packed sequences (DESIGN.md §7).
+    position ids as packed sequences (docs/training.md).
     """
     base = _base_model(model)
     config = base.config
@@ -376,6 +376,6 @@ def example_losses(model: torch.nn.Module, batch: dict[str, torch.Tensor], objec
 
 
 def compute_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], objective: Objective | str) -> LossParts:
-    """The loss of DESIGN.md §3 (or of the baseline objective) over a collated batch: the mean over its examples."""
+    """The loss of docs/training.md (or of the baseline objective) over a collated batch: the mean over its examples."""
     ar, mdm = example_losses(model, batch, objective)
     return LossParts(loss=(ar + mdm).mean(), ar_loss=ar.detach().mean(), mdm_loss=mdm.detach().mean())

@@ -1,6 +1,6 @@
 """A slow reference ReFusion decoder for tests: no cache, every pass re-runs the whole buffer.
 
-It follows DESIGN.md §2 step by step with plain Python lists. Each committed token remembers
+It follows docs/algorithm.md step by step with plain Python lists. Each committed token remembers
 which committed tokens it attended to when it was committed; every pass rebuilds the buffer
 (committed tokens in commit order, then the new rows) with a 4-D mask that reproduces exactly
 that, so its tokens must equal those of the cached decoder.

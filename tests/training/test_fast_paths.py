@@ -37,7 +37,7 @@ FIELDS = ("input_ids", "position_ids", "labels", "loss_weights", "loss_kinds")
 
 
 def reference_layout_refusion(example: Example, plan: RefusionPlan, mask_id: int) -> dict[str, torch.Tensor]:
-    """One token at a time, as the buffer is described in DESIGN.md §3."""
+    """One token at a time, as the buffer is described in docs/training.md."""
     prompt, response = example.prompt_ids, example.response_ids
     P = len(prompt)
     slots = slot_bounds(len(response), plan.slot_size)
