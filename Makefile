@@ -28,7 +28,7 @@ demo: venv
 # On CPUs only, run them one after the other: make models MODELS_ARGS="--threads 2" (about a day and a half on 2 cores: the CPU-only fine-tunes logged a median 1.0 s per 32-example step, so about 8 s per 256-example step, times 3 x 4,800 steps).
 MODELS_ARGS ?= --parallel --threads 2 --num-workers 4 --mixed-precision bf16
 models: venv
-	$(PY) -m refusion_cli.models.build $(MODELS_ARGS)
+	$(PY) -m tools.build_models $(MODELS_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -17,24 +17,20 @@ Contract:
 - ``write_splits`` writes a held-out test set drawn from its own seed and a train set that shares
   no question with it. The test set depends only on ``(n_test, seed)``, never on ``n_train``.
 
-Regenerate the committed held-out set (``evals/synthetic/test.jsonl``)::
+Regenerate the committed held-out set (``evals/synthetic/test.jsonl``) from the repository root::
 
-    python -m refusion_cli.tasks.synthetic --out evals/synthetic --n-train 50000 --n-test 500 --seed 0 \\
+    python -m tools.synthetic --out evals/synthetic --n-train 50000 --n-test 500 --seed 0 \\
         --train-out build/synthetic/train.jsonl
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-
-from refusion_cli.errors import UserError
-from refusion_cli.paths import check_output_dir
 
 FEMALE_NAMES = ("Mia", "Emma", "Lily", "Zoe", "Ava", "Nora", "Ruby", "Ella")
 MALE_NAMES = ("Leo", "Sam", "Max", "Ben", "Tom", "Jack", "Noah", "Owen")
@@ -240,43 +236,3 @@ def write_splits(out_dir: str | Path, n_train: int, n_test: int, seed: int,
     write_jsonl(test_file, test)
     write_jsonl(train_file, train)
     return train_file, test_file
-
-
-def check_split_options(out: str, n_train: int, n_test: int, train_out: str | None) -> None:
-    """The command line's values: whole numbers of problems, and folders files can be written to."""
-    for option, count in (("--n-train", n_train), ("--n-test", n_test)):
-        if count < 0:
-            raise UserError(f"{option} must be 0 or more, got {count}")
-    for option, path in (("--out", out), ("--train-out", train_out)):
-        if path is not None and not path.strip():  # Path("") would be the working directory
-            raise UserError(f"{option} is empty")
-    check_output_dir(Path(out), hint="give --out a folder for test.jsonl", option="--out")
-    if train_out is not None:
-        if Path(train_out).is_dir():
-            raise UserError(f"--train-out {train_out} is a directory; give the file name of the train split")
-        check_output_dir(Path(train_out).parent, hint="give --train-out a file in a folder you can write to",
-                         option="--train-out")
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m refusion_cli.tasks.synthetic",
-                                     description="Write the synthetic GSM8K-format train / held-out splits.")
-    parser.add_argument("--out", required=True, help="folder for test.jsonl")
-    parser.add_argument("--n-train", type=int, default=50_000)
-    parser.add_argument("--n-test", type=int, default=500)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--train-out", default=None,
-                        help="where the train set goes (default: <out>/train.jsonl, not committed)")
-    args = parser.parse_args(argv)
-    from refusion_cli.cli.output import fail
-
-    try:
-        check_split_options(args.out, args.n_train, args.n_test, args.train_out)
-    except UserError as exc:
-        fail(str(exc), exc.hint)
-    train_file, test_file = write_splits(args.out, args.n_train, args.n_test, args.seed, args.train_out)
-    print(f"wrote {args.n_train} train problems to {train_file} and {args.n_test} test problems to {test_file}")
-
-
-if __name__ == "__main__":
-    main()

@@ -16,15 +16,13 @@ Contract of ``train_tokenizer(texts, vocab_size, out_dir)``:
   ``out_dir``; ``AutoTokenizer.from_pretrained(out_dir)`` loads it offline. Training is
   deterministic: the same texts and vocab size give the same files.
 
-CLI: ``python -m refusion_cli.tasks.tokenizer --data <train.jsonl> --out <dir> [--vocab-size N]``
-trains on the chat turns (``chat_texts``) of a JSONL file in any format ``refusion train`` reads.
-On that corpus the merges run out at about 460 tokens: any ``--vocab-size`` above that gives the same
+The command line is ``python -m tools.tokenizer`` (from the repository root). On the synthetic
+corpus the merges run out at about 460 tokens: any vocabulary size above that gives the same
 tokenizer, so read the size from ``len(tokenizer)``, never from the argument.
 """
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -38,7 +36,6 @@ MASK_TOKEN = "<|mask|>"
 SPECIAL_TOKENS = (PAD_TOKEN, IM_START, EOS_TOKEN, MASK_TOKEN)
 DEFAULT_VOCAB_SIZE = 512
 MIN_VOCAB_SIZE = len(SPECIAL_TOKENS) + len(pre_tokenizers.ByteLevel.alphabet())  # every byte has a token
-MAX_VOCAB_SIZE = 1_000_000  # far above any merge count a corpus here reaches; ~2**31 makes the trainer abort
 
 # Qwen3's template reduced to its message framing: no system-prompt default, no tools, no <think>.
 CHAT_TEMPLATE = (
@@ -104,36 +101,3 @@ def chat_texts(pairs: Iterable[tuple[str, str]]) -> Iterable[str]:
     for prompt, response in pairs:
         yield f"user\n{prompt}"
         yield f"assistant\n{response}"
-
-
-def main(argv: list[str] | None = None) -> None:
-    from refusion_cli.cli.output import fail
-    from refusion_cli.errors import UserError
-    from refusion_cli.paths import check_output_dir
-    from refusion_cli.training.data import read_records
-
-    parser = argparse.ArgumentParser(prog="python -m refusion_cli.tasks.tokenizer",
-                                     description="Train the byte-level BPE tokenizer of the tiny models.")
-    parser.add_argument("--data", required=True, type=Path, help="JSONL of {query, response}, {prompt, completion} "
-                        "or {question, answer} records (what refusion train reads)")
-    parser.add_argument("--out", required=True, help="folder for the tokenizer files")
-    parser.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB_SIZE)
-    args = parser.parse_args(argv)
-    try:
-        if not MIN_VOCAB_SIZE <= args.vocab_size <= MAX_VOCAB_SIZE:
-            raise UserError(f"--vocab-size must be from {MIN_VOCAB_SIZE} (the special tokens and 256 bytes) to "
-                            f"{MAX_VOCAB_SIZE:,}, got {args.vocab_size}")
-        if not args.out.strip():  # Path("") would be the working directory
-            raise UserError("--out is empty", hint="give the folder for the tokenizer files")
-        check_output_dir(Path(args.out), hint="give --out a folder for the tokenizer files", option="--out")
-        records = read_records(args.data)
-        if not records:
-            raise UserError(f"{args.data} holds no records")
-    except UserError as exc:
-        fail(str(exc), exc.hint)
-    tokenizer = train_tokenizer(chat_texts((r.prompt, r.response) for r in records), args.vocab_size, args.out)
-    print(f"wrote a {len(tokenizer)}-token tokenizer to {args.out}")
-
-
-if __name__ == "__main__":
-    main()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -13,7 +12,6 @@ from refusion_cli.tasks.synthetic import (
     generate_problems,
     generate_splits,
     is_correct,
-    main,
     read_jsonl,
     write_splits,
 )
@@ -168,36 +166,3 @@ def test_is_correct() -> None:
     assert not is_correct("#### 15", "14")
     assert not is_correct("#### 140", "14")
     assert not is_correct("no answer", "14")
-
-
-def test_cli_writes_both_splits(tmp_path: Path) -> None:
-    main(["--out", str(tmp_path / "out"), "--n-train", "20", "--n-test", "10", "--seed", "3",
-          "--train-out", str(tmp_path / "elsewhere" / "train.jsonl")])
-    test_lines = (tmp_path / "out" / "test.jsonl").read_text(encoding="utf-8").splitlines()
-    train_lines = (tmp_path / "elsewhere" / "train.jsonl").read_text(encoding="utf-8").splitlines()
-    assert (len(train_lines), len(test_lines)) == (20, 10)
-    assert list(json.loads(test_lines[0])) == ["question", "answer", "target"]
-    assert not (tmp_path / "out" / "train.jsonl").exists()
-
-
-@pytest.mark.parametrize("args, message", [
-    (["--n-test", "-1"], "error: --n-test must be 0 or more, got -1"),
-    (["--n-train", "-5"], "error: --n-train must be 0 or more, got -5"),
-    (["--out", ""], "error: --out is empty"),
-    (["--out", "FILE"], "error: --out FILE is a file, not a directory"),
-    (["--train-out", "DIR"], "error: --train-out DIR is a directory; give the file name of the train split"),
-    (["--train-out", "FILE/train.jsonl"], "error: --train-out FILE is a file, not a directory"),
-])
-def test_cli_refuses_bad_counts_and_paths_in_one_line(args: list[str], message: str, tmp_path: Path, capsys,
-                                                      monkeypatch) -> None:
-    """These were tracebacks (or, for an empty --out, files in the working directory)."""
-    monkeypatch.chdir(tmp_path)
-    file = tmp_path / "a_file"
-    file.write_text("keep")
-    args = [arg.replace("FILE", str(file)).replace("DIR", str(tmp_path)) for arg in args]
-    with pytest.raises(SystemExit) as exit_info:
-        main(["--out", str(tmp_path / "out"), "--n-train", "2", "--n-test", "2", *args])
-    err = capsys.readouterr().err
-    assert exit_info.value.code == 2 and len(err.splitlines()) == 1
-    assert err.startswith(message.replace("FILE", str(file)).replace("DIR", str(tmp_path)))
-    assert [path.name for path in tmp_path.iterdir()] == ["a_file"]  # nothing written

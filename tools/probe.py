@@ -1,6 +1,6 @@
 """How good is a ReFusion model's draft head where the decoder trusts it without a check?
 
-    python -m refusion_cli.models.probe --model refusion-tiny --limit 50
+    python -m tools.probe --model refusion-tiny --limit 50
 
 ReFusion commits two kinds of token that no causal verification has accepted: the first token of
 every slot (drafted by the plan pass) and the token forced by each round of the completion step.
@@ -26,13 +26,24 @@ from __future__ import annotations
 import argparse
 import json
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
 import torch
 
+from refusion_cli.bench.runner import preset_config
+from refusion_cli.cli.output import fail, quiet_library_output
+from refusion_cli.decoding.refusion import decode_refusion
+from refusion_cli.errors import UserError
+from refusion_cli.jsonl import json_objects, read_text
+from refusion_cli.models.chat import user_prompt_ids
+from refusion_cli.models.loading import load_model
+from refusion_cli.paths import check_output_dir
+from refusion_cli.tasks.synthetic import is_correct
 from refusion_cli.training.objectives import model_attention_mask
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 @dataclass
@@ -96,8 +107,6 @@ def reference_ids(tokenizer, problem: dict[str, str], eos_token_id: int) -> list
 def probe(model: torch.nn.Module, tokenizer, problems: list[dict[str, str]], mask_token_id: int,
           eos_token_id: int) -> ProbeCounts:
     """Probe both heads on the reference answers of ``problems`` (records with 'question' and 'answer')."""
-    from refusion_cli.models.chat import user_prompt_ids
-
     digit_ids = {i for i in range(len(tokenizer)) if tokenizer.decode([i]).strip().isdigit()}
     counts = ProbeCounts()
     for problem in problems:
@@ -174,10 +183,6 @@ def attribute(tokens: Sequence[int], trace: Sequence, reference: Sequence[int], 
 def attribute_errors(loaded, problems: list[dict[str, str]], config, causal_fix: bool = False) -> ErrorAttribution:
     """Decode ``problems`` with ReFusion (``config``; ``causal_fix``: the decoder's ablation) and attribute
     every wrong answer (see the module)."""
-    from refusion_cli.decoding.refusion import decode_refusion
-    from refusion_cli.models.chat import user_prompt_ids
-    from refusion_cli.tasks.synthetic import is_correct
-
     tokenizer, counts = loaded.tokenizer, ErrorAttribution()
     for problem in problems:
         result = decode_refusion(loaded.model, user_prompt_ids(tokenizer, problem["question"]), config,
@@ -197,9 +202,6 @@ PROBLEM_FIELDS = ("question", "answer", "target")  # what the probe and --errors
 def read_problems(path: Path, limit: int) -> list[dict[str, str]]:
     """The first ``limit`` records of a JSON-lines file in the synthetic task's format; a missing, empty or
     malformed file, or a record without a string question, answer and target, is a UserError naming it."""
-    from refusion_cli.errors import UserError
-    from refusion_cli.jsonl import json_objects, read_text
-
     if not path.is_file():
         raise UserError(f"--data {path} does not exist or is not a file")
     hint = "give --data records of the synthetic task's format: question, answer (ending in '#### N') and target"
@@ -218,25 +220,15 @@ def read_problems(path: Path, limit: int) -> list[dict[str, str]]:
 
 def check_output_file(path: Path) -> None:
     """``--output``: a file that can be created (checked before the models run, not after)."""
-    from refusion_cli.errors import UserError
-    from refusion_cli.paths import check_output_dir
-
     if path.is_dir():
         raise UserError(f"--output {path} is a directory; give a file name for the JSON")
     check_output_dir(path.parent, hint="give --output a file in a folder you can write to")
 
 
 def main(argv: list[str] | None = None) -> None:
-    import dataclasses
-
-    from refusion_cli.bench.runner import preset_config
-    from refusion_cli.cli.output import fail, quiet_library_output
-    from refusion_cli.errors import UserError
-    from refusion_cli.models.loading import load_model
-
     parser = argparse.ArgumentParser(description="Next-position accuracy of the draft head vs the causal head.")
     parser.add_argument("--model", nargs="+", default=["refusion-tiny"], help="embedded names or directories")
-    parser.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[2] / "evals" / "synthetic" / "test.jsonl")
+    parser.add_argument("--data", type=Path, default=REPO / "evals" / "synthetic" / "test.jsonl")
     parser.add_argument("--limit", type=int, default=50)
     parser.add_argument("--output", type=Path, default=None, help="write the rates as JSON here")
     parser.add_argument("--errors", action="store_true",
@@ -249,7 +241,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.limit < 1:
             raise UserError(f"--limit must be at least 1, got {args.limit}")
         problems = read_problems(args.data, args.limit)
-        config = dataclasses.replace(preset_config(args.preset), gen_length=args.gen_length) if args.errors else None
+        config = replace(preset_config(args.preset), gen_length=args.gen_length) if args.errors else None
         if args.output is not None:
             check_output_file(args.output)
         rows = {}
@@ -282,8 +274,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def write_rates(path: Path, payload: dict) -> None:
-    from refusion_cli.errors import UserError
-
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(payload, indent=2))

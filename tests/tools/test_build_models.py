@@ -3,7 +3,7 @@
 import gzip
 import json
 
-from refusion_cli.models.build import keep_records
+from tools.build_models import keep_records
 
 
 def test_a_runs_records_are_kept_whole_and_byte_stable(tmp_path):

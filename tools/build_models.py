@@ -1,6 +1,6 @@
 """Rebuild the embedded tiny models: the paper's controlled comparison in miniature.
 
-    python -m refusion_cli.models.build --threads 2     # or: make models
+    python -m tools.build_models --threads 2     # or: make models
 
 1) data       the synthetic GSM8K-format task: train split (not committed) and the held-out test
               split (committed as evals/synthetic/test.jsonl; rebuilt identically here)
@@ -32,7 +32,7 @@ from pathlib import Path
 
 from refusion_cli.models.loading import ASSETS
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 FINETUNES = {"ar-tiny": "ar", "mdm-tiny": "llada", "refusion-tiny": "refusion"}
 EXPORT_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
                 "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
@@ -163,7 +163,7 @@ def write_card(work: Path, results: Path, settings: dict) -> None:
                  f"again, a new data order); the shipped models are the `-cont` ones" if cont else "")
     text = f"""# Embedded models: model card
 
-Three tiny Qwen3 models trained by `make models` (`python -m refusion_cli.models.build {settings['argv']}`),
+Three tiny Qwen3 models trained by `make models` (`python -m tools.build_models {settings['argv']}`),
 the paper's controlled comparison (its Table 2) in miniature: one AR-pretrained base, fine-tuned three
 times with the same data, steps, batch and data order, once per objective.
 

@@ -8,9 +8,9 @@ import torch
 import json
 
 from refusion_cli.decoding.refusion import StepTrace
-from refusion_cli.models.probe import (ErrorAttribution, ProbeCounts, attribute, first_difference, head_predictions,
-                                       main, probe_layout)
 from tests.tiny import MASK_ID, tiny_qwen3
+from tools.probe import (ErrorAttribution, ProbeCounts, attribute, first_difference, head_predictions, main,
+                         probe_layout)
 
 
 def test_layout_lets_each_mask_see_only_the_prompt_and_the_response_before_it():

@@ -1,5 +1,5 @@
-"""The `python -m` commands beside `refusion` (overhead timing, model rebuild): a bad value is an argparse usage
-error naming it (exit 2), checked before any model is built or any data is written."""
+"""The maintainer scripts beside `refusion` (`python -m tools.overhead`, `python -m tools.build_models`): a bad value
+is an argparse usage error naming it (exit 2), checked before any model is built or any data is written."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from refusion_cli.decoding.overhead import main as overhead_main
-from refusion_cli.models.build import parse_args as build_args
+from tools.build_models import parse_args as build_args
+from tools.overhead import main as overhead_main
 
 TINY = ["--gen-length", "8", "--repeats", "1", "--hidden", "32", "--layers", "1"]
 

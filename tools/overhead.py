@@ -1,6 +1,6 @@
 """Where decoding time goes: wall time of decode calls vs time spent inside ``model.forward``.
 
-    python -m refusion_cli.decoding.overhead --gen-length 256
+    python -m tools.overhead --gen-length 256
 
 Runs ReFusion (KV reuse and recompute) and AR decoding on a tiny randomly initialised Qwen3 of
 the embedded models' size, on the CPU, and prints the share of each decode call spent inside the
