@@ -7,6 +7,6 @@
 - ``task_hooks``: the ``!function`` hooks of the task YAMLs (synthetic exact match, code pass@1)
 - ``sandbox``, ``code_tasks``: running model-written code for HumanEval / MBPP
 
-``python -m refusion_cli.harness ...`` is lm-eval's own command line with the adapters registered.
+``refusion lm-eval ...`` (``refusion_cli.cli.lm_eval``) is lm-eval's own command line with the adapters registered.
 Submodules import lm-eval; nothing is imported here, so ``import refusion_cli.harness`` stays cheap.
 """

@@ -75,7 +75,7 @@ def test_a_mistake_on_lm_evals_command_line_is_one_error_line(tmp_path, argument
 
     from tests.envs import cache_env
 
-    out = subprocess.run([sys.executable, "-m", "refusion_cli.harness", "run", *arguments, "--device", "cpu",
+    out = subprocess.run([sys.executable, "-m", "refusion_cli", "lm-eval", "run", *arguments, "--device", "cpu",
                           "--limit", "1"], capture_output=True, text=True, timeout=300, cwd=tmp_path,
                          env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", **cache_env()})
     assert out.returncode == 2 and "Traceback" not in out.stderr
