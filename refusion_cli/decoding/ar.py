@@ -1,46 +1,82 @@
-"""Greedy autoregressive decoding with a KV cache: one token per forward (the AR baseline)."""
+"""Greedy autoregressive decoding with a KV cache: one token per forward (the AR baseline).
+
+One prompt, or a batch: each prompt is a lane of :class:`~refusion_cli.decoding.cache.Lanes` (its
+own rows of the shared KV cache), and every round feeds each running lane its last token in one
+model call; a finished lane leaves and the next prompt takes its row.
+"""
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import overload
 
 import torch
-from transformers import DynamicCache
 
+from refusion_cli.decoding.cache import Lane, Lanes, LaneStep, drive
 from refusion_cli.decoding.config import ConfigError
-from refusion_cli.decoding.refusion import check_ids, prompt_tensor
-from refusion_cli.decoding.stats import (DecodeResult, DecodeStats, EosIds, Timer, cache_argument,
-                                         counted_forward, eos_ids, last_logits)
+from refusion_cli.decoding.refusion import Prompt, Prompts, check_batch_size, check_ids, is_batch, prompt_tensor
+from refusion_cli.decoding.stats import BatchClock, DecodeResult, DecodeStats, EosIds, eos_ids
+
+
+@overload
+def decode_ar(model: torch.nn.Module, prompt_ids: Prompts, *, max_new_tokens: int, eos_token_id: EosIds,
+              batch_size: int | None = None) -> list[DecodeResult]: ...
+
+
+@overload
+def decode_ar(model: torch.nn.Module, prompt_ids: Prompt, *, max_new_tokens: int, eos_token_id: EosIds,
+              batch_size: int | None = None) -> DecodeResult: ...
 
 
 @torch.no_grad()
 def decode_ar(
     model: torch.nn.Module,
-    prompt_ids: Sequence[int] | torch.Tensor,
+    prompt_ids: Prompt | Prompts,
     *,
     max_new_tokens: int,
     eos_token_id: EosIds,
-) -> DecodeResult:
-    """Greedy next-token decoding; stops after an EOS (any of the ids given) or ``max_new_tokens`` tokens."""
+    batch_size: int | None = None,
+) -> DecodeResult | list[DecodeResult]:
+    """Greedy next-token decoding; stops after an EOS (any of the ids given) or ``max_new_tokens`` tokens.
+
+    A batch (a list of prompts) returns one result per prompt, in order; ``batch_size`` rows (None:
+    all) decode at once, each exactly as alone (same tokens, one forward per token)."""
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ConfigError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    batch = is_batch(prompt_ids)
+    check_batch_size(batch_size)
     device = next(model.parameters()).device
-    prompt = prompt_tensor(prompt_ids, device)
-    check_ids(model, prompt, prompt.numel() + max_new_tokens, eos_token_id=eos_token_id)
+    prompts = [prompt_tensor(p, device) for p in (prompt_ids if batch else [prompt_ids])]
+    for prompt in prompts:
+        check_ids(model, prompt, prompt.numel() + max_new_tokens, eos_token_id=eos_token_id)
     stops = set(eos_ids(eos_token_id))
-    stats = DecodeStats()
+    lanes = Lanes(model)
+    clock = BatchClock(device)
+
+    def start(index: int) -> LaneStep[DecodeResult]:
+        stats = DecodeStats()
+        prompt = prompts[index]
+        # the prompt but its last token is committed; the last one is fed, its logits give the first token
+        return greedy_lane(lanes.open(index, stats, prompt[:-1]), stats, prompt[-1:], max_new_tokens, stops)
+
+    results = drive(lanes, start, len(prompts), batch_size, clock)
+    return results if batch else results[0]
+
+
+def greedy_lane(ctx: Lane, stats: DecodeStats, last: torch.Tensor, max_new_tokens: int,
+                stops: set[int]) -> LaneStep[DecodeResult]:
+    """One prompt's greedy decode as a lane program: feed the last token, commit it, take the argmax."""
     tokens: list[int] = []
-    with Timer(device) as timer:
-        cache = DynamicCache(config=model.config)
-        next_input = prompt[None]  # [1, P] prefill, then [1, 1]
-        for _ in range(max_new_tokens):
-            out = counted_forward(model, stats, input_ids=next_input, use_cache=True,
-                                  **cache_argument(model, cache), **last_logits(model, 1))
-            token = int(out.logits[0, -1].argmax())
-            tokens.append(token)
-            if token in stops:
-                break
-            next_input = torch.tensor([[token]], device=device)
-    stats.seconds = timer.seconds
+    position = torch.tensor([ctx.length], device=last.device)  # [1]
+    for _ in range(max_new_tokens):
+        logits = yield from ctx.forward(last, position)  # [1, V]
+        ctx.commit(1)
+        token = int(logits[-1].argmax())
+        tokens.append(token)
+        if token in stops:
+            break
+        last, position = torch.tensor([token], device=last.device), position + 1
     stats.tokens = len(tokens)
     return DecodeResult(tokens=tokens, stats=stats)
+
+
+__all__ = ["decode_ar", "greedy_lane"]

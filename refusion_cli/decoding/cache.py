@@ -1,21 +1,34 @@
-"""The committed context the ReFusion decoder attends to: K/V reused from a cache, or recomputed.
+"""The committed context the cached decoders attend to, for one prompt or a batch: K/V reused from a
+cache, or recomputed.
 
-Every model call of the decoder goes through :class:`Context`. A call feeds new tokens (one row,
-true position ids) after the committed tokens. The new tokens are split into *groups*: a new
-token sees every committed token and the earlier new tokens of its own group. One group is plain
-causal attention; several groups lay independent rows side by side in one sequence (the parallel
-completion step), so the batch stays 1 and the cache is only ever appended to and cropped.
+Every model call of ReFusion and AR goes through :class:`Lanes`. Each prompt being decoded is a
+*lane*: one row of a padded batch, with its own committed tokens (prompt first, then response
+tokens in commit order) in the rows of one shared KV cache. A call feeds, for each lane, new
+tokens (true position ids) after that lane's committed tokens; a lane never sees another lane. The
+new tokens of a lane are split into *groups*: a new token sees every committed token of its lane
+and the earlier new tokens of its own group. One group is plain causal attention; several groups
+lay independent rows side by side (ReFusion's parallel completion step).
 
-Tokens fed by a call are provisional: ``commit(n)`` keeps the first ``n`` of them, and the next
-call discards whatever was not committed.
+Tokens fed by a call are provisional: ``commit(lane, n)`` keeps the first ``n`` of them, and the
+next call drops whatever was not committed: the cache keeps, per row, only its lane's committed
+entries (a gather over the cache's sequence dimension), and rows of closed lanes leave the batch.
+With one lane this is a crop of the cache, and the call is the single-row call of a batch of one.
+
+Rows are left-padded to the longest input of the call; padding is masked out for every real
+token, and pad positions see only themselves.
 """
 
 from __future__ import annotations
 
 import torch
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Generator, TypeVar
+
 from transformers import DynamicCache
 
-from refusion_cli.decoding.stats import DecodeStats, cache_argument, counted_forward, float_logits, last_logits
+from refusion_cli.decoding.stats import (BatchClock, DecodeResult, DecodeStats, cache_argument, count_call, float_logits,
+                                         last_logits, timed_call)
 
 
 def group_causal(groups: torch.Tensor) -> torch.Tensor:
@@ -25,10 +38,10 @@ def group_causal(groups: torch.Tensor) -> torch.Tensor:
 
 
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """[Q, K] bool -> [1, 1, Q, K] float mask (0 where allowed, the dtype's minimum elsewhere)."""
+    """[Q, K] or [B, Q, K] bool -> [1 or B, 1, Q, K] float mask (0 where allowed, the dtype's minimum elsewhere)."""
     mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
     mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-    return mask[None, None]
+    return mask.view(-1, 1, *allowed.shape[-2:])
 
 
 def crop_to(cache: DynamicCache, length: int) -> None:
@@ -38,83 +51,218 @@ def crop_to(cache: DynamicCache, length: int) -> None:
         cache.crop(-excess)
 
 
-class Context:
-    """The committed tokens (prompt first, then response tokens in commit order) and the model calls over them.
+@dataclass
+class Feed:
+    """What one lane feeds to a call: new tokens [Q] at true positions [Q], split into groups [Q]."""
+
+    ids: torch.Tensor
+    positions: torch.Tensor
+    groups: torch.Tensor | None = None  # None: one group
+
+
+T = TypeVar("T")
+LaneStep = Generator[Feed, torch.Tensor, T]  # a lane program's step: yields feeds, is sent their logits, returns T
+
+
+@dataclass
+class _Lane:
+    stats: DecodeStats
+    pending_ids: torch.Tensor  # [N] committed tokens without K/V in the cache (re-run at the front of the next call)
+    pending_positions: torch.Tensor  # [N]
+    fed: Feed | None = None  # the last call's new tokens, until committed
+    fed_column: int = 0  # cache column of the first of them
+    committed: list[int] = field(default_factory=list)  # cache columns of this lane's committed tokens
+
+
+class Lanes:
+    """Independent decodes (lanes) sharing the model calls: one row each of a padded batch.
 
     Committed tokens without K/V in the cache are *pending*: they are re-run, plain causal over
-    commit order, at the front of the next call. With ``reuse`` the K/V of that call is kept, so a
-    token is computed once (the prompt rides along with the first call); without ``reuse`` every
-    committed token stays pending and is recomputed on every call.
+    commit order, at the front of the lane's next call. With ``reuse`` the K/V of that call is
+    kept, so a token is computed once (the prompt rides along with the lane's first call);
+    without ``reuse`` every committed token stays pending and is recomputed on every call.
     """
 
-    def __init__(self, model: torch.nn.Module, stats: DecodeStats, prompt_ids: torch.Tensor,
-                 prompt_positions: torch.Tensor, reuse: bool = True):
+    def __init__(self, model: torch.nn.Module, reuse: bool = True):
         self.model = model
-        self.stats = stats
         self.reuse = reuse
+        self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.layer_types = sorted(set(getattr(model.config, "layer_types", None) or ["full_attention"]))
         self.cache = DynamicCache(config=model.config) if reuse else None
-        self.cached = 0  # committed tokens whose K/V is in the cache
-        self.pending_ids = prompt_ids  # [N] committed tokens without cached K/V
-        self.pending_positions = prompt_positions  # [N]
-        self._fed: tuple[torch.Tensor, torch.Tensor] | None = None  # the last call's tokens, until committed
+        self.columns = 0  # cache entries per row
+        self.rows: list[int] = []  # the lane of each cache row
+        self.lanes: dict[int, _Lane] = {}
 
-    @property
-    def length(self) -> int:
-        """Committed tokens, prompt included."""
-        return self.cached + self.pending_ids.numel()
+    def open(self, lane: int, stats: DecodeStats, prompt_ids: torch.Tensor) -> "Lane":
+        """Start lane ``lane`` with ``prompt_ids`` [P] committed at positions 0..P-1; ``stats`` counts its calls."""
+        positions = torch.arange(prompt_ids.numel(), device=prompt_ids.device)
+        self.lanes[lane] = _Lane(stats, prompt_ids, positions)
+        return Lane(self, lane)
 
-    def forward(self, ids: torch.Tensor, positions: torch.Tensor, groups: torch.Tensor | None = None) -> torch.Tensor:
-        """Feed ``ids`` [Q] at true ``positions`` [Q] after the committed tokens; return float logits [Q, V].
+    def close(self, lane: int) -> None:
+        """End a lane: its row leaves the batch at the next call."""
+        del self.lanes[lane]
 
-        ``groups`` [Q] (default: one group) limits what the new tokens see among themselves.
-        """
-        self.commit(0)  # drop what the previous call fed and nobody committed
-        if groups is None:
-            groups = torch.zeros_like(ids)
-        n_pending = self.pending_ids.numel()
-        all_ids = torch.cat([self.pending_ids, ids])
-        all_positions = torch.cat([self.pending_positions, positions])
-        all_groups = torch.cat([torch.full((n_pending,), -1, dtype=groups.dtype, device=groups.device), groups])
-        allowed = group_causal(all_groups)  # [Q', Q'] with Q' = pending + new
-        allowed[n_pending:, :n_pending] = True  # new tokens see every pending committed token
-        seen_cache = torch.ones(all_ids.numel(), self.cached, dtype=torch.bool, device=ids.device)
-        logits = self._call(all_ids, all_positions, torch.cat([seen_cache, allowed], dim=1), ids.numel())
-        if self.reuse:  # the pending tokens' K/V is in the cache now, followed by the fed tokens'
-            self.cached += n_pending
-            self.pending_ids, self.pending_positions = ids[:0], positions[:0]
-        self._fed = (ids, positions)
-        return logits
+    def length(self, lane: int) -> int:
+        """Committed tokens of ``lane``, prompt included."""
+        state = self.lanes[lane]
+        return len(state.committed) + state.pending_ids.numel()
 
-    def commit(self, n: int) -> None:
-        """Commit the first ``n`` tokens fed by the last call (they must not depend on a later group)."""
-        if self._fed is None:
+    def commit(self, lane: int, n: int) -> None:
+        """Commit the first ``n`` new tokens ``lane`` fed to the last call (none may depend on a later group)."""
+        state = self.lanes[lane]
+        if state.fed is None:
             if n:
                 raise RuntimeError("commit() without a preceding forward()")
             return
-        ids, positions = self._fed
-        self._fed = None
+        fed, state.fed = state.fed, None
         if self.reuse:
-            self.cached += n
-            crop_to(self.cache, self.cached)
+            state.committed.extend(range(state.fed_column, state.fed_column + n))
         else:
-            self.pending_ids = torch.cat([self.pending_ids, ids[:n]])
-            self.pending_positions = torch.cat([self.pending_positions, positions[:n]])
+            state.pending_ids = torch.cat([state.pending_ids, fed.ids[:n]])
+            state.pending_positions = torch.cat([state.pending_positions, fed.positions[:n]])
 
-    def _call(self, input_ids: torch.Tensor, position_ids: torch.Tensor, allowed: torch.Tensor,
-              n_new: int) -> torch.Tensor:
-        """One counted model call on a single row; ``allowed`` [Q, cached + Q]; returns the logits of the
-        last ``n_new`` positions [n_new, V] (the model computes no others when it can)."""
-        mask = additive_mask(allowed, self.dtype)
-        out = counted_forward(
+    def forward(self, feeds: dict[int, Feed]) -> dict[int, torch.Tensor]:
+        """One model call, counted for every lane: each open lane feeds its tokens after its committed ones.
+
+        Returns each lane's float logits [Q, V] of its new tokens (the model computes no others when
+        it can). Tokens fed by an earlier call and not committed are dropped first.
+        """
+        for lane in feeds:
+            self.lanes[lane].fed = None
+        self._keep_committed(list(feeds))
+        if set(feeds) != set(self.lanes):
+            raise RuntimeError("every open lane feeds every call")
+        inputs = [self._row_input(self.lanes[lane], feeds[lane]) for lane in self.rows]
+        width = max(ids.numel() for ids, _, _ in inputs)  # Q: the longest input of the call
+        n_new = max(feed.ids.numel() for feed in feeds.values())
+        input_ids = torch.zeros(len(inputs), width, dtype=torch.long, device=self.device)  # [B, Q]
+        position_ids = torch.zeros_like(input_ids)  # [B, Q]
+        allowed = torch.zeros(len(inputs), width, self.columns + width, dtype=torch.bool, device=self.device)
+        allowed[:, :, self.columns:] = torch.eye(width, dtype=torch.bool, device=self.device)  # pads see themselves
+        for row, (lane, (ids, positions, among)) in enumerate(zip(self.rows, inputs)):
+            pad = width - ids.numel()
+            input_ids[row, pad:], position_ids[row, pad:] = ids, positions
+            allowed[row, pad:, self.columns + pad:] = among
+            allowed[row, pad:, self.lanes[lane].committed] = True
+        mask = additive_mask(allowed, self.dtype)  # [B, 1, Q, columns + Q]
+        out, seconds = timed_call(
             self.model,
-            self.stats,
-            input_ids=input_ids[None],
-            position_ids=position_ids[None],
+            input_ids=input_ids,
+            position_ids=position_ids,
             attention_mask={kind: mask for kind in self.layer_types},
             use_cache=self.reuse,
             **cache_argument(self.model, self.cache),
             **last_logits(self.model, n_new),
         )
-        return float_logits(out.logits[0, -n_new:])
+        logits = out.logits[:, -n_new:]
+        results = {}
+        for row, (lane, (ids, _, _)) in enumerate(zip(self.rows, inputs)):
+            state, feed = self.lanes[lane], feeds[lane]
+            count_call(state.stats, ids.numel(), seconds)
+            new = feed.ids.numel()
+            results[lane] = float_logits(logits[row, n_new - new:])
+            state.fed, state.fed_column = feed, self.columns + width - new
+            if self.reuse:  # the pending tokens' K/V is in the cache now, followed by the fed tokens'
+                state.committed.extend(range(state.fed_column - state.pending_ids.numel(), state.fed_column))
+                state.pending_ids, state.pending_positions = state.pending_ids[:0], state.pending_positions[:0]
+        if self.reuse:
+            self.columns += width
+        return results
+
+    def _row_input(self, state: _Lane, feed: Feed) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A lane's pending + new tokens, their positions and what they see among themselves [Q, Q]."""
+        groups = feed.groups if feed.groups is not None else torch.zeros_like(feed.ids)
+        n_pending = state.pending_ids.numel()
+        all_groups = torch.cat([torch.full((n_pending,), -1, dtype=groups.dtype, device=groups.device), groups])
+        among = group_causal(all_groups)  # [Q, Q] with Q = pending + new
+        among[n_pending:, :n_pending] = True  # new tokens see every pending committed token
+        return torch.cat([state.pending_ids, feed.ids]), torch.cat([state.pending_positions, feed.positions]), among
+
+    def _keep_committed(self, feeding: list[int]) -> None:
+        """Drop from the cache every entry its row's lane did not commit, and the rows of closed lanes;
+        lanes opened since the last call get a row, appended in the order of ``feeding``."""
+        old_rows = {lane: row for row, lane in enumerate(self.rows)}
+        rows = [lane for lane in self.rows if lane in self.lanes] + [lane for lane in feeding if lane not in old_rows]
+        unchanged = rows == self.rows and all(self.lanes[lane].committed == list(range(self.columns)) for lane in rows)
+        self.rows = rows
+        if not self.reuse or unchanged:
+            return
+        kept = [self.lanes[lane].committed for lane in rows]
+        width = max(len(columns) for columns in kept)
+        index = torch.zeros(len(rows), width, dtype=torch.long, device=self.device)  # [B, width] columns kept
+        for row, columns in enumerate(kept):
+            index[row, : len(columns)] = torch.tensor(columns, dtype=torch.long)
+        source = torch.tensor([old_rows.get(lane, 0) for lane in rows], device=self.device)  # [B] old row of each row
+        for layer in self.cache.layers:
+            if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
+                continue  # a layer the model never wrote (no K/V yet)
+            heads, dim = layer.keys.shape[1], layer.keys.shape[3]
+            gather = index[:, None, :, None].expand(-1, heads, -1, dim)
+            layer.keys = layer.keys.index_select(0, source).gather(2, gather)
+            layer.values = layer.values.index_select(0, source).gather(2, gather)
+        for lane, columns in zip(rows, kept):
+            self.lanes[lane].committed = list(range(len(columns)))
+        self.columns = width
+
+
+class Lane:
+    """One lane's view of :class:`Lanes`, for a decoder written as a generator: ``yield from
+    lane.forward(...)`` hands a :class:`Feed` to the driver and returns the lane's logits."""
+
+    def __init__(self, lanes: Lanes, lane: int):
+        self.lanes = lanes
+        self.lane = lane
+
+    @property
+    def length(self) -> int:
+        """Committed tokens, prompt included."""
+        return self.lanes.length(self.lane)
+
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor,
+                groups: torch.Tensor | None = None) -> LaneStep[torch.Tensor]:
+        """Feed ``ids`` [Q] at true ``positions`` [Q] after the committed tokens; return float logits [Q, V].
+
+        ``groups`` [Q] (default: one group) limits what the new tokens see among themselves.
+        """
+        return (yield Feed(ids, positions, groups))
+
+    def commit(self, n: int) -> None:
+        """Commit the first ``n`` tokens fed by the last call (they must not depend on a later group)."""
+        self.lanes.commit(self.lane, n)
+
+
+def drive(lanes: Lanes, start: Callable[[int], LaneStep[DecodeResult]], count: int,
+          batch_size: int | None, clock: BatchClock) -> list[DecodeResult]:
+    """Run ``count`` lane programs, at most ``batch_size`` (None: all) at once, one shared model call per round.
+
+    ``start(i)`` opens lane ``i`` in ``lanes`` and returns its program: a generator that yields a
+    :class:`Feed` for every call and is sent back its logits, and returns the lane's result. Each
+    round advances every running program by one call; a finished lane is closed, its result gets
+    its latency from ``clock``, and the next waiting prompt takes its place (continuous batching).
+    """
+    limit = count if batch_size is None else batch_size
+    waiting = deque(range(count))
+    running: dict[int, tuple[LaneStep[DecodeResult], Feed]] = {}
+    results: list[DecodeResult | None] = [None] * count
+
+    def advance(index: int, program: LaneStep[DecodeResult], logits: torch.Tensor | None) -> None:
+        try:
+            running[index] = (program, next(program) if logits is None else program.send(logits))
+        except StopIteration as stop:
+            running.pop(index, None)
+            lanes.close(index)
+            stop.value.stats.seconds = clock.latency()
+            results[index] = stop.value
+
+    while waiting or running:
+        while waiting and len(running) < limit:
+            index = waiting.popleft()
+            advance(index, start(index), None)
+        if not running:
+            continue
+        logits = lanes.forward({index: feed for index, (_, feed) in running.items()})
+        for index, (program, _) in list(running.items()):
+            advance(index, program, logits[index])
+    return results  # type: ignore[return-value]  # every program returned

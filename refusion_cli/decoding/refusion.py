@@ -36,14 +36,13 @@ the rows' K/V before they are committed.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Sequence, overload
 
 import torch
 
-from refusion_cli.decoding.cache import Context
+from refusion_cli.decoding.cache import Lane, Lanes, LaneStep, drive
 from refusion_cli.decoding.config import ReFusionConfig
-from refusion_cli.decoding.stats import (DecodeResult, DecodeStats, EosIds, Timer, cut_after_eos, eos_ids, report_step,
-                                         wide_float)
+from refusion_cli.decoding.stats import BatchClock, DecodeResult, DecodeStats, EosIds, cut_after_eos, eos_ids, wide_float
 from refusion_cli.errors import UserError
 
 
@@ -84,6 +83,34 @@ def prompt_tensor(prompt_ids: Sequence[int] | torch.Tensor, device: torch.device
     if prompt.numel() == 0:
         raise UserError("the prompt is empty: give at least one token")
     return prompt.to(device)
+
+
+Prompt = Sequence[int] | torch.Tensor  # one prompt: token ids, [P] or [1, P]
+Prompts = Sequence[Sequence[int]] | Sequence[torch.Tensor]  # a batch of prompts, any lengths
+Generators = torch.Generator | Sequence[torch.Generator] | None  # one shared generator, or one per prompt
+
+
+def is_batch(prompt_ids: Prompt | Prompts) -> bool:
+    """Whether ``prompt_ids`` is a batch of prompts (a list or tuple of sequences), not one prompt."""
+    if not isinstance(prompt_ids, (list, tuple)) or not prompt_ids:
+        return False
+    first = prompt_ids[0]
+    return isinstance(first, (list, tuple)) or (isinstance(first, torch.Tensor) and first.dim() > 0)
+
+
+def row_generators(generator: Generators, count: int) -> list[torch.Generator | None]:
+    """The generator each of ``count`` rows draws from: the one given (shared, drawn in row order
+    within a round), or one per prompt."""
+    if isinstance(generator, (list, tuple)):
+        if len(generator) != count:
+            raise UserError(f"{len(generator)} generators for {count} prompts: give one per prompt")
+        return list(generator)
+    return [generator] * count
+
+
+def check_batch_size(batch_size: int | None) -> None:
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
+        raise UserError(f"batch_size must be a positive integer or None, got {batch_size!r}")
 
 
 def check_ids(model: torch.nn.Module, prompt: torch.Tensor, total_length: int, **special: EosIds) -> None:
@@ -130,13 +157,13 @@ def next_token_probs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor
     return probs
 
 
-def plan_slots(ctx: Context, slots: list[int], slot_pos: torch.Tensor, config: ReFusionConfig,
-               mask_token_id: int, generator: torch.Generator | None) -> tuple[list[int], torch.Tensor]:
+def plan_slots(ctx: Lane, slots: list[int], slot_pos: torch.Tensor, config: ReFusionConfig,
+               mask_token_id: int, generator: torch.Generator | None) -> LaneStep[tuple[list[int], torch.Tensor]]:
     """1) Draft every position of the masked ``slots``; return the chosen ones and all drafts [S, k]."""
     k = config.slot_size
     positions = slot_pos[slots].flatten()  # [S*k]
     masks = torch.full_like(positions, mask_token_id)
-    logits = ctx.forward(masks, positions)  # [S*k, V], read unshifted
+    logits = yield from ctx.forward(masks, positions)  # [S*k, V], read unshifted
     drafts = gumbel_argmax(logits, config.temperature, generator)  # [S*k]
     first_prob = token_probs(logits, drafts).view(-1, k)[:, 0]  # [S]
     chosen = (first_prob > config.slot_threshold).nonzero().flatten().tolist()
@@ -145,22 +172,22 @@ def plan_slots(ctx: Context, slots: list[int], slot_pos: torch.Tensor, config: R
     return chosen, drafts.view(-1, k)
 
 
-def verify_drafts(ctx: Context, drafts: torch.Tensor, positions: torch.Tensor,
-                  token_threshold: float) -> torch.Tensor:
+def verify_drafts(ctx: Lane, drafts: torch.Tensor, positions: torch.Tensor,
+                  token_threshold: float) -> LaneStep[torch.Tensor]:
     """2) One causal pass over the concatenated drafts [R, k]; return accepted flags [R, k].
 
     A token is accepted when its AR probability exceeds ``token_threshold``; the first token of
     every slot is accepted as drafted. The flags are not yet cumulative.
     """
-    logits = ctx.forward(drafts.flatten(), positions.flatten())
+    logits = yield from ctx.forward(drafts.flatten(), positions.flatten())
     accepted = (next_token_probs(logits, drafts.flatten()) > token_threshold).view_as(drafts)
     accepted[:, 0] = True
     return accepted
 
 
-def complete_slots(ctx: Context, rows: torch.Tensor, positions: torch.Tensor, accepted: torch.Tensor,
+def complete_slots(ctx: Lane, rows: torch.Tensor, positions: torch.Tensor, accepted: torch.Tensor,
                    config: ReFusionConfig, mask_token_id: int, stops: torch.Tensor | None, causal_fix: bool = False
-                   ) -> tuple[torch.Tensor, int, torch.Tensor]:
+                   ) -> LaneStep[tuple[torch.Tensor, int, torch.Tensor]]:
     """3) Re-draft and verify each chosen slot in its own row until every row is accepted.
 
     ``rows`` [R, k] drafts, ``accepted`` [R, k] cumulative flags from the global verification,
@@ -180,10 +207,10 @@ def complete_slots(ctx: Context, rows: torch.Tensor, positions: torch.Tensor, ac
         groups = torch.arange(n_rows, device=rows.device).repeat_interleave(k)  # [R*k] row of each token
         # a) re-draft the unaccepted tokens of each row (unshifted MDM read)
         masked = torch.where(accepted, rows, mask_token_id)
-        logits = ctx.forward(masked.flatten(), positions.flatten(), groups).view(n_rows, k, -1)
+        logits = (yield from ctx.forward(masked.flatten(), positions.flatten(), groups)).view(n_rows, k, -1)
         rows = torch.where(accepted, rows, logits.argmax(-1))
         # b) verify every row causally; the token after the accepted prefix is always taken
-        logits = ctx.forward(rows.flatten(), positions.flatten(), groups).view(n_rows, k, -1)
+        logits = (yield from ctx.forward(rows.flatten(), positions.flatten(), groups)).view(n_rows, k, -1)
         checked = next_token_probs(logits, rows) > config.token_threshold
         passed = checked.clone()
         passed[:, 0] = True
@@ -212,7 +239,7 @@ def complete_slots(ctx: Context, rows: torch.Tensor, positions: torch.Tensor, ac
                 accepted[-1] = True
     if stale:  # the commit takes the K/V of the context's last call: compute it for the final tokens
         groups = torch.arange(rows.shape[0], device=rows.device).repeat_interleave(k)
-        ctx.forward(rows.flatten(), positions.flatten(), groups)
+        yield from ctx.forward(rows.flatten(), positions.flatten(), groups)
     return rows, rounds, kinds
 
 
@@ -220,83 +247,128 @@ def complete_slots(ctx: Context, rows: torch.Tensor, positions: torch.Tensor, ac
 # the loop
 
 
+@overload
+def decode_refusion(model: torch.nn.Module, prompt_ids: Prompts, config: ReFusionConfig, *, mask_token_id: int,
+                    eos_token_id: EosIds, generator: Generators = None, kv_reuse: bool = True,
+                    causal_fix: bool = False, on_step: Callable[[int, StepTrace], None] | None = None,
+                    batch_size: int | None = None) -> list[DecodeResult]: ...
+
+
+@overload
+def decode_refusion(model: torch.nn.Module, prompt_ids: Prompt, config: ReFusionConfig, *, mask_token_id: int,
+                    eos_token_id: EosIds, generator: torch.Generator | None = None, kv_reuse: bool = True,
+                    causal_fix: bool = False, on_step: Callable[[StepTrace], None] | None = None,
+                    batch_size: int | None = None) -> DecodeResult: ...
+
+
 @torch.no_grad()
 def decode_refusion(
     model: torch.nn.Module,
-    prompt_ids: Sequence[int] | torch.Tensor,
+    prompt_ids: Prompt | Prompts,
     config: ReFusionConfig,
     *,
     mask_token_id: int,
     eos_token_id: EosIds,
-    generator: torch.Generator | None = None,
+    generator: Generators = None,
     kv_reuse: bool = True,
     causal_fix: bool = False,
-    on_step: Callable[[StepTrace], None] | None = None,
-) -> DecodeResult:
-    """Decode one response with ReFusion; ``on_step`` sees every iteration as it is committed.
+    on_step: Callable[..., None] | None = None,
+    batch_size: int | None = None,
+) -> DecodeResult | list[DecodeResult]:
+    """Decode one response with ReFusion, or one per prompt of a batch; ``on_step`` sees every
+    iteration as it is committed (with a batch: ``on_step(prompt_index, step)``).
 
+    A batch (a list of prompts) returns one result per prompt, in order. ``batch_size`` rows
+    (None: all) decode at once, one shared model call per round; each row runs exactly its own
+    decode (same tokens, same forwards as alone), and when one finishes the next prompt takes its
+    row. With ``temperature`` > 0 a shared ``generator`` is drawn from by the rows in turn; give
+    one generator per prompt to draw each row's noise as its own decode would.
     ``kv_reuse=False`` and ``causal_fix=True`` are ablations (see the module docstring)."""
+    batch = is_batch(prompt_ids)
+    check_batch_size(batch_size)
     device = next(model.parameters()).device
-    prompt = prompt_tensor(prompt_ids, device)
-    n_prompt, k = prompt.numel(), config.slot_size
-    check_ids(model, prompt, n_prompt + config.padded_length,
-              mask_token_id=mask_token_id, eos_token_id=eos_token_id)
+    prompts = [prompt_tensor(p, device) for p in (prompt_ids if batch else [prompt_ids])]
+    for prompt in prompts:
+        check_ids(model, prompt, prompt.numel() + config.padded_length,
+                  mask_token_id=mask_token_id, eos_token_id=eos_token_id)
+    generators = row_generators(generator, len(prompts))
+    stop_ids = eos_ids(eos_token_id)
+    stops = torch.tensor(stop_ids, dtype=torch.long, device=device) if stop_ids else None  # made once per decode
+    lanes = Lanes(model, reuse=kv_reuse)
+    clock = BatchClock(device)
+
+    def start(index: int) -> LaneStep[DecodeResult]:
+        stats = DecodeStats()
+        ctx = lanes.open(index, stats, prompts[index])
+        if on_step is None:
+            report = None
+        elif batch:
+            report = lambda step: clock.report(stats, lambda record: on_step(index, record), step)  # noqa: E731
+        else:
+            report = lambda step: clock.report(stats, on_step, step)  # noqa: E731
+        return decode_lane(ctx, stats, prompts[index].numel(), config, mask_token_id, stops, eos_token_id,
+                           generators[index], causal_fix, report)
+
+    results = drive(lanes, start, len(prompts), batch_size, clock)
+    return results if batch else results[0]
+
+
+def decode_lane(ctx: Lane, stats: DecodeStats, n_prompt: int, config: ReFusionConfig, mask_token_id: int,
+                stops: torch.Tensor | None, eos_token_id: EosIds, generator: torch.Generator | None,
+                causal_fix: bool, report: Callable[[StepTrace], None] | None) -> LaneStep[DecodeResult]:
+    """One prompt's decode as a lane program (see cache.drive); returns its result, ``seconds`` unset."""
+    device, k = ctx.lanes.device, config.slot_size
     n_slots = config.padded_length // k
     slots_per_block = config.block_tokens // k
     # true position ids of every response slot: [n_slots, k]
     slot_pos = torch.arange(n_prompt, n_prompt + n_slots * k, device=device).view(n_slots, k)
-    stop_ids = eos_ids(eos_token_id)
-    stops = torch.tensor(stop_ids, dtype=torch.long, device=device) if stop_ids else None  # made once per decode
-
-    stats = DecodeStats()
     trace: list[StepTrace] = []
     response = torch.full((n_slots * k,), -1, dtype=torch.long, device=device)  # by offset; -1 = not committed
-    with Timer(device) as timer:
-        ctx = Context(model, stats, prompt, torch.arange(n_prompt, device=device), reuse=kv_reuse)
-        for block, first_slot in enumerate(range(0, n_slots, slots_per_block)):
-            masked = list(range(first_slot, min(first_slot + slots_per_block, n_slots)))
-            ended = False
-            while masked:
-                # 1) plan
-                chosen_idx, drafts = plan_slots(ctx, masked, slot_pos, config, mask_token_id, generator)
-                chosen = [masked[i] for i in chosen_idx]
-                rows, positions = drafts[chosen_idx], slot_pos[chosen]  # [R, k]
-                # 2) verify
-                accepted = verify_drafts(ctx, rows, positions, config.token_threshold)
-                prefix = int(accepted.flatten().long().cumprod(0).sum())
+    for block, first_slot in enumerate(range(0, n_slots, slots_per_block)):
+        masked = list(range(first_slot, min(first_slot + slots_per_block, n_slots)))
+        ended = False
+        while masked:
+            # 1) plan
+            chosen_idx, drafts = yield from plan_slots(ctx, masked, slot_pos, config, mask_token_id, generator)
+            chosen = [masked[i] for i in chosen_idx]
+            rows, positions = drafts[chosen_idx], slot_pos[chosen]  # [R, k]
+            # 2) verify
+            accepted = yield from verify_drafts(ctx, rows, positions, config.token_threshold)
+            prefix = int(accepted.flatten().long().cumprod(0).sum())
+            flat = rows.flatten()
+            eos_at = _first_eos(flat[:prefix], stops)
+            if eos_at is not None or prefix >= k:
+                n_commit = eos_at + 1 if eos_at is not None else prefix // k * k
+                path, rounds = "fast", 0
+                kinds = torch.full_like(rows, VERIFIED)
+                kinds[:, 0] = FIRST
+            else:
+                # 3) complete in parallel
+                rows, rounds, kinds = yield from complete_slots(ctx, rows, positions,
+                                                                accepted.long().cumprod(-1).bool(), config,
+                                                                mask_token_id, stops, causal_fix)
                 flat = rows.flatten()
-                eos_at = _first_eos(flat[:prefix], stops)
-                if eos_at is not None or prefix >= k:
-                    n_commit = eos_at + 1 if eos_at is not None else prefix // k * k
-                    path, rounds = "fast", 0
-                    kinds = torch.full_like(rows, VERIFIED)
-                    kinds[:, 0] = FIRST
-                else:
-                    # 3) complete in parallel
-                    rows, rounds, kinds = complete_slots(ctx, rows, positions, accepted.long().cumprod(-1).bool(),
-                                                         config, mask_token_id, stops, causal_fix)
-                    flat = rows.flatten()
-                    eos_at = _first_eos(flat, stops)
-                    n_commit = eos_at + 1 if eos_at is not None else flat.numel()
-                    path = "completion"
-                # 4) commit: the first n_commit fed tokens, with the K/V just computed
-                ctx.commit(n_commit)
-                done = chosen[: -(-n_commit // k)]
-                offsets = (slot_pos[done].flatten()[:n_commit] - n_prompt)
-                response[offsets] = flat[:n_commit]
-                masked = [s for s in masked if s not in done]
-                if eos_at is not None:  # nothing right of the EOS slot is decoded any more
-                    ended = True
-                    masked = [s for s in masked if s < done[-1]]
-                step = StepTrace(block, path, chosen, done, prefix, rounds, eos_at is not None,
-                                 offsets.tolist(), flat[:n_commit].tolist(),
-                                 [KIND_NAMES[kind] for kind in kinds.flatten()[:n_commit].tolist()])
-                trace.append(step)
-                report_step(stats, on_step, step)
-            if ended:
-                break
+                eos_at = _first_eos(flat, stops)
+                n_commit = eos_at + 1 if eos_at is not None else flat.numel()
+                path = "completion"
+            # 4) commit: the first n_commit fed tokens, with the K/V just computed
+            ctx.commit(n_commit)
+            done = chosen[: -(-n_commit // k)]
+            offsets = (slot_pos[done].flatten()[:n_commit] - n_prompt)
+            response[offsets] = flat[:n_commit]
+            masked = [s for s in masked if s not in done]
+            if eos_at is not None:  # nothing right of the EOS slot is decoded any more
+                ended = True
+                masked = [s for s in masked if s < done[-1]]
+            step = StepTrace(block, path, chosen, done, prefix, rounds, eos_at is not None,
+                             offsets.tolist(), flat[:n_commit].tolist(),
+                             [KIND_NAMES[kind] for kind in kinds.flatten()[:n_commit].tolist()])
+            trace.append(step)
+            if report is not None:
+                report(step)
+        if ended:
+            break
     tokens = cut_after_eos([t for t in response.tolist() if t >= 0], eos_token_id)
-    stats.seconds = timer.seconds - stats.callback_seconds
     stats.tokens = len(tokens)
     return DecodeResult(tokens=tokens, stats=stats, trace=trace)
 

@@ -6,6 +6,11 @@ Counting rule: ``tokens`` is the number of response tokens up to and including t
 drafting, a CFG pass); ``seconds`` is the wall time of the whole decode call, less the time spent
 in the caller's ``on_step`` callback (a live view's drawing is not decoding). TPS = tokens / seconds
 and TPF = tokens / forwards.
+
+A batched decode (several prompts at once) keeps these counters per prompt: ``forwards`` counts the
+model calls that prompt's row took part in, ``positions`` the positions it fed, ``seconds`` is its
+latency (from the start of the batched call until the row finished, less all callback time so far).
+:func:`batch_stats` sums a batch up: its throughput is total tokens / wall seconds of the call.
 """
 
 from __future__ import annotations
@@ -103,6 +108,54 @@ class Timer:
         self.seconds = time.perf_counter() - self._start
 
 
+class BatchClock:
+    """The wall clock of one batched decode call: each row's latency, less every callback's time.
+
+    Started (device synchronised) on creation; :meth:`report` hands a record to the caller's
+    callback and keeps its time out of every later latency; :meth:`latency` is the time since the
+    start (device synchronised), less the callback time so far. With one row this is
+    :class:`Timer`'s ``seconds`` less the callback time, the rule of a single decode.
+    """
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.callback_seconds = 0.0
+        synchronize(device)
+        self._start = time.perf_counter()
+
+    def report(self, stats: DecodeStats, on_step: Callable[[Any], None] | None, record: Any) -> None:
+        """:func:`report_step`, with the callback's time also kept out of every row's latency."""
+        before = stats.callback_seconds
+        report_step(stats, on_step, record)
+        self.callback_seconds += stats.callback_seconds - before
+
+    def latency(self) -> float:
+        synchronize(self.device)
+        return time.perf_counter() - self._start - self.callback_seconds
+
+
+@dataclass(frozen=True)
+class BatchStats:
+    """Totals of a batched decode: its throughput is ``tokens / seconds``."""
+
+    rows: int  # prompts decoded
+    tokens: int  # response tokens of all rows
+    seconds: float  # wall time of the batched call (the last row's latency)
+    forwards: int  # forwards summed over the rows (a model call shared by r rows counts r times)
+
+    @property
+    def tps(self) -> float:
+        """Tokens per second of the whole batch."""
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+def batch_stats(results: Sequence["DecodeResult"]) -> BatchStats:
+    """Sum up the per-row results of one batched decode call (the call ends when its last row does)."""
+    return BatchStats(rows=len(results), tokens=sum(r.stats.tokens for r in results),
+                      seconds=max((r.stats.seconds for r in results), default=0.0),
+                      forwards=sum(r.stats.forwards for r in results))
+
+
 def report_step(stats: DecodeStats, on_step: Callable[[Any], None] | None, record: Any) -> None:
     """Hand ``record`` to the caller's ``on_step``; its time is kept out of the decode's ``seconds``."""
     if on_step is None:
@@ -120,16 +173,26 @@ def counted_forward(model: torch.nn.Module, stats: DecodeStats, **inputs: torch.
     queue inside the timed decode; there ``forward_seconds`` is None and only the whole decode is
     timed (synchronised at both ends).
     """
-    input_ids = inputs["input_ids"]
+    out, seconds = timed_call(model, **inputs)
+    count_call(stats, inputs["input_ids"].numel(), seconds)
+    return out
+
+
+def timed_call(model: torch.nn.Module, **inputs: torch.Tensor | object) -> tuple[Any, float | None]:
+    """``model(**inputs)`` and its wall time, measured on the CPU only (None elsewhere, see counted_forward)."""
     start = time.perf_counter()
     out = model(**inputs)
-    if input_ids.device.type == "cpu":
-        stats.forward_seconds += time.perf_counter() - start
-    else:
+    return out, (time.perf_counter() - start if inputs["input_ids"].device.type == "cpu" else None)
+
+
+def count_call(stats: DecodeStats, positions: int, seconds: float | None) -> None:
+    """Record one model call that fed ``positions`` positions for ``stats``' decode and took ``seconds``."""
+    if seconds is None or stats.forward_seconds is None:
         stats.forward_seconds = None
+    else:
+        stats.forward_seconds += seconds
     stats.forwards += 1
-    stats.positions += input_ids.numel()
-    return out
+    stats.positions += positions
 
 
 def last_logits(model: torch.nn.Module, n: int) -> dict[str, int]:

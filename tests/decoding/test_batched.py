@@ -1,0 +1,163 @@
+"""Batched decoding: every row of a batch decodes exactly as its prompt alone (tokens, forwards, trace).
+
+Rows of one batch take different paths (fast commit, completion, EOS early, late or never), have
+prompts of different lengths, and join a running batch when a row finishes (batch_size below the
+number of prompts) or leave it without replacement (batch_size above the prompts left).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from refusion_cli.decoding import ReFusionConfig, decode_ar, decode_refusion
+from refusion_cli.decoding.stats import batch_stats
+from refusion_cli.errors import UserError
+from tests.decoding.test_refusion_reference import CONFIGS, MODEL_SEEDS
+from tests.tiny import MASK_ID, tiny_qwen3
+
+PROMPT_LENGTHS = [1, 9, 4, 6, 2]
+
+
+@pytest.fixture(scope="module")
+def models():
+    return {seed: tiny_qwen3(seed, init_std=0.6) for seed in MODEL_SEEDS}
+
+
+def prompts_for(seed: int) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, MASK_ID - 2, (length,), generator=generator).tolist() for length in PROMPT_LENGTHS]
+
+
+def eos_ids_for(free: list[list[int]]) -> tuple[int, ...]:
+    """Two EOS ids: one from early in the first row's free answer, one from late in the second's."""
+    return free[0][len(free[0]) // 4], free[1][-2]
+
+
+def same_as_alone(batched, alone) -> None:
+    assert len(batched) == len(alone)
+    for row, (got, expected) in enumerate(zip(batched, alone)):
+        assert got.tokens == expected.tokens, row
+        assert got.stats.tokens == expected.stats.tokens, row
+        assert got.stats.forwards == expected.stats.forwards, row
+        assert got.stats.positions == expected.stats.positions, row
+        assert got.trace == expected.trace, row
+
+
+def test_refusion_rows_decode_as_alone_over_the_reference_sweep(models):
+    seen = {"fast_multi": 0, "completion_multi": 0, "eos_fast": 0, "eos_completion": 0, "eos_early": 0,
+            "eos_late": 0, "no_eos": 0}
+    for seed, (k, b, n, ts, tt) in itertools.product(MODEL_SEEDS, CONFIGS):
+        model, prompts = models[seed], prompts_for(seed)
+        config = ReFusionConfig(gen_length=n, slot_size=k, block_size=b, slot_threshold=ts, token_threshold=tt)
+
+        def decode(prompt_ids, eos, **options):
+            return decode_refusion(model, prompt_ids, config, mask_token_id=MASK_ID, eos_token_id=eos, **options)
+
+        eos = eos_ids_for([decode(p, None).tokens for p in prompts])
+        alone = [decode(p, eos) for p in prompts]
+        for batch_size in (None, 2, len(prompts) + 3):
+            same_as_alone(decode(prompts, eos, batch_size=batch_size), alone)
+        for result in alone:
+            ended = result.tokens[-1] in eos
+            seen["no_eos"] += not ended
+            seen["eos_early"] += ended and len(result.tokens) <= n // 2
+            seen["eos_late"] += ended and len(result.tokens) > n // 2
+            for step in result.trace:
+                seen["fast_multi"] += step.path == "fast" and len(step.committed) > 1
+                seen["completion_multi"] += step.path == "completion" and len(step.committed) > 1
+                seen["eos_fast"] += step.path == "fast" and step.eos
+                seen["eos_completion"] += step.path == "completion" and step.eos
+    assert all(count > 0 for count in seen.values()), seen
+
+
+@pytest.mark.parametrize("options", [{"kv_reuse": False}, {"causal_fix": True}])
+def test_refusion_ablations_batch_as_alone(models, options):
+    for seed, (k, b, n, ts, tt) in itertools.product(MODEL_SEEDS, CONFIGS[:5]):
+        model, prompts = models[seed], prompts_for(seed)
+        config = ReFusionConfig(gen_length=n, slot_size=k, block_size=b, slot_threshold=ts, token_threshold=tt)
+        eos = eos_ids_for([decode_refusion(model, p, config, mask_token_id=MASK_ID, eos_token_id=None,
+                                           **options).tokens for p in prompts])
+        alone = [decode_refusion(model, p, config, mask_token_id=MASK_ID, eos_token_id=eos, **options)
+                 for p in prompts]
+        batched = decode_refusion(model, prompts, config, mask_token_id=MASK_ID, eos_token_id=eos, batch_size=3,
+                                  **options)
+        same_as_alone(batched, alone)
+
+
+def test_refusion_rows_draw_from_their_own_generators(models):
+    config = ReFusionConfig(gen_length=16, slot_size=4, block_size=8, slot_threshold=0.3, token_threshold=0.3,
+                            temperature=1.0)
+    prompts = prompts_for(0)
+    alone = [decode_refusion(models[0], p, config, mask_token_id=MASK_ID, eos_token_id=None,
+                             generator=torch.Generator().manual_seed(row)) for row, p in enumerate(prompts)]
+    batched = decode_refusion(models[0], prompts, config, mask_token_id=MASK_ID, eos_token_id=None, batch_size=2,
+                              generator=[torch.Generator().manual_seed(row) for row in range(len(prompts))])
+    same_as_alone(batched, alone)
+    with pytest.raises(UserError, match="2 generators for 5 prompts"):
+        decode_refusion(models[0], prompts, config, mask_token_id=MASK_ID, eos_token_id=None,
+                        generator=[torch.Generator(), torch.Generator()])
+
+
+@pytest.mark.parametrize("max_new", [1, 12, 30])
+def test_ar_rows_decode_as_alone(models, max_new):
+    lengths = []
+    for seed in MODEL_SEEDS:
+        model, prompts = models[seed], prompts_for(seed)
+        eos = eos_ids_for([decode_ar(model, p, max_new_tokens=30, eos_token_id=None).tokens for p in prompts])
+        alone = [decode_ar(model, p, max_new_tokens=max_new, eos_token_id=eos) for p in prompts]
+        for batch_size in (None, 2, len(prompts) + 3):
+            same_as_alone(decode_ar(model, prompts, max_new_tokens=max_new, eos_token_id=eos, batch_size=batch_size),
+                          alone)
+        lengths += [len(result.tokens) for result in alone]
+    if max_new == 30:  # the EOS ids end some rows early, some late, and leave others running to the budget
+        assert min(lengths) <= 10 and max(lengths) == 30 and any(15 < n < 30 for n in lengths), lengths
+
+
+def test_finished_rows_leave_the_batch_and_waiting_prompts_take_their_place(models, record_calls):
+    model, prompts = models[0], prompts_for(0)
+    free = [decode_ar(model, p, max_new_tokens=30, eos_token_id=None).tokens for p in prompts]
+    eos = eos_ids_for(free)
+    alone = [decode_ar(model, p, max_new_tokens=30, eos_token_id=eos) for p in prompts]
+    for batch_size in (None, 2):
+        calls = record_calls(model)
+        batched = decode_ar(model, prompts, max_new_tokens=30, eos_token_id=eos, batch_size=batch_size)
+        rows = [call.shape[0] for call in calls]
+        limit = batch_size or len(prompts)
+        assert max(rows) == limit and rows[-1] == 1  # the last row decodes alone at the end
+        # a row costs compute only while it runs: the calls' rows sum to the rows' own forwards
+        assert sum(rows) == sum(result.stats.forwards for result in batched) == sum(len(r.tokens) for r in alone)
+        if batch_size == 2:  # refilled: never more calls than decoding the rows two by two in lockstep
+            assert len(calls) < sum(r.stats.forwards for r in alone)
+        calls.clear()
+
+
+def test_batch_of_one_is_the_single_decode_and_batch_stats_sum_up(models):
+    model, prompts = models[1], prompts_for(1)
+    config = ReFusionConfig(gen_length=16, slot_size=4, block_size=8, slot_threshold=0.3, token_threshold=0.3)
+    single = decode_refusion(model, prompts[1], config, mask_token_id=MASK_ID, eos_token_id=None)
+    (row,) = decode_refusion(model, [prompts[1]], config, mask_token_id=MASK_ID, eos_token_id=None)
+    assert row.tokens == single.tokens and row.stats.forwards == single.stats.forwards
+    batched = decode_refusion(model, prompts, config, mask_token_id=MASK_ID, eos_token_id=None, batch_size=2)
+    totals = batch_stats(batched)
+    assert totals.rows == len(prompts) and totals.tokens == sum(r.stats.tokens for r in batched)
+    assert totals.seconds == max(r.stats.seconds for r in batched) > 0
+    assert totals.tps == totals.tokens / totals.seconds
+    # rows 0 and 1 start first and finish before the last row, which waited for a free row
+    assert batched[-1].stats.seconds == totals.seconds
+
+
+def test_on_step_of_a_batch_names_the_prompt(models):
+    model, prompts = models[2], prompts_for(2)
+    config = ReFusionConfig(gen_length=16, slot_size=4, block_size=8, slot_threshold=0.3, token_threshold=0.3)
+    seen: dict[int, list] = {}
+    results = decode_refusion(model, prompts, config, mask_token_id=MASK_ID, eos_token_id=None, batch_size=3,
+                              on_step=lambda index, step: seen.setdefault(index, []).append(step))
+    assert seen == {index: result.trace for index, result in enumerate(results)}
+
+
+def test_bad_batch_size_is_refused(models):
+    with pytest.raises(UserError, match="batch_size must be a positive integer"):
+        decode_ar(models[0], [[1, 2], [3]], max_new_tokens=4, eos_token_id=None, batch_size=0)
