@@ -7,8 +7,9 @@ and calls every decoder the same way (``run_decoder``).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, overload
 
 import torch
 
@@ -17,7 +18,8 @@ from refusion_cli.decoding.config import ARConfig, ReFusionConfig, config_from_d
 from refusion_cli.decoding.dream import DreamConfig, decode_dream
 from refusion_cli.decoding.families import check_decoder_fits
 from refusion_cli.decoding.llada import LLaDAConfig, decode_llada
-from refusion_cli.decoding.refusion import decode_refusion
+from refusion_cli.decoding.refusion import (Generators, Prompt, Prompts, check_batch_size, decode_refusion, is_batch,
+                                            row_generators)
 from refusion_cli.decoding.stats import DecodeResult, EosIds
 from refusion_cli.errors import UserError
 
@@ -97,34 +99,65 @@ def default_model(decoder: str) -> str:
     return spec.default_model
 
 
+@overload
+def run_decoder(decoder: str, model: torch.nn.Module, prompt_ids: Prompts, config: Any, *,
+                mask_token_id: int | None, eos_token_id: EosIds, generator: Generators = None,
+                on_step: Callable[[int, Any], None] | None = None, kv_reuse: bool = True, causal_fix: bool = False,
+                batch_size: int | None = None) -> list[DecodeResult]: ...
+
+
+@overload
+def run_decoder(decoder: str, model: torch.nn.Module, prompt_ids: Prompt, config: Any, *,
+                mask_token_id: int | None, eos_token_id: EosIds, generator: torch.Generator | None = None,
+                on_step: Callable[[Any], None] | None = None, kv_reuse: bool = True, causal_fix: bool = False,
+                batch_size: int | None = None) -> DecodeResult: ...
+
+
 def run_decoder(
     decoder: str,
     model: torch.nn.Module,
-    prompt_ids: Sequence[int] | torch.Tensor,
+    prompt_ids: Prompt | Prompts,
     config: Any,
     *,
     mask_token_id: int | None,
     eos_token_id: EosIds,
-    generator: torch.Generator | None = None,
-    on_step: Callable[[Any], None] | None = None,
+    generator: Generators = None,
+    on_step: Callable[..., None] | None = None,
     kv_reuse: bool = True,
     causal_fix: bool = False,
-) -> DecodeResult:
-    """Decode one prompt with the named decoder (batch of one); ``kv_reuse`` and ``causal_fix`` are
-    ReFusion's ablations."""
+    batch_size: int | None = None,
+) -> DecodeResult | list[DecodeResult]:
+    """Decode one prompt with the named decoder, or a batch (a list of prompts: one result per prompt,
+    in order, ``on_step(prompt_index, record)``); ``kv_reuse`` and ``causal_fix`` are ReFusion's ablations.
+
+    ReFusion and AR decode ``batch_size`` rows (None: all) in shared model calls. LLaDA and Dream
+    take one prompt at a time: a batch is decoded prompt by prompt (``batch_size`` has no effect),
+    each row's ``seconds`` counted from the start of the call, as a batched row's latency."""
     spec = decoder_spec(decoder)
     if not isinstance(config, spec.config_class):
         raise UserError(f"the {decoder} decoder takes a {spec.config_class.__name__}, not {type(config).__name__}")
     if spec.needs_mask and mask_token_id is None:
         raise UserError(f"the {decoder} decoder needs a model with a mask token")
     if decoder == "ar":
-        return decode_ar(model, prompt_ids, max_new_tokens=config.gen_length, eos_token_id=eos_token_id)
+        return decode_ar(model, prompt_ids, max_new_tokens=config.gen_length, eos_token_id=eos_token_id,
+                         batch_size=batch_size)
     if decoder == "refusion":
         return decode_refusion(model, prompt_ids, config, mask_token_id=mask_token_id, eos_token_id=eos_token_id,
-                               generator=generator, kv_reuse=kv_reuse, causal_fix=causal_fix, on_step=on_step)
+                               generator=generator, kv_reuse=kv_reuse, causal_fix=causal_fix, on_step=on_step,
+                               batch_size=batch_size)
     decode = decode_llada if decoder == "llada" else decode_dream
-    return decode(model, prompt_ids, config, mask_token_id=mask_token_id, eos_token_id=eos_token_id,
-                  generator=generator, on_step=on_step)
+    if not is_batch(prompt_ids):
+        return decode(model, prompt_ids, config, mask_token_id=mask_token_id, eos_token_id=eos_token_id,
+                      generator=generator, on_step=on_step)
+    check_batch_size(batch_size)
+    results, elapsed = [], 0.0
+    for index, (prompt, row_generator) in enumerate(zip(prompt_ids, row_generators(generator, len(prompt_ids)))):
+        result = decode(model, prompt, config, mask_token_id=mask_token_id, eos_token_id=eos_token_id,
+                        generator=row_generator, on_step=None if on_step is None else functools.partial(on_step, index))
+        elapsed += result.stats.seconds
+        result.stats.seconds = elapsed
+        results.append(result)
+    return results
 
 
 __all__ = ["DECODERS", "DecoderSpec", "LLADA_BLOCK_LENGTH", "build_config", "check_decoder_fits", "decoder_spec",

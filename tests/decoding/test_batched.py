@@ -161,3 +161,23 @@ def test_on_step_of_a_batch_names_the_prompt(models):
 def test_bad_batch_size_is_refused(models):
     with pytest.raises(UserError, match="batch_size must be a positive integer"):
         decode_ar(models[0], [[1, 2], [3]], max_new_tokens=4, eos_token_id=None, batch_size=0)
+
+
+def test_run_decoder_takes_a_batch_for_every_decoder(models, bidirectional_model):
+    from refusion_cli.decoding import LLaDAConfig
+    from refusion_cli.decoding.config import ARConfig
+    from refusion_cli.decoding.registry import run_decoder
+
+    prompts = prompts_for(0)
+    cases = [
+        ("refusion", models[0], ReFusionConfig(gen_length=16, slot_size=4, block_size=8, slot_threshold=0.3,
+                                               token_threshold=0.3)),
+        ("ar", models[0], ARConfig(gen_length=12)),
+        ("llada", bidirectional_model, LLaDAConfig(gen_length=8, steps=4, block_length=8)),  # prompt by prompt
+    ]
+    for decoder, model, config in cases:
+        alone = [run_decoder(decoder, model, p, config, mask_token_id=MASK_ID, eos_token_id=None) for p in prompts]
+        batched = run_decoder(decoder, model, prompts, config, mask_token_id=MASK_ID, eos_token_id=None, batch_size=2)
+        same_as_alone(batched, alone)
+        latencies = [result.stats.seconds for result in batched]
+        assert batch_stats(batched).seconds == max(latencies) > 0, decoder
