@@ -39,16 +39,9 @@ import torch
 
 from refusion_cli.bench.machine import Machine, PeakMemory, describe_machine
 from refusion_cli.bench.prompts import BenchPrompt
-from refusion_cli.decoding.registry import (
-    DECODERS,
-    build_config,
-    check_decoder_fits,
-    decoder_spec,
-    default_model,
-    run_decoder,
-    with_length,
-)
-from refusion_cli.decoding.stats import DecodeResult
+from refusion_cli.decoding.registry import check_decoder_fits, decoder_spec, default_model, run_decoder
+from refusion_cli.decoding.spec import DecoderChoice, preset_config
+from refusion_cli.decoding.stats import DecodeResult, mean_tps, run_tps
 from refusion_cli.errors import UserError
 from refusion_cli.models.chat import require_chat_template, user_prompt_ids
 from refusion_cli.models.loading import (
@@ -158,7 +151,7 @@ class BenchRow:
     gen_length: int
     prompts: int
     decodes: int
-    tps: float  # mean of tokens / seconds per decode
+    tps: float  # the row's tokens / its summed decode seconds (decoding.stats.run_tps, as refusion eval)
     speedup_vs_ar: float | None  # tps / AR's tps at the same length (1 for AR; None without an AR row)
     tpf: float  # mean tokens per forward
     forwards: float  # mean model calls per decode
@@ -169,6 +162,7 @@ class BenchRow:
     accuracy: float | None  # share of scored decodes that are correct (None when no prompt has a target)
     scored: int  # decodes with a target
     config: str  # the decoder config, "name=value ..."
+    tps_sample_mean: float = 0.0  # the mean of the per-decode TPS, beside ``tps``
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -182,20 +176,11 @@ def decoder_config(decoder: str, gen_length: int, overrides: dict[str, str] | No
                    preset: str | None = None) -> Any:
     """The config a decoder is benchmarked with at ``gen_length``: its defaults (LLaDA and Dream:
     one token per step; LLaDA: blocks of 32 when 32 divides the length), a ReFusion preset, then
-    ``overrides`` (validated by ``build_config``)."""
+    ``overrides`` (:class:`~refusion_cli.decoding.spec.DecoderChoice`, as eval and chat build theirs)."""
     overrides = dict(overrides or {})
     if "gen_length" in overrides:
         raise UserError(f"set the response length with --gen-length, not --set {decoder}.gen_length")
-    values = with_length(decoder, {"gen_length": gen_length, **overrides})
-    base = preset_config(preset) if preset is not None and decoder == "refusion" else None
-    return build_config(decoder, values, base=base)
-
-
-def preset_config(name: str) -> Any:
-    """A ReFusion preset by name: the paper's (``gsm8k``, ...) or one of evals/suite.yaml (``synthetic_tiny``)."""
-    from refusion_cli.harness.suite import load_suite
-
-    return load_suite().preset(name)
+    return DecoderChoice(decoder, None, preset, overrides).config(gen_length)
 
 
 def measuring_order(decoders: Sequence[str]) -> list[str]:
@@ -267,7 +252,7 @@ class ModelSlot:
         self.loaded: LoadedModel | None = None
 
     def get(self, model: str, decoder: str) -> LoadedModel:
-        key = (model, DECODERS[decoder].needs_mask)
+        key = (model, decoder_spec(decoder).needs_mask)
         if key != self.key:
             self.release()
             self.loaded = load_model(model, self.settings.device, self.settings.dtype,
@@ -366,7 +351,8 @@ def measure_entry(
 def summarise(entry: BenchEntry, samples: Sequence[BenchSample], n_prompts: int, peak_mem_mib: float,
               ar_tps: float | None) -> BenchRow:
     scored = [sample.correct for sample in samples if sample.correct is not None]
-    tps = mean([sample.tps for sample in samples])
+    tokens, seconds = [sample.tokens for sample in samples], [sample.seconds for sample in samples]
+    tps = run_tps(tokens, seconds)
     latencies_ms = [sample.seconds * 1000 for sample in samples]
     return BenchRow(
         decoder=entry.label, model=entry.model, gen_length=entry.gen_length, prompts=n_prompts,
@@ -375,7 +361,7 @@ def summarise(entry: BenchEntry, samples: Sequence[BenchSample], n_prompts: int,
         tokens=mean([sample.tokens for sample in samples]),
         latency_p50_ms=percentile(latencies_ms, 50), latency_p95_ms=percentile(latencies_ms, 95),
         peak_mem_mib=peak_mem_mib, accuracy=mean(scored) if scored else None, scored=len(scored),
-        config=describe_config(entry.config),
+        config=describe_config(entry.config), tps_sample_mean=mean_tps(tokens, seconds),
     )
 
 

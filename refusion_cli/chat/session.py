@@ -27,7 +27,7 @@ Nothing here prints; the chat front end (``refusion_cli.chat.app``) owns the ter
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +35,7 @@ import torch
 from jinja2 import TemplateError
 
 from refusion_cli.decoding.registry import build_config, check_decoder_fits, run_decoder, with_length
+from refusion_cli.decoding.spec import DecoderChoice
 from refusion_cli.decoding.stats import DecodeStats
 from refusion_cli.errors import UserError
 from refusion_cli.models.chat import chat_prompt_ids
@@ -44,9 +45,10 @@ from refusion_cli.models.loading import LoadedModel
 SYSTEM_PROBE = "?"  # the user turn rendered after a new system message, to see that the template takes it
 
 
-def chat_config(decoder: str, overrides: dict[str, Any]) -> Any:
-    """The decoder config a chat starts with: the defaults, what follows --set gen_length, then --set."""
-    return build_config(decoder, with_length(decoder, overrides))
+def chat_config(decoder: str, overrides: Mapping[str, Any], preset: str | None = None) -> Any:
+    """The decoder config a chat starts with: the preset or the defaults, what follows --set gen_length,
+    then --set (:class:`~refusion_cli.decoding.spec.DecoderChoice`, as eval and bench build theirs)."""
+    return DecoderChoice(decoder, None, preset, dict(overrides)).config()
 
 
 @dataclass
@@ -60,14 +62,14 @@ class ChatAnswer:
 class ChatSession:
     def __init__(self, loaded: LoadedModel, decoder: str = "refusion", overrides: dict[str, Any] | None = None,
                  *, model_name: str = "", seed: int = 0, force: bool = False, keep_history: bool = True,
-                 system: str | None = None):
+                 system: str | None = None, preset: str | None = None):
         check_decoder_fits(decoder, loaded.bidirectional, force=force)
         self.keep_history = keep_history  # False: every question is asked on its own
         self.loaded = loaded
         self.decoder = decoder
         self.model_name = model_name or loaded.source
         self.explicit = set(overrides or {})  # settings the user gave; the others may follow gen_length
-        self.config = chat_config(decoder, overrides or {})
+        self.config = chat_config(decoder, overrides or {}, preset)
         self.system: str | None = None
         self.exchanges: list[tuple[str, ChatAnswer]] = []  # (question, answer) since the last reset, in order
         self.last: ChatAnswer | None = None

@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -68,9 +67,11 @@ from refusion_cli.bench.runner import (
     plan_entries,
     run_bench,
 )
-from refusion_cli.cli.options import PATH_OPTION, seed_value, text_value
+from refusion_cli.cli.options import (PATH_OPTION, MultiValues, option_values, route_stray_values, seed_value,
+                                      split_commas, text_value)
 from refusion_cli.cli.output import console, print_table, quiet_library_output
 from refusion_cli.decoding.registry import DECODERS
+from refusion_cli.decoding.spec import parse_decoder_options
 from refusion_cli.errors import UserError
 from refusion_cli.models.loading import LoadedModel
 from refusion_cli.paths import check_output_dir
@@ -86,8 +87,9 @@ def bench(
     decoder: Annotated[list[str] | None, typer.Option("--decoder", "-d", help=f"decoders to compare "
                                                       f"({', '.join(DECODERS)}); default: "
                                                       f"{' '.join(DEFAULT_DECODERS)}", rich_help_panel=RUN)] = None,
-    model: Annotated[list[str] | None, typer.Option("--model", help="DECODER=CHECKPOINT (embedded name, directory "
-                                                    "or hub id); default: each decoder's embedded model",
+    model: Annotated[list[str] | None, typer.Option("--model", help="CHECKPOINT for every decoder, or "
+                                                    "DECODER=CHECKPOINT for one (embedded name, directory or hub "
+                                                    "id); default: each decoder's embedded model",
                                                     rich_help_panel=RUN)] = None,
     prompts: Annotated[Path | None, typer.Option("--prompts", **PATH_OPTION, help="JSONL with a 'prompt' or "
                                                  "'question' field and an optional 'target'; default: the "
@@ -97,8 +99,9 @@ def bench(
     gen_length: Annotated[list[str] | None, typer.Option("--gen-length", help=f"response length budget(s); several "
                                                          f"give a sweep (default {DEFAULT_GEN_LENGTH})",
                                                          rich_help_panel=RUN)] = None,
-    set_options: Annotated[list[str] | None, typer.Option("--set", help="DECODER.OPTION=VALUE decoder config "
-                                                          "override, e.g. refusion.slot_size=16",
+    set_options: Annotated[list[str] | None, typer.Option("--set", help="decoder option KEY=VALUE for every "
+                                                          "decoder that has it, or DECODER.KEY=VALUE for one "
+                                                          "(e.g. slot_size=16)",
                                                           rich_help_panel=RUN)] = None,
     preset: Annotated[str | None, typer.Option("--preset", help="ReFusion settings: a paper benchmark's "
                                                "(gsm8k, math, ...) or a preset of evals/suite.yaml (synthetic_tiny), "
@@ -138,15 +141,13 @@ def bench(
     """Compare decoders' speed (TPS, tokens per forward, latency, memory) and accuracy on the same prompts."""
     # --tps names the measurement; it is the only one so far, so it is on whether given or not
     values = route_stray_values(stray or [], MultiValues(option_values(decoder, "--decoder"),
-                                                         option_values(gen_length, "--gen-length"),
-                                                         list(model or []), list(set_options or [])))
-    decoders = tuple(values.decoders or DEFAULT_DECODERS)
-    settings = BenchSettings(
-        decoders=decoders, gen_lengths=tuple(parse_lengths(values.gen_lengths) or (DEFAULT_GEN_LENGTH,)),
-        models=parse_models(values.models, decoders), overrides=parse_overrides(values.overrides),
-        preset=preset, ablation=ablation, causal_fix=causal_fix, warmup=warmup, repeats=repeats, seed=seed,
-        device=device, dtype=dtype, trust_remote_code=trust_remote_code,
-    )
+                                                         list(model or []), split_commas(set_options),
+                                                         gen_lengths=option_values(gen_length, "--gen-length")),
+                                "refusion bench")
+    settings = bench_settings(values, preset, ablation=ablation, causal_fix=causal_fix, warmup=warmup,
+                              repeats=repeats, seed=seed, device=device, dtype=dtype,
+                              trust_remote_code=trust_remote_code)
+    decoders = settings.decoders
     prompt_list = load_prompts(prompts, limit)
     entries = plan_entries(settings)
     if threads is not None:
@@ -184,46 +185,16 @@ def bench(
 # options with several values
 
 
-@dataclass
-class MultiValues:
-    decoders: list[str] = field(default_factory=list)
-    gen_lengths: list[str] = field(default_factory=list)
-    models: list[str] = field(default_factory=list)  # DECODER=CHECKPOINT
-    overrides: list[str] = field(default_factory=list)  # DECODER.OPTION=VALUE
-
-
-def split_commas(values: list[str] | None) -> list[str]:
-    return [part for value in values or [] for part in value.split(",") if part]
-
-
-def option_values(values: list[str] | None, option: str) -> list[str]:
-    """The comma-separated values of a repeatable option; given with nothing in it (``--decoder ""``) is an
-    error, not the default."""
-    parts = split_commas(values)
-    if values and not parts:
-        raise UserError(f"{option} is empty", hint=f"leave {option} out for the default")
-    return parts
-
-
-def route_stray_values(stray: list[str], values: MultiValues) -> MultiValues:
-    """Give each stray argument to the multi-value option its shape belongs to, if that option was used.
-
-    ``DECODER.OPTION=VALUE`` -> --set; ``DECODER=PATH`` -> --model; a whole number -> --gen-length;
-    any other word -> --decoder. A value whose option was not given is an error.
-    """
-    for value in split_commas(stray):
-        key = value.split("=", 1)[0]
-        if "=" in value and "." in key and values.overrides:
-            values.overrides.append(value)
-        elif "=" in value and "." not in key and values.models:
-            values.models.append(value)
-        elif value.isdigit() and values.gen_lengths:
-            values.gen_lengths.append(value)
-        elif "=" not in value and not value.isdigit() and values.decoders:
-            values.decoders.append(value)
-        else:
-            raise UserError(f"unexpected argument '{value}'", hint="see refusion bench --help")
-    return values
+def bench_settings(values: MultiValues, preset: str | None, **measuring: Any) -> BenchSettings:
+    """The run's settings from the options: the decoders, checkpoints, --set values and preset in the grammar
+    eval and chat share (:func:`~refusion_cli.decoding.spec.parse_decoder_options`), the lengths, ``measuring``."""
+    choices = parse_decoder_options(values.decoders or DEFAULT_DECODERS, values.models, values.overrides, preset)
+    return BenchSettings(
+        decoders=tuple(choice.decoder for choice in choices),
+        gen_lengths=tuple(parse_lengths(values.gen_lengths) or (DEFAULT_GEN_LENGTH,)),
+        models={choice.decoder: choice.model for choice in choices if choice.model is not None},
+        overrides={choice.decoder: dict(choice.overrides) for choice in choices if choice.overrides},
+        preset=preset, **measuring)
 
 
 def parse_lengths(values: list[str]) -> list[int]:
@@ -234,42 +205,6 @@ def parse_lengths(values: list[str]) -> list[int]:
         except ValueError:
             raise UserError(f"--gen-length must be a positive integer, got '{value}'") from None
     return lengths
-
-
-def parse_models(values: list[str], decoders: tuple[str, ...]) -> dict[str, str]:
-    """``DECODER=CHECKPOINT`` pairs; a bare checkpoint is allowed when one decoder is benchmarked."""
-    models: dict[str, str] = {}
-    for value in values:
-        name, sep, checkpoint = value.partition("=")
-        if not value.strip():
-            raise UserError("--model is empty", hint="leave --model out for each decoder's embedded model")
-        if sep and not name:
-            raise UserError(f"--model takes DECODER=CHECKPOINT, got '{value}'", hint="e.g. --model ar=ar-tiny")
-        if not sep:
-            if len(dict.fromkeys(decoders)) != 1:
-                raise UserError(f"--model takes DECODER=CHECKPOINT when several decoders run, got '{value}'",
-                                hint="e.g. --model refusion=path/to/ckpt ar=ar-tiny")
-            name, checkpoint = decoders[0], value
-        if not checkpoint:
-            raise UserError(f"--model {value}: no checkpoint after '='")
-        if models.get(name, checkpoint) != checkpoint:
-            raise UserError(f"--model gives {name} two checkpoints: {models[name]} and {checkpoint}")
-        models[name] = checkpoint
-    return models
-
-
-def parse_overrides(values: list[str]) -> dict[str, dict[str, str]]:
-    overrides: dict[str, dict[str, str]] = {}
-    for value in values:
-        key, sep, setting = value.partition("=")
-        name, dot, option = key.partition(".")
-        if not sep or not dot or not name or not option:
-            raise UserError(f"--set takes DECODER.OPTION=VALUE, got '{value}'", hint="e.g. --set refusion.slot_size=16")
-        options = overrides.setdefault(name, {})
-        if options.get(option, setting) != setting:
-            raise UserError(f"--set gives {name}.{option} two values: {options[option]} and {setting}")
-        options[option] = setting
-    return overrides
 
 
 # ---------------------------------------------------------------------------------------------

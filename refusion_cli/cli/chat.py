@@ -32,9 +32,10 @@ from rich.text import Text
 from refusion_cli.chat import ChatApp, ChatSession
 from refusion_cli.chat.session import chat_config
 from refusion_cli.chat.transcript import FileExists, check_target, check_writable, save_transcript
-from refusion_cli.cli.options import PATH_OPTION, seed_value, text_value
+from refusion_cli.cli.options import PATH_OPTION, seed_value, split_commas, text_value
 from refusion_cli.cli.output import console, err_console, quiet_library_output
-from refusion_cli.decoding.registry import DECODERS, decoder_spec, default_model
+from refusion_cli.decoding.registry import DECODERS, decoder_spec
+from refusion_cli.decoding.spec import DecoderChoice, parse_decoder_options
 from refusion_cli.errors import UserError
 from refusion_cli.models.chat import require_chat_template
 from refusion_cli.models.loading import load_model
@@ -47,13 +48,18 @@ SAVE_HINT = "--save never replaces a file: remove it or choose another path"
 
 def chat(
     model: Annotated[str | None, typer.Option("--model", parser=text_value, help="checkpoint: embedded name, local "
-                                              "directory or hub id (default: the decoder's embedded model, "
-                                              "refusion-tiny for refusion)", rich_help_panel=MODEL)] = None,
+                                              "directory or hub id, or DECODER=CHECKPOINT (default: the "
+                                              "decoder's embedded model, refusion-tiny for refusion)",
+                                              rich_help_panel=MODEL)] = None,
     decoder: Annotated[str, typer.Option("--decoder", "-d", help=f"{', '.join(DECODERS)}",
                                          rich_help_panel=DECODING)] = "refusion",
-    set_options: Annotated[list[str] | None, typer.Option("--set", help="NAME=VALUE decoder setting, e.g. "
-                                                          "slot_threshold=0.8 (repeatable; /set in the chat)",
+    set_options: Annotated[list[str] | None, typer.Option("--set", help="decoder setting KEY=VALUE or "
+                                                          "DECODER.KEY=VALUE, e.g. slot_threshold=0.8 "
+                                                          "(repeatable; /set in the chat)",
                                                           rich_help_panel=DECODING)] = None,
+    preset: Annotated[str | None, typer.Option("--preset", help="ReFusion settings: a paper benchmark's (gsm8k, "
+                                               "math, ...) or the toolkit's (synthetic_tiny), under --set",
+                                               rich_help_panel=DECODING)] = None,
     prompt: Annotated[str | None, typer.Option("--prompt", "-p", help="answer this one question and exit",
                                                rich_help_panel=DECODING)] = None,
     history: Annotated[bool, typer.Option("--history/--no-history", help="keep the conversation (default), or "
@@ -83,9 +89,10 @@ def chat(
     In the chat: /set NAME VALUE, /system [TEXT|off], /save PATH, /save! PATH, /stats, /reset, /help, /quit.
     Ctrl-C stops an answer, Ctrl-D leaves.
     """
-    spec = decoder_spec(decoder)
-    overrides = parse_settings(set_options or [])
-    chat_config(decoder, overrides)  # refuse bad settings before loading anything
+    choice = chat_choice(decoder, model, set_options, preset)
+    spec = decoder_spec(choice.decoder)
+    overrides = dict(choice.overrides)
+    chat_config(decoder, overrides, preset)  # refuse bad settings before loading anything
     if prompt is not None and not prompt.strip():
         raise UserError("--prompt is empty")
     if system_file is not None:
@@ -95,7 +102,7 @@ def chat(
     if save is not None:
         save = save.expanduser()
         save_conversation(save)  # an existing file is refused before the model loads
-    name = model or default_model(decoder)
+    name = choice.model
     if prompt is None and sys.stdin is None:
         raise UserError("stdin is closed: there is nothing to read questions from",
                         hint="pass a question with --prompt, or give the chat a terminal or a file")
@@ -105,7 +112,7 @@ def chat(
         loaded = load_model(name, device, dtype, trust_remote_code=trust_remote_code, require_mask=spec.needs_mask)
     require_chat_template(loaded.tokenizer, f"'{name}'")
     session = ChatSession(loaded, decoder, overrides, model_name=name, seed=seed, keep_history=history,
-                          system=system)
+                          system=system, preset=preset)
     app = ChatApp(session, console, err_console, strict=prompt is not None)
     try:
         failed = run_mode(app, prompt, interactive)
@@ -165,17 +172,13 @@ def save_conversation(path: Path, session: ChatSession | None = None) -> None:
         raise UserError(f"--save: {exc}") from exc
 
 
-def parse_settings(values: list[str]) -> dict[str, str]:
-    settings: dict[str, str] = {}
-    for value in values:
-        name, sep, setting = value.partition("=")
-        if not sep or not name.strip():
-            raise UserError(f"--set takes NAME=VALUE, got '{value}'", hint="e.g. --set slot_threshold=0.8")
-        name, setting = name.strip(), setting.strip()
-        if settings.get(name, setting) != setting:
-            raise UserError(f"--set gives {name} two values: {settings[name]} and {setting}")
-        settings[name] = setting
-    return settings
+def chat_choice(decoder: str, model: str | None, set_options: list[str] | None, preset: str | None) -> DecoderChoice:
+    """The chat's decoder, checkpoint, --set values and preset, in the grammar eval and bench share."""
+    choices = parse_decoder_options([decoder], [model] if model is not None else [], split_commas(set_options),
+                                    preset)
+    if len(choices) > 1:
+        raise UserError(f"--decoder {decoder}: a chat runs one decoder", hint="pick one of them")
+    return choices[0]
 
 
 def _lenient_stdin() -> None:

@@ -22,10 +22,9 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from refusion_cli.cli.options import PATH_OPTION, seed_value, text_value
+from refusion_cli.cli.options import PATH_OPTION, MultiValues, route_stray_values, seed_value, split_commas, text_value
 from refusion_cli.cli.output import console, debug_enabled, print_table
 from refusion_cli.distributed import leave_process_group
-from refusion_cli.errors import UserError
 
 if TYPE_CHECKING:
     from refusion_cli.harness.runner import RunResult
@@ -80,16 +79,21 @@ def evaluate(
     more: Annotated[list[str] | None, typer.Argument(hidden=True, show_default=False)] = None,
 ) -> None:
     """Evaluate decoders on the paper's benchmarks (offline, local data) and report accuracy / TPS."""
-    tasks, decoders = _split(task), _split(decoder)
-    _absorb_extra_values(more or [], tasks, decoders)
+    from refusion_cli.harness.suite import load_suite
+
+    suite = load_suite()
+    task_names = frozenset({*suite.benchmarks, *(b.lm_eval_task for b in suite.benchmarks.values()), "paper", "all"})
+    values = route_stray_values(more or [], MultiValues(split_commas(decoder), list(model or []), split_commas(set_),
+                                                        tasks=split_commas(task), task_names=task_names),
+                                "refusion eval")
     # every benchmark reads local files; --download fetches them in a child process started without this
     # variable (harness/download.py, fetch_split), so this process stays offline
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     from refusion_cli.harness.runner import EvalOptions, default_output, has_results, make_output, plan_eval, run_eval
 
-    run_dir = output or default_output(tasks)
+    run_dir = output or default_output(values.tasks)
     options = EvalOptions(
-        tasks=tasks, decoders=decoders, output=run_dir, models=list(model or []), overrides=_split(set_ or []),
+        tasks=values.tasks, decoders=values.decoders, output=run_dir, models=values.models, overrides=values.overrides,
         preset=preset, limit=limit, data_dir=data_dir, data_files=list(data_file or []), download=download,
         confirm_run_unsafe_code=confirm_run_unsafe_code, device=device, dtype=dtype, seed=seed,
         trust_remote_code=trust_remote_code,
@@ -124,27 +128,6 @@ def evaluate(
 
 def _note(text: str) -> None:
     console.print(text, highlight=False, soft_wrap=True)
-
-
-def _split(values: list[str]) -> list[str]:
-    return [part.strip() for value in values for part in value.split(",") if part.strip()]
-
-
-def _absorb_extra_values(extra: list[str], tasks: list[str], decoders: list[str]) -> None:
-    """``--decoder refusion ar`` / ``--task gsm8k math``: a bare value joins the list it belongs to."""
-    from refusion_cli.decoding.registry import DECODERS
-    from refusion_cli.harness.suite import load_suite
-
-    suite = load_suite()
-    task_names = {*suite.benchmarks, *(b.lm_eval_task for b in suite.benchmarks.values()), "paper", "all"}
-    for value in _split(extra):
-        if value in DECODERS:
-            decoders.append(value)
-        elif value in task_names:
-            tasks.append(value)
-        else:
-            raise UserError(f"unexpected argument '{value}': not a decoder ({', '.join(DECODERS)}) nor a task",
-                            hint="options take one value each; repeat --model / --set / --data-file for more")
 
 
 @contextlib.contextmanager

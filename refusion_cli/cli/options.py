@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import typer
+
+from refusion_cli.decoding.registry import DECODERS
+from refusion_cli.errors import UserError
 
 
 def path_value(value: str | Path) -> Path:
@@ -37,3 +41,59 @@ def seed_value(value: str | int) -> int:
     if not 0 <= seed < SEED_LIMIT:
         raise typer.BadParameter(f"must be a whole number from 0 to {SEED_LIMIT - 1}, got {seed}")
     return seed
+
+
+# --- options with several values ----------------------------------------------------------------
+# ``--decoder refusion ar``, ``--set slot_size=16 token_threshold=0.4``: click gives an option one value, so the
+# values after it arrive as stray arguments; :func:`route_stray_values` gives each back to its option.
+
+
+@dataclass
+class MultiValues:
+    """The values of the repeatable options of eval and bench, before they are parsed."""
+
+    decoders: list[str] = field(default_factory=list)
+    models: list[str] = field(default_factory=list)  # CHECKPOINT or DECODER=CHECKPOINT
+    overrides: list[str] = field(default_factory=list)  # KEY=VALUE or DECODER.KEY=VALUE
+    gen_lengths: list[str] = field(default_factory=list)  # bench
+    tasks: list[str] = field(default_factory=list)  # eval
+    task_names: frozenset[str] = frozenset()  # the names a stray task may have (eval)
+
+
+def split_commas(values: list[str] | None) -> list[str]:
+    return [part.strip() for value in values or [] for part in value.split(",") if part.strip()]
+
+
+def option_values(values: list[str] | None, option: str) -> list[str]:
+    """The comma-separated values of a repeatable option; given with nothing in it (``--decoder ""``) is an
+    error, not the default."""
+    parts = split_commas(values)
+    if values and not parts:
+        raise UserError(f"{option} is empty", hint=f"leave {option} out for the default")
+    return parts
+
+
+def route_stray_values(stray: list[str], values: MultiValues, command: str) -> MultiValues:
+    """Give each stray argument to the multi-value option its shape belongs to, if that option was used.
+
+    ``DECODER=CHECKPOINT`` -> --model; any other ``KEY=VALUE`` -> --set (or --model when only --model was
+    used: a checkpoint path with '=' in it); a whole number -> --gen-length; a task name -> --task; any
+    other word -> --decoder. A value whose option was not given is an error.
+    """
+    for value in split_commas(stray):
+        key, equals, _ = value.partition("=")
+        if equals and key in DECODERS and values.models:
+            values.models.append(value)
+        elif equals and values.overrides:
+            values.overrides.append(value)
+        elif equals and values.models:
+            values.models.append(value)
+        elif not equals and value.isdigit() and values.gen_lengths:
+            values.gen_lengths.append(value)
+        elif not equals and value in values.task_names and values.tasks:
+            values.tasks.append(value)
+        elif not equals and not value.isdigit() and values.decoders:
+            values.decoders.append(value)
+        else:
+            raise UserError(f"unexpected argument '{value}'", hint=f"see {command} --help")
+    return values

@@ -3,7 +3,7 @@
 from refusion_cli.decoding.ar import decode_ar
 from refusion_cli.decoding.config import PRESETS, ConfigError, ReFusionConfig, config_from_dict
 from refusion_cli.decoding.dream import DreamConfig, decode_dream
-from refusion_cli.decoding.families import check_decoder_fits
+from refusion_cli.decoding.registry import check_decoder_fits
 from refusion_cli.decoding.llada import LLaDAConfig, decode_llada
 from refusion_cli.decoding.mdm import MDMStep
 from refusion_cli.decoding.refusion import StepTrace, decode_refusion

@@ -16,7 +16,7 @@ Token ids in, token ids out. The response starts all masked and is decoded in bl
 
 ``use_cache`` keeps the prompt + finished blocks' K/V from each block's first pass (Fast-dLLM's
 prefix cache; exact for causal models, approximate for bidirectional ones). The model should be
-bidirectional (see ``families.check_decoder_fits``); it is not checked here.
+bidirectional (see ``registry.check_decoder_fits``); it is not checked here.
 """
 
 from __future__ import annotations

@@ -1,22 +1,27 @@
-"""One table of the decoders: name -> config class, decode call, the embedded model it suits.
+"""One table of the decoders: each entry holds every fact about one decoder (config class, the
+model family it needs, the embedded model it runs on, its presets).
 
 The CLI (eval, bench, chat) and the lm-eval adapters look decoders up here, so every front end
-builds configs the same way (``build_config``: preset, then overrides; unknown keys are an error)
-and calls every decoder the same way (``run_decoder``).
+builds configs the same way (``build_config``: preset, then overrides; unknown keys are an error;
+the option grammar on top of it is :mod:`refusion_cli.decoding.spec`) and calls every decoder the
+same way (``run_decoder``). The decoders themselves accept any model (a mismatch runs, it just
+decodes nonsense); the commands and the harness call :func:`check_decoder_fits` once, after the
+model is known.
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Callable, Sequence, overload
 
 import torch
 
 from refusion_cli.decoding.ar import decode_ar
-from refusion_cli.decoding.config import ARConfig, ReFusionConfig, config_from_dict
+from refusion_cli.decoding.config import PRESETS, TOOLKIT_PRESETS, ARConfig, ReFusionConfig, config_from_dict
 from refusion_cli.decoding.dream import DreamConfig, decode_dream
-from refusion_cli.decoding.families import check_decoder_fits
 from refusion_cli.decoding.llada import LLaDAConfig, decode_llada
 from refusion_cli.decoding.refusion import (Generators, Prompt, Prompts, check_batch_size, decode_refusion, is_batch,
                                             row_generators)
@@ -30,20 +35,23 @@ class DecoderSpec:
     config_class: type
     default_model: str | None  # the embedded model it runs on when no --model is given
     needs_mask: bool  # diffusion decoders need the model's mask token
+    bidirectional: bool  # needs a bidirectional (masked-diffusion) model; False: a causal one
     summary: str
     # bumped when the decoder's tokens change for the same config and model, so that eval decodes
     # journaled samples of an earlier revision again instead of reusing them
     revision: int = 1
+    presets: Mapping[str, Any] = field(default_factory=dict)  # named configs to start from (--preset)
 
 
 DECODERS: dict[str, DecoderSpec] = {
-    "refusion": DecoderSpec("refusion", ReFusionConfig, "refusion-tiny", True,
-                            "ReFusion: slot planning + causal verification, KV reuse"),
-    "ar": DecoderSpec("ar", ARConfig, "ar-tiny", False, "greedy autoregressive decoding with a KV cache"),
+    "refusion": DecoderSpec("refusion", ReFusionConfig, "refusion-tiny", True, False,
+                            "ReFusion: slot planning + causal verification, KV reuse",
+                            presets=MappingProxyType({**PRESETS, **TOOLKIT_PRESETS})),
+    "ar": DecoderSpec("ar", ARConfig, "ar-tiny", False, False, "greedy autoregressive decoding with a KV cache"),
     # revision 2 of llada and dream: float64 confidence over the whole vocabulary, leftmost of equal confidences
-    "llada": DecoderSpec("llada", LLaDAConfig, "mdm-tiny", True, "LLaDA: semi-autoregressive masked diffusion",
+    "llada": DecoderSpec("llada", LLaDAConfig, "mdm-tiny", True, True, "LLaDA: semi-autoregressive masked diffusion",
                          revision=2),
-    "dream": DecoderSpec("dream", DreamConfig, None, True,
+    "dream": DecoderSpec("dream", DreamConfig, None, True, True,
                          "Dream: masked diffusion with shifted logits (needs a Dream-style model)", revision=2),
 }
 
@@ -52,6 +60,22 @@ def decoder_spec(name: str) -> DecoderSpec:
     if name not in DECODERS:
         raise UserError(f"unknown decoder '{name}'; choose one of {', '.join(DECODERS)}")
     return DECODERS[name]
+
+
+def check_decoder_fits(decoder_name: str, bidirectional: bool, force: bool = False) -> None:
+    """Refuse a decoder / model pairing that cannot work, unless ``force``; unknown decoders always fail."""
+    needs = decoder_spec(decoder_name).bidirectional
+    if force or needs == bidirectional:
+        return
+    if needs:
+        raise UserError(
+            f"the {decoder_name} decoder needs a bidirectional (masked-diffusion) model, but this model is causal",
+            hint="use the refusion or ar decoder for a causal model",
+        )
+    raise UserError(
+        f"the {decoder_name} decoder needs a causal model, but this model is bidirectional (masked-diffusion)",
+        hint="use the llada or dream decoder for a bidirectional model",
+    )
 
 
 def build_config(decoder: str, overrides: dict[str, Any] | None = None, base: Any | None = None) -> Any:

@@ -11,6 +11,11 @@ A batched decode (several prompts at once) keeps these counters per prompt: ``fo
 model calls that prompt's row took part in, ``positions`` the positions it fed, ``seconds`` is its
 latency (from the start of the batched call until the row finished, less all callback time so far).
 :func:`batch_stats` sums a batch up: its throughput is total tokens / wall seconds of the call.
+
+Over a run of many decodes (a benchmark in ``refusion eval``, a row of ``refusion bench``) the TPS is
+:func:`run_tps`: the decodes' tokens over their summed seconds, as the paper's ``eval.py`` counts it
+(mean generated length over mean latency). The mean of the per-decode TPS, which weighs a short
+answer as much as a long one, is reported beside it as a secondary figure (:func:`mean_tps`).
 """
 
 from __future__ import annotations
@@ -60,6 +65,18 @@ class DecodeResult:
     tokens: list[int]  # response ids in position order, cut after the first EOS
     stats: DecodeStats
     trace: list[Any] = field(default_factory=list)  # per-iteration records (decoder specific)
+
+
+def run_tps(tokens: Sequence[int], seconds: Sequence[float]) -> float:
+    """A run's tokens per second: its generated tokens over its summed decode seconds (0 for no time)."""
+    total = sum(seconds)
+    return sum(tokens) / total if total > 0 else 0.0
+
+
+def mean_tps(tokens: Sequence[int], seconds: Sequence[float]) -> float:
+    """The mean of the per-decode TPS (a decode that took no time counts as 0), beside :func:`run_tps`."""
+    rates = [n / s if s > 0 else 0.0 for n, s in zip(tokens, seconds, strict=True)]
+    return sum(rates) / len(rates) if rates else 0.0
 
 
 EosIds = int | Sequence[int] | None  # one EOS id, several (any of them ends a response) or none

@@ -44,9 +44,9 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window, simple_parse_args_string
 
-from refusion_cli.decoding.config import PRESETS, ConfigError, config_fields
-from refusion_cli.decoding.registry import (build_config, check_decoder_fits, decoder_spec, default_model,
-                                            run_decoder)
+from refusion_cli.decoding.config import ConfigError, config_fields
+from refusion_cli.decoding.registry import check_decoder_fits, decoder_spec, default_model, run_decoder
+from refusion_cli.decoding.spec import PRESET_DECODER, DecoderChoice
 from refusion_cli.decoding.stats import DecodeStats, float_logits
 from refusion_cli.errors import UserError
 from refusion_cli.models.loading import LoadedModel, load_model, parse_device
@@ -57,7 +57,7 @@ ADAPTER_OPTIONS: dict[str, str] = {
     "device": "torch device (default: cuda if available, else cpu; the process's device under accelerate)",
     "dtype": "float32, bfloat16, float16 or float64 (default: bf16 on GPUs that have it, else float32)",
     "trust_remote_code": "allow checkpoints that ship modelling code (LLaDA, Dream)",
-    "preset": f"ReFusion preset to start from: the paper's ({', '.join(PRESETS)}) or one of evals/suite.yaml",
+    "preset": f"ReFusion preset to start from: {', '.join(decoder_spec(PRESET_DECODER).presets)}",
     "seed": "seed of the per-request generator (Gumbel noise, random remasking)",
     "enable_thinking": "passed to the chat template (Qwen3 templates read it)",
     "batch_size": "lm-eval's batch size: must be 1 (the decoders decode one request at a time)",
@@ -127,16 +127,12 @@ def check_model_args(decoder: str, keys: set[str]) -> None:
 
 
 def decoder_config(decoder: str, preset: str | None, options: dict[str, Any]) -> Any:
-    """The decoder's config: a ReFusion preset (if named: the paper's, or one of evals/suite.yaml such
-    as ``synthetic_tiny``, as for ``refusion eval --preset``), then ``options``."""
-    base = None
-    if preset is not None:
-        if decoder != "refusion":
-            raise ConfigError(f"preset= applies to the refusion adapter only, not {decoder}")
-        from refusion_cli.harness.suite import load_suite
-
-        base = load_suite().preset(preset)
-    return build_config(decoder, options, base=base)
+    """The decoder's config: a ReFusion preset (the paper's, or the toolkit's such as ``synthetic_tiny``),
+    then ``options`` (:class:`~refusion_cli.decoding.spec.DecoderChoice`, as refusion eval, bench and chat
+    build theirs)."""
+    if preset is not None and decoder != PRESET_DECODER:
+        raise ConfigError(f"preset= applies to the {PRESET_DECODER} adapter only, not {decoder}")
+    return DecoderChoice(decoder, None, preset, options).config()
 
 
 def with_gen_length(config: Any, gen_length: int) -> Any:

@@ -4,7 +4,7 @@ Contract of :func:`run_eval`:
 
 1) plan      every (benchmark, decoder) config is built first (the ReFusion preset of the suite
              manifest or ``preset``, the benchmark's response budget, then ``--set`` overrides,
-             validated by ``registry.build_config``); the benchmarks' task YAMLs are rendered
+             parsed and validated by ``decoding.spec``); the benchmarks' task YAMLs are rendered
              and their local data checked (present, not empty, JSON lines; with ``download``, the
              missing files are fetched from the hub first, see ``download``), as are ``--device``,
              ``--dtype``, ``--output`` and ``--data-dir``; then the lm-eval tasks are built over
@@ -45,8 +45,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from refusion_cli.decoding.registry import DECODERS, build_config, decoder_spec, default_model, with_length
-from refusion_cli.decoding.config import config_fields
+from refusion_cli.decoding.registry import decoder_spec
+from refusion_cli.decoding.spec import DecoderChoice, parse_assignments, parse_decoder_options
+from refusion_cli.decoding.stats import mean_tps, run_tps
 from refusion_cli.errors import UserError
 from refusion_cli.harness.download import download_missing
 from refusion_cli.harness.journal import JournalObserver, SampleJournal, journal_files, read_records
@@ -130,6 +131,12 @@ class DecoderRun:
     model: str
     label: str  # "decoder:model", the summary row
     file_label: str  # the label as a file name
+    choice: DecoderChoice  # the decoder options as given (preset, --set)
+
+    def config(self, benchmark: Benchmark) -> Any:
+        """The decoder config for one benchmark: the ``--preset`` or the benchmark's own ReFusion preset, the
+        benchmark's response budget, then the ``--set`` overrides."""
+        return self.choice.config(benchmark.gen_length, preset=benchmark.preset)
 
 
 # --- option parsing ----------------------------------------------------------------------------
@@ -140,93 +147,19 @@ def default_output(tasks: list[str], today: dt.date | None = None) -> Path:
     return Path("results") / f"{(today or dt.date.today()).isoformat()}-{re.sub(r'[^A-Za-z0-9_.+-]', '_', name)}"
 
 
-def parse_assignments(values: list[str], what: str) -> list[tuple[str, str]]:
-    """``KEY=VALUE`` pairs; a missing ``=``, key or value is a UserError naming the option."""
-    pairs = []
-    for value in values:
-        key, sep, rest = value.partition("=")
-        if not sep or not key.strip():
-            raise UserError(f"{what} takes KEY=VALUE, got '{value}'")
-        if not rest.strip():
-            raise UserError(f"{what} {value}: no value after '='")
-        pairs.append((key.strip(), rest.strip()))
-    return pairs
-
-
-def decoder_runs(decoders: list[str], models: list[str]) -> list[DecoderRun]:
-    """The decoders to run and their models: ``--model PATH`` for all, ``--model decoder=PATH`` for one."""
-    chosen: list[str] = []
-    for name in decoders:
-        decoder_spec(name)  # unknown names fail here
-        if name not in chosen:
-            chosen.append(name)
-    if not chosen:
-        raise UserError(f"no decoder given; pass --decoder with one or more of {', '.join(DECODERS)}")
-    shared: str | None = None
-    per_decoder: dict[str, str] = {}
-    for value in models:
-        key, sep, path = value.partition("=")
-        if not value.strip():
-            raise UserError("--model is empty; give a checkpoint, or DECODER=PATH for one decoder")
-        if sep and key in DECODERS:
-            if key not in chosen:
-                raise UserError(f"--model {value}: the {key} decoder is not selected (--decoder {' '.join(chosen)})")
-            if not path.strip():
-                raise UserError(f"--model {value}: no checkpoint after '='")
-            if per_decoder.get(key, path) != path:
-                raise UserError(f"--model gives {key} two checkpoints: {per_decoder[key]} and {path}")
-            per_decoder[key] = path
-        elif sep and not Path(key).expanduser().exists() and not Path(value).expanduser().exists():
-            raise UserError(f"--model {value}: '{key}' is not a decoder; DECODER=PATH takes one of "
-                            f"{', '.join(DECODERS)}", hint="or give a checkpoint path alone, for every decoder")
-        else:
-            if shared not in (None, value):
-                raise UserError(f"--model gives every decoder two checkpoints: {shared} and {value}",
-                                hint="DECODER=PATH gives one decoder its own checkpoint")
-            shared = value
+def decoder_runs(choices: list[DecoderChoice]) -> list[DecoderRun]:
+    """The summary row label of each decoder and its checkpoint (``decoder:model``); a local folder named
+    like an embedded model keeps its path, so the two never share a label."""
     runs = []
-    for name in chosen:
-        model = per_decoder.get(name) or shared or default_model(name)
+    for choice in choices:
+        model = choice.model
         short = model if is_embedded(model) else Path(model.rstrip("/")).name or model
-        if short in EMBEDDED and not is_embedded(model):  # a local folder named like a shipped model
+        if short in EMBEDDED and not is_embedded(model):
             short = model.rstrip("/") if "/" in model.rstrip("/") else f"./{short}"
-        label = f"{name}:{short}"
-        runs.append(DecoderRun(name, model, label, re.sub(r"[^A-Za-z0-9_.-]", "_", label.replace(":", "__"))))
+        label = f"{choice.decoder}:{short}"
+        runs.append(DecoderRun(choice.decoder, model, label, re.sub(r"[^A-Za-z0-9_.-]", "_", label.replace(":", "__")),
+                               choice))
     return runs
-
-
-def decoder_overrides(values: list[str], decoders: list[str]) -> dict[str, dict[str, str]]:
-    """``--set key=value`` for every selected decoder that has ``key``; ``--set decoder.key=value`` for one,
-    which wins over a plain ``key=`` whatever their order. Two different values for one key are an error."""
-    fields = {d: config_fields(decoder_spec(d).config_class) for d in decoders}
-    given: dict[str, str] = {}  # "key" or "decoder.key" -> value
-    for key, value in parse_assignments(values, "--set"):
-        scope, dot, option = key.rpartition(".")
-        if dot and not (scope and option):
-            raise UserError(f"--set takes KEY=VALUE or DECODER.KEY=VALUE, got '{key}={value}'",
-                            hint="e.g. --set slot_size=16 or --set refusion.slot_size=16")
-        if dot and scope not in decoders:
-            raise UserError(f"--set {key}={value}: '{scope}' is not a selected decoder ({', '.join(decoders)})")
-        if not dot and not any(option in fields[d] for d in decoders):
-            known = "; ".join(f"{d}: {', '.join(fields[d])}" for d in decoders)
-            raise UserError(f"--set {key}: no selected decoder has an option '{option}' ({known})")
-        if given.get(key, value) != value:
-            raise UserError(f"--set gives {key} two values: {given[key]} and {value}")
-        given[key] = value
-    result: dict[str, dict[str, str]] = {name: {} for name in decoders}
-    for key in sorted(given, key=lambda k: "." in k):  # plain keys first: a decoder's own value is written last
-        scope, _, option = key.rpartition(".")
-        for decoder in [scope] if scope else [d for d in decoders if option in fields[d]]:
-            result[decoder][option] = given[key]
-    return result
-
-
-def plan_config(suite: Suite, benchmark: Benchmark, decoder: str, overrides: dict[str, str],
-                preset: str | None) -> Any:
-    """The decoder config for one benchmark (see the module docstring for the order)."""
-    values = with_length(decoder, {"gen_length": benchmark.gen_length, **overrides})
-    base = suite.preset(preset or benchmark.preset) if decoder == "refusion" else None
-    return build_config(decoder, values, base=base)
 
 
 def model_fingerprint(model: str) -> str:
@@ -347,15 +280,9 @@ def plan_eval(options: EvalOptions, suite: Suite | None = None,
     the fields a task reads stops the run here, not after the benchmarks before it)."""
     suite = suite or load_suite()
     benchmarks = suite.select(options.tasks)
-    runs = decoder_runs(options.decoders, options.models)
+    runs = decoder_runs(parse_decoder_options(options.decoders, options.models, options.overrides, options.preset))
     for run in runs:
         check_model_fits(run.decoder, run.model, options.trust_remote_code)
-    decoders = [run.decoder for run in runs]
-    overrides = decoder_overrides(options.overrides, decoders)
-    if options.preset is not None:
-        if "refusion" not in decoders:
-            raise UserError("--preset sets the ReFusion decoder's preset, but --decoder does not include refusion")
-        suite.preset(options.preset)
     if options.limit is not None and options.limit < 0:
         raise UserError(f"--limit must be a number of documents (0: check the data and tasks only), "
                         f"got {options.limit}")
@@ -369,7 +296,7 @@ def plan_eval(options: EvalOptions, suite: Suite | None = None,
     if options.download and int(os.environ.get("WORLD_SIZE", "1")) > 1:  # each process would fetch the same files
         raise UserError("--download fetches the data in one process, not under accelerate launch or torchrun",
                         hint="fetch it first with the same refusion eval command and --download --limit 0, then launch")
-    configs = {(b.name, d): plan_config(suite, b, d, overrides[d], options.preset) for b in benchmarks for d in decoders}
+    configs = {(b.name, run.decoder): run.config(b) for b in benchmarks for run in runs}
     sandbox = None
     if any(b.code for b in benchmarks) and options.limit != 0:  # with --limit 0 no code runs
         from refusion_cli.harness.code_tasks import require_confirmation, sandbox_line
@@ -461,14 +388,6 @@ def run_eval(options: EvalOptions, observer: EvalObserver | None = None, suite: 
     return results
 
 
-def paper_tps(records: list[dict[str, Any]]) -> float:
-    """Tokens per second over a benchmark as the paper counts it (its ``eval.py``: mean generated length
-    over mean latency), i.e. every sample's tokens up to EOS over the summed decode seconds. A mean of
-    per-sample TPS would weigh a short answer's TPS as much as a long one's."""
-    seconds = sum(r["seconds"] for r in records)
-    return sum(r["tokens"] for r in records) / seconds if seconds > 0 else 0.0
-
-
 def summarize(benchmark: Benchmark, run: DecoderRun, config: Any, digest: str, evaluation: dict[str, Any],
               journal: SampleJournal, where: tuple[str, str]) -> RunResult:
     """Step 3 for one (benchmark, decoder): the journal's records of the documents lm-eval scored."""
@@ -493,8 +412,8 @@ def summarize(benchmark: Benchmark, run: DecoderRun, config: Any, digest: str, e
         config_hash=digest, config=dataclasses.asdict(config), samples=n,
         accuracy=100.0 * sum(r["score"] for r in chosen) / n if n else 0.0,
         lm_eval_accuracy=None if lm_eval_value is None else 100.0 * float(lm_eval_value),
-        tps=paper_tps(chosen),
-        tps_sample_mean=sum(r["tps"] for r in chosen) / n if n else 0.0,
+        tps=run_tps([r["tokens"] for r in chosen], [r["seconds"] for r in chosen]),
+        tps_sample_mean=mean_tps([r["tokens"] for r in chosen], [r["seconds"] for r in chosen]),
         tpf=sum(r["tpf"] for r in chosen) / n if n else 0.0,
         tokens=sum(r["tokens"] for r in chosen), forwards=sum(r["forwards"] for r in chosen),
         seconds=sum(r["seconds"] for r in chosen), decoded=journal.decoded,

@@ -3,8 +3,8 @@
 Contract:
 
 - ``load_suite()`` reads the manifest: one :class:`Benchmark` per entry (lm-eval task, task YAML,
-  shots, response budget, ReFusion preset, the metric that makes the accuracy column) and the
-  manifest's own ReFusion presets. ``Suite.select(names)`` takes short names (``gsm8k``), lm-eval
+  shots, response budget, the name of its ReFusion preset — the presets themselves live with the
+  decoder, in ``decoding.config`` — the metric that makes the accuracy column). ``Suite.select(names)`` takes short names (``gsm8k``), lm-eval
   names (``gsm8k_cot``), ``paper`` (the seven paper benchmarks) or ``all`` (those and the
   synthetic task); anything else is a :class:`UserError` listing the choices. A benchmark's ``hub``
   entry (:class:`~refusion_cli.harness.download.HubData`) says which hub dataset, config and split
@@ -27,14 +27,13 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from refusion_cli.decoding.config import PRESETS, ConfigError, ReFusionConfig
-from refusion_cli.decoding.registry import build_config
+from refusion_cli.decoding.spec import preset_config
 from refusion_cli.errors import UserError
 from refusion_cli.harness.download import HubData
 from refusion_cli.jsonl import json_objects, read_text
@@ -78,7 +77,6 @@ class Benchmark:
 @dataclass(frozen=True)
 class Suite:
     benchmarks: dict[str, Benchmark]
-    presets: dict[str, dict[str, Any]] = field(default_factory=dict)  # the manifest's extra ReFusion presets
 
     def select(self, names: list[str]) -> list[Benchmark]:
         """The benchmarks named (short or lm-eval names, ``paper``, ``all``), in the order given, once each."""
@@ -100,14 +98,6 @@ class Suite:
             raise UserError("no task given; pass --task NAME (or all)")
         return chosen
 
-    def preset(self, name: str) -> ReFusionConfig:
-        """A ReFusion preset: the paper's (decoding.config.PRESETS) or one of the manifest's."""
-        if name in PRESETS:
-            return PRESETS[name]
-        if name in self.presets:
-            return build_config("refusion", self.presets[name])
-        raise ConfigError(f"unknown ReFusion preset '{name}'; choose one of {', '.join([*PRESETS, *self.presets])}")
-
 
 def load_suite(path: Path = SUITE_FILE) -> Suite:
     try:
@@ -128,7 +118,9 @@ def load_suite(path: Path = SUITE_FILE) -> Suite:
             metric_filter=metric.get("filter", "none"), code=bool(settings.get("code", False)),
             data=settings["data"] if "data" in settings else hub.describe(), hub=hub,
         )
-    return Suite(benchmarks, raw.get("presets") or {})
+    for benchmark in benchmarks.values():
+        preset_config(benchmark.preset)  # every benchmark names a preset the ReFusion decoder has
+    return Suite(benchmarks)
 
 
 # --- rendering ---------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from urllib.parse import urlparse
 
 import torch
 
-from refusion_cli.decoding.families import check_decoder_fits
+from refusion_cli.decoding.registry import check_decoder_fits
 from refusion_cli.errors import UserError
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"

@@ -63,7 +63,7 @@ def error_line(err: str) -> str:
                        "default)"),
     (["--model", ""], "error: --model is empty (hint: leave --model out for each decoder's embedded "
                       "model)"),
-    (["--model", "=ar-tiny"], "error: --model takes DECODER=CHECKPOINT, got '=ar-tiny' (hint: e.g. --model "
+    (["--model", "=ar-tiny"], "error: --model takes CHECKPOINT or DECODER=CHECKPOINT, got '=ar-tiny' (hint: e.g. --model "
                               "ar=ar-tiny)"),
 ])
 def test_a_bad_option_leaves_the_previous_run_untouched(args, message, tmp_path, monkeypatch, capsys,
@@ -84,7 +84,7 @@ def test_a_bad_option_leaves_the_previous_run_untouched(args, message, tmp_path,
     (["--decoder", "ar", "--gen-length", ""], "error: --gen-length is empty (hint: leave --gen-length out for the "
                                               "default)"),
     (["--decoder", "ar", "--gen-length", "16", "--preset", "gsm8k"], "error: --preset applies to the refusion decoder, "
-     "which is not among the decoders benchmarked (ar) (hint: add refusion to --decoder, or leave --preset out)"),
+     "which is not among the decoders given (ar) (hint: add refusion to --decoder, or leave --preset out)"),
     (["--decoder", "ar", "--gen-length", "16", "--causal-fix"], "error: --causal-fix applies to the refusion decoder"),
     (["--decoder", "ar", "--gen-length", "16", "--output", ""], "error: Invalid value for '--output' / '-o': the path "
      "is empty (use '.' for the working directory)"),

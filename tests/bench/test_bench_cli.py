@@ -108,8 +108,12 @@ def test_columns_are_means_of_the_measured_decodes(bench_run):
     samples = read_csv(output / "samples.csv")
     for row in rows:
         mine = [s for s in samples if s["decoder"] == row["decoder"] and s["gen_length"] == row["gen_length"]]
-        for key, rel in (("tokens", 1e-4), ("forwards", 1e-4), ("tps", 1e-3)):
+        for key, rel in (("tokens", 1e-4), ("forwards", 1e-4)):
             assert float(row[key]) == pytest.approx(sum(float(s[key]) for s in mine) / len(mine), rel=rel)
+        # the row's TPS is the one counting rule (its tokens over its seconds, as eval's); the per-decode mean beside it
+        assert float(row["tps"]) == pytest.approx(sum(int(s["tokens"]) for s in mine) /
+                                                  sum(float(s["seconds"]) for s in mine), rel=1e-3)
+        assert float(row["tps_sample_mean"]) == pytest.approx(sum(float(s["tps"]) for s in mine) / len(mine), rel=1e-3)
         seconds = sorted(float(s["seconds"]) * 1000 for s in mine)
         assert seconds[0] <= float(row["latency_p50_ms"]) <= float(row["latency_p95_ms"]) <= seconds[-1] + 1e-3
         for sample in mine:  # the DecodeStats rule, per decode

@@ -7,21 +7,22 @@ import json
 import pytest
 import torch
 
+from refusion_cli.decoding.spec import preset_config
 from refusion_cli.bench.machine import PeakMemory, describe_machine
 from refusion_cli.bench.plots import frontier_figure, length_figure, pareto_frontier, plot_length_sweep
 from refusion_cli.bench.prompts import SYNTHETIC_TEST, BenchPrompt, load_prompts
 from refusion_cli.bench.runner import (BenchRow, BenchSettings, budget_notes, decoder_config, percentile, plan_entries,
                                        run_bench)
-from refusion_cli.cli.bench import MultiValues, parse_models, parse_overrides, route_stray_values, split_commas
+from refusion_cli.cli.options import MultiValues, route_stray_values, split_commas
+from refusion_cli.decoding.spec import parse_models, parse_overrides
 from refusion_cli.errors import UserError
-from refusion_cli.harness.suite import load_suite
 
 
 def test_values_after_an_option_go_back_to_the_option_they_fit():
     # refusion bench --decoder refusion ar llada --gen-length 64 128 --model refusion=A ar=B
     #                --set refusion.slot_size=16 llada.steps=64
-    given = MultiValues(["refusion"], ["64"], ["refusion=A"], ["refusion.slot_size=16"])
-    routed = route_stray_values(["ar", "llada", "128", "ar=B", "llada.steps=64"], given)
+    given = MultiValues(["refusion"], ["refusion=A"], ["refusion.slot_size=16"], gen_lengths=["64"])
+    routed = route_stray_values(["ar", "llada", "128", "ar=B", "llada.steps=64"], given, "refusion bench")
     assert routed.decoders == ["refusion", "ar", "llada"]
     assert routed.gen_lengths == ["64", "128"]
     assert routed.models == ["refusion=A", "ar=B"]
@@ -30,20 +31,22 @@ def test_values_after_an_option_go_back_to_the_option_they_fit():
 
 def test_a_stray_value_whose_option_was_not_given_is_refused():
     with pytest.raises(UserError, match="unexpected argument '128'"):
-        route_stray_values(["128"], MultiValues(["refusion"]))
+        route_stray_values(["128"], MultiValues(["refusion"]), "refusion bench")
     with pytest.raises(UserError, match="unexpected argument 'ar'"):
-        route_stray_values(["ar"], MultiValues())
+        route_stray_values(["ar"], MultiValues(), "refusion bench")
 
 
 def test_commas_and_bare_model_paths():
+    # bench speaks the grammar of eval and chat (decoding.spec): a bare checkpoint is every decoder's,
+    # a plain KEY=VALUE is every decoder's that has KEY (bench used to refuse both)
     assert split_commas(["refusion,ar", "llada"]) == ["refusion", "ar", "llada"]
     assert parse_models(["path/to/ckpt"], ("refusion",)) == {"refusion": "path/to/ckpt"}
-    with pytest.raises(UserError, match="DECODER=CHECKPOINT"):
-        parse_models(["path/to/ckpt"], ("refusion", "ar"))
-    assert parse_overrides(["refusion.slot_size=16", "refusion.block_size=64"]) == {
+    assert parse_models(["path/to/ckpt"], ("refusion", "ar")) == {"refusion": "path/to/ckpt", "ar": "path/to/ckpt"}
+    assert parse_overrides(["refusion.slot_size=16", "refusion.block_size=64"], ("refusion",)) == {
         "refusion": {"slot_size": "16", "block_size": "64"}}
-    with pytest.raises(UserError, match="DECODER.OPTION=VALUE"):
-        parse_overrides(["slot_size=16"])
+    assert parse_overrides(["slot_size=16"], ("refusion", "ar")) == {"refusion": {"slot_size": "16"}, "ar": {}}
+    with pytest.raises(UserError, match="KEY=VALUE or DECODER.KEY=VALUE"):
+        parse_overrides([".slot_size=16"], ("refusion",))
 
 
 def test_mdm_configs_take_one_token_per_step_and_32_token_blocks():
@@ -58,7 +61,7 @@ def test_refusion_config_from_preset_and_overrides():
     config = decoder_config("refusion", 128, {"token_threshold": "0.5"}, preset="gsm8k")
     assert (config.gen_length, config.slot_size, config.block_size, config.token_threshold) == (128, 32, 128, 0.5)
     tiny = decoder_config("refusion", 64, preset="synthetic_tiny")  # a preset of evals/suite.yaml works too
-    assert (tiny.gen_length, tiny.slot_size) == (64, load_suite().preset("synthetic_tiny").slot_size)
+    assert (tiny.gen_length, tiny.slot_size) == (64, preset_config("synthetic_tiny").slot_size)
     with pytest.raises(UserError, match="--gen-length"):
         decoder_config("refusion", 128, {"gen_length": "64"})
     with pytest.raises(UserError, match="slot_threshold must be in"):
@@ -194,8 +197,9 @@ def test_one_decoder_given_two_checkpoints_or_one_option_two_values_is_refused()
         parse_models(["ar=ar-tiny", "ar=other"], ("ar", "refusion"))
     assert parse_models(["ar=ar-tiny", "ar=ar-tiny"], ("ar",)) == {"ar": "ar-tiny"}
     with pytest.raises(UserError, match=r"^--set gives refusion.slot_size two values: 8 and 16$"):
-        parse_overrides(["refusion.slot_size=8", "refusion.slot_size=16"])
-    assert parse_overrides(["refusion.slot_size=8", "refusion.slot_size=8"]) == {"refusion": {"slot_size": "8"}}
+        parse_overrides(["refusion.slot_size=8", "refusion.slot_size=16"], ("refusion",))
+    assert parse_overrides(["refusion.slot_size=8", "refusion.slot_size=8"], ("refusion",)) == {
+        "refusion": {"slot_size": "8"}}
 
 
 @pytest.mark.parametrize("target", ['"Paris"', '""', "[4]", "true", '"$18"'])

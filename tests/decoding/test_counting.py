@@ -130,7 +130,7 @@ def test_causal_decoders_refuse_a_bidirectional_model(decoder):
 
 
 def test_unknown_decoder_is_refused_even_with_force():
-    with pytest.raises(UserError, match="unknown decoder 'mdlm'; choose one of ar, refusion, llada, dream"):
+    with pytest.raises(UserError, match="unknown decoder 'mdlm'; choose one of refusion, ar, llada, dream"):
         check_decoder_fits("mdlm", bidirectional=True, force=True)
 
 

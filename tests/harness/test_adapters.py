@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 import torch
 
+from refusion_cli.decoding.spec import preset_config
 from refusion_cli.decoding.config import PRESETS, ConfigError
 from refusion_cli.decoding.registry import run_decoder
 from refusion_cli.errors import UserError
@@ -54,7 +55,7 @@ def test_model_args_become_the_decoder_config(causal_checkpoint):
         f"pretrained={causal_checkpoint},preset=gsm8k,slot_threshold=0.5")
     assert from_preset.config == dataclasses.replace(PRESETS["gsm8k"], slot_threshold=0.5)
     from_suite = get_model("refusion").create_from_arg_string(f"pretrained={causal_checkpoint},preset=synthetic_tiny")
-    assert from_suite.config == load_suite().preset("synthetic_tiny")  # evals/suite.yaml's, as refusion eval takes
+    assert from_suite.config == preset_config("synthetic_tiny")  # the toolkit's preset, as refusion eval takes
 
 
 @pytest.mark.parametrize("arguments, last_line", [

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from refusion_cli.decoding.spec import preset_config
 from refusion_cli.decoding.registry import build_config, run_decoder
 from refusion_cli.harness.suite import EVALS_DIR, load_suite
 from refusion_cli.models.chat import user_prompt_ids
@@ -67,8 +68,7 @@ def test_synthetic_run_writes_every_file_and_matches_direct_decoding(causal_chec
     assert "accuracy (%) / TPS" in out.stdout and "TPF" in out.stdout
     metrics = json.loads((run_dir / "metrics.json").read_text())["results"]
     assert [m["decoder"] for m in metrics] == ["refusion", "ar"]
-    suite = load_suite()
-    configs = {"refusion": build_config("refusion", {"gen_length": 48}, base=suite.preset("synthetic_tiny")),
+    configs = {"refusion": build_config("refusion", {"gen_length": 48}, base=preset_config("synthetic_tiny")),
                "ar": build_config("ar", {"gen_length": 48})}
     for metric in metrics:
         decoder = metric["decoder"]
@@ -275,7 +275,12 @@ def test_two_process_data_parallel_run_equals_one_process(causal_checkpoint, tmp
 
 
 def test_models_default_to_the_embedded_ones_and_take_per_decoder_overrides():
-    from refusion_cli.harness.runner import decoder_overrides, decoder_runs
+    from refusion_cli.decoding.spec import parse_decoder_options
+    from refusion_cli.decoding.spec import parse_overrides as decoder_overrides
+    from refusion_cli.harness.runner import decoder_runs as runs_of
+
+    def decoder_runs(decoders, models):
+        return runs_of(parse_decoder_options(decoders, models))
 
     runs = decoder_runs(["refusion", "ar", "llada", "ar"], [])
     assert [(r.decoder, r.model, r.label) for r in runs] == [
@@ -573,7 +578,10 @@ def test_notes_printed_into_a_file_are_whole_lines(monkeypatch):
 
 
 def test_a_benchmarks_tps_is_its_tokens_over_its_seconds_not_a_mean_of_per_sample_tps():
-    from refusion_cli.harness.runner import paper_tps
+    from refusion_cli.decoding.stats import run_tps
+
+    def paper_tps(records):
+        return run_tps([r["tokens"] for r in records], [r["seconds"] for r in records])
 
     # a 10-token answer in 0.1 s (100 TPS) and a 300-token answer in 6 s (50 TPS): 310 / 6.1, not 75
     records = [{"tokens": 10, "seconds": 0.1, "tps": 100.0}, {"tokens": 300, "seconds": 6.0, "tps": 50.0}]

@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from refusion_cli.decoding.spec import preset_config
 from refusion_cli.decoding.config import PRESETS, ReFusionConfig
 from refusion_cli.errors import UserError
 from refusion_cli.harness.runner import check_data_dir
 from refusion_cli.harness.suite import check_data, lm_eval_tasks_dir, load_suite, load_tasks, render
 
-PAPER = {  # DESIGN.md §2: benchmark -> lm-eval task of the paper's table
+PAPER = {  # docs/algorithm.md, Presets: benchmark -> lm-eval task of the paper's table
     "mmlu_pro": "mmlu_pro", "arc_challenge": "arc_challenge_chat", "gsm8k": "gsm8k_cot", "math": "minerva_math",
     "gpqa": "gpqa_main_generative_n_shot", "humaneval": "humaneval_instruct", "mbpp": "mbpp",
 }
@@ -84,7 +85,7 @@ def test_the_manifest_lists_the_papers_seven_benchmarks_and_the_synthetic_task()
     for name, benchmark in suite.benchmarks.items():
         assert benchmark.num_fewshot == 0 and benchmark.chat_template
         assert benchmark.gen_length == (192 if name == "synthetic" else 512)
-        assert isinstance(suite.preset(benchmark.preset), ReFusionConfig)
+        assert isinstance(preset_config(benchmark.preset), ReFusionConfig)
         if benchmark.paper:
             assert benchmark.preset in PRESETS
     assert suite.benchmarks["synthetic"].preset not in PRESETS  # the manifest's own entry, to be tuned

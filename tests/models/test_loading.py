@@ -176,7 +176,11 @@ def test_a_directory_without_config_is_not_a_checkpoint(tmp_path):
 
 def test_a_local_folder_named_like_an_embedded_model_wins(tmp_path, monkeypatch):
     """As with from_pretrained, a directory in the working directory comes before the shipped name."""
-    from refusion_cli.harness.runner import decoder_runs
+    from refusion_cli.decoding.spec import parse_decoder_options
+    from refusion_cli.harness.runner import decoder_runs as runs_of
+
+    def decoder_runs(decoders, models):
+        return runs_of(parse_decoder_options(decoders, models))
     from refusion_cli.models.loading import embedded_path, is_embedded, resolve_source
 
     assert resolve_source("refusion-tiny") == (str(embedded_path("refusion-tiny")), True)

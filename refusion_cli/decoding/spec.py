@@ -1,0 +1,164 @@
+"""The one grammar of decoder options: decoder name + checkpoint + preset + overrides -> a validated config.
+
+``refusion eval``, ``refusion bench``, ``refusion chat`` and the lm-eval adapters' ``model_args`` all
+read their decoder options here, as strings, the same way:
+
+- ``--decoder NAME``: refusion, ar, llada, dream (a name given twice counts once);
+- ``--model CHECKPOINT`` gives every selected decoder that checkpoint, ``--model DECODER=CHECKPOINT``
+  one decoder (which wins over the shared one); without either a decoder runs on its embedded model;
+- ``--set KEY=VALUE`` sets ``KEY`` for every selected decoder whose config has it, ``--set
+  DECODER.KEY=VALUE`` for one decoder (which wins over a plain ``KEY=``, whatever their order);
+- ``--preset NAME``: a ReFusion preset (the paper's per-benchmark settings, or the toolkit's own),
+  under the ``--set`` overrides.
+
+A value given twice with two meanings (two checkpoints for one decoder, two values for one key) is
+an error, never "the last one wins". Everything is checked when it is parsed, before a model loads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from refusion_cli.decoding.config import ConfigError, config_fields
+from refusion_cli.decoding.registry import DECODERS, build_config, decoder_spec, default_model, with_length
+from refusion_cli.errors import UserError
+
+PRESET_DECODER = "refusion"  # the decoder the presets are for
+
+
+def split_values(values: Sequence[str]) -> list[str]:
+    """Values of a repeatable option, each possibly comma-separated, without empty parts."""
+    return [part.strip() for value in values for part in value.split(",") if part.strip()]
+
+
+def parse_assignments(values: Sequence[str], option: str) -> list[tuple[str, str]]:
+    """``KEY=VALUE`` pairs; a missing ``=``, key or value is a UserError naming the option."""
+    pairs = []
+    for value in values:
+        key, sep, rest = value.partition("=")
+        if not sep or not key.strip():
+            raise UserError(f"{option} takes KEY=VALUE, got '{value}'")
+        if not rest.strip():
+            raise UserError(f"{option} {value}: no value after '='")
+        pairs.append((key.strip(), rest.strip()))
+    return pairs
+
+
+def select_decoders(names: Sequence[str]) -> list[str]:
+    """The decoders asked for, each once, in the order first given; unknown names are refused."""
+    chosen: list[str] = []
+    for name in names:
+        decoder_spec(name)
+        if name not in chosen:
+            chosen.append(name)
+    if not chosen:
+        raise UserError(f"no decoder given; pass --decoder with one or more of {', '.join(DECODERS)}")
+    return chosen
+
+
+def preset_config(name: str) -> Any:
+    """A ReFusion preset by name (the registry entry's presets: the paper's and the toolkit's)."""
+    presets = decoder_spec(PRESET_DECODER).presets
+    if name not in presets:
+        raise ConfigError(f"unknown ReFusion preset '{name}'; choose one of {', '.join(presets)}")
+    return presets[name]
+
+
+def parse_models(values: Sequence[str], decoders: Sequence[str]) -> dict[str, str]:
+    """Each selected decoder's checkpoint: ``CHECKPOINT`` for all, ``DECODER=CHECKPOINT`` for one, else
+    the decoder's embedded model."""
+    shared: str | None = None
+    per_decoder: dict[str, str] = {}
+    for value in values:
+        key, sep, path = value.partition("=")
+        if not value.strip():
+            raise UserError("--model is empty", hint="leave --model out for each decoder's embedded model")
+        if sep and not key.strip():
+            raise UserError(f"--model takes CHECKPOINT or DECODER=CHECKPOINT, got '{value}'",
+                            hint="e.g. --model ar=ar-tiny")
+        if sep and key in DECODERS:
+            if key not in decoders:
+                raise UserError(f"--model {value}: the {key} decoder is not selected (--decoder {' '.join(decoders)})")
+            if not path.strip():
+                raise UserError(f"--model {value}: no checkpoint after '='")
+            if per_decoder.get(key, path) != path:
+                raise UserError(f"--model gives {key} two checkpoints: {per_decoder[key]} and {path}")
+            per_decoder[key] = path
+        elif sep and not Path(key).expanduser().exists() and not Path(value).expanduser().exists():
+            raise UserError(f"--model {value}: '{key}' is not a decoder; DECODER=CHECKPOINT takes one of "
+                            f"{', '.join(DECODERS)}", hint="or give a checkpoint alone, for every decoder")
+        else:
+            if shared not in (None, value):
+                raise UserError(f"--model gives every decoder two checkpoints: {shared} and {value}",
+                                hint="DECODER=CHECKPOINT gives one decoder its own checkpoint")
+            shared = value
+    return {name: per_decoder.get(name) or shared or default_model(name) for name in decoders}
+
+
+def parse_overrides(values: Sequence[str], decoders: Sequence[str]) -> dict[str, dict[str, str]]:
+    """Each selected decoder's ``--set`` values: ``KEY=VALUE`` for every decoder that has ``KEY``,
+    ``DECODER.KEY=VALUE`` for one (written after the plain keys, so it wins)."""
+    fields = {d: config_fields(decoder_spec(d).config_class) for d in decoders}
+    given: dict[str, str] = {}  # "key" or "decoder.key" -> value
+    for key, value in parse_assignments(values, "--set"):
+        scope, dot, option = key.rpartition(".")
+        if dot and not (scope and option):
+            raise UserError(f"--set takes KEY=VALUE or DECODER.KEY=VALUE, got '{key}={value}'",
+                            hint="e.g. --set slot_size=16 or --set refusion.slot_size=16")
+        if dot and scope not in decoders:
+            raise UserError(f"--set {key}={value}: '{scope}' is not a selected decoder ({', '.join(decoders)})")
+        if not dot and not any(option in fields[d] for d in decoders):
+            known = "; ".join(f"{d}: {', '.join(fields[d])}" for d in decoders)
+            raise UserError(f"--set {key}: no selected decoder has an option '{option}' ({known})")
+        if given.get(key, value) != value:
+            raise UserError(f"--set gives {key} two values: {given[key]} and {value}")
+        given[key] = value
+    result: dict[str, dict[str, str]] = {name: {} for name in decoders}
+    for key in sorted(given, key=lambda k: "." in k):  # plain keys first: a decoder's own value is written last
+        scope, _, option = key.rpartition(".")
+        for decoder in [scope] if scope else [d for d in decoders if option in fields[d]]:
+            result[decoder][option] = given[key]
+    return result
+
+
+@dataclass(frozen=True)
+class DecoderChoice:
+    """One decoder as the user asked for it: its checkpoint, preset and ``--set`` overrides."""
+
+    decoder: str
+    model: str | None = None  # embedded name, local directory or hub id (None: not needed for the config)
+    preset: str | None = None  # ReFusion only
+    overrides: Mapping[str, Any] = field(default_factory=dict)  # config field -> value (strings allowed)
+
+    def config(self, gen_length: int | None = None, preset: str | None = None) -> Any:
+        """The validated config: the preset (``preset`` stands in when none was chosen, e.g. a
+        benchmark's own), ``gen_length`` and what follows it (LLaDA's and Dream's steps), then the
+        overrides, which win."""
+        values = dict(self.overrides)
+        if gen_length is not None:
+            values = {"gen_length": gen_length, **values}
+        name = self.preset or preset
+        base = preset_config(name) if name is not None and self.decoder == PRESET_DECODER else None
+        return build_config(self.decoder, with_length(self.decoder, values), base=base)
+
+
+def parse_decoder_options(decoders: Sequence[str], models: Sequence[str] = (), sets: Sequence[str] = (),
+                          preset: str | None = None) -> list[DecoderChoice]:
+    """The decoders, checkpoints, ``--set`` values and preset of one command line, checked."""
+    chosen = select_decoders(split_values(decoders))
+    if preset is not None:
+        if PRESET_DECODER not in chosen:
+            raise UserError(f"--preset applies to the {PRESET_DECODER} decoder, which is not among the decoders "
+                            f"given ({', '.join(chosen)})", hint=f"add {PRESET_DECODER} to --decoder, or leave --preset out")
+        preset_config(preset)
+    checkpoints = parse_models(models, chosen)
+    overrides = parse_overrides(sets, chosen)
+    return [DecoderChoice(name, checkpoints[name], preset if name == PRESET_DECODER else None, overrides[name])
+            for name in chosen]
+
+
+__all__ = ["DecoderChoice", "parse_assignments", "parse_decoder_options", "parse_models", "parse_overrides",
+           "preset_config", "select_decoders", "split_values"]

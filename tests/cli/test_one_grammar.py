@@ -1,0 +1,89 @@
+"""eval, bench, chat and lm-eval's model_args read decoder options in one grammar and count TPS by one rule."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from refusion_cli.bench.runner import BenchEntry, BenchSample, plan_entries, summarise
+from refusion_cli.chat.session import chat_config
+from refusion_cli.cli.bench import bench_settings
+from refusion_cli.cli.chat import chat_choice
+from refusion_cli.cli.options import MultiValues
+from refusion_cli.decoding.config import ARConfig
+from refusion_cli.decoding.spec import preset_config
+from refusion_cli.harness.journal import journal_files, read_records
+from refusion_cli.harness.lm_adapters import decoder_config as model_args_config
+from refusion_cli.harness.runner import EvalOptions, plan_eval, run_eval
+
+LENGTH = 192  # the synthetic benchmark's response budget, which eval takes from the suite
+
+# (decoder, --model values, --set values, --preset): each spelled the same way for every command (without
+# --preset, eval starts ReFusion from the benchmark's own preset and bench and chat from the defaults)
+SPELLINGS = [
+    ("refusion", [], ["slot_size=8", "token_threshold=0.5"], "synthetic_tiny"),
+    ("refusion", ["refusion=refusion-tiny"], ["refusion.slot_threshold=0.7"], "gsm8k"),
+    ("refusion", ["refusion-tiny"], ["block_size=64"], "math"),
+    ("ar", ["ar-tiny"], [], None),
+    ("llada", ["llada=mdm-tiny"], ["llada.block_length=64", "cfg_scale=0.5"], None),
+]
+
+
+def eval_config(tmp_path, decoder, models, sets, preset):
+    options = EvalOptions(tasks=["synthetic"], decoders=[decoder], output=tmp_path / "run", models=models,
+                          overrides=sets, preset=preset, limit=0, device="cpu")
+    plan = plan_eval(options)
+    [run] = plan.runs
+    return run.model, plan.configs[("synthetic", decoder)]
+
+
+def bench_config(decoder, models, sets, preset):
+    settings = bench_settings(MultiValues([decoder], list(models), list(sets), gen_lengths=[str(LENGTH)]), preset,
+                              device="cpu")
+    [entry] = [e for e in plan_entries(settings) if e.label == decoder]
+    return entry.model, entry.config
+
+
+def chat_config_of(decoder, models, sets, preset):
+    # chat has no --gen-length: its response budget is a --set like any other setting
+    choice = chat_choice(decoder, models[0] if models else None, [*sets, f"gen_length={LENGTH}"], preset)
+    return choice.model, chat_config(decoder, choice.overrides, preset)
+
+
+@pytest.mark.parametrize("decoder, models, sets, preset", SPELLINGS)
+def test_the_same_option_strings_give_eval_bench_and_chat_the_same_model_and_config(tmp_path, decoder, models, sets,
+                                                                                    preset):
+    from_eval = eval_config(tmp_path, decoder, models, sets, preset)
+    assert bench_config(decoder, models, sets, preset) == from_eval
+    assert chat_config_of(decoder, models, sets, preset) == from_eval
+    # lm-eval's model_args: KEY=VALUE for the adapter's decoder, preset= as --preset
+    options = {key.rpartition(".")[2]: value for key, value in (s.split("=", 1) for s in sets)}
+    assert model_args_config(decoder, preset, {**options, "gen_length": str(LENGTH)}) == from_eval[1]
+
+
+@pytest.mark.parametrize("preset", ["gsm8k", "mmlu_pro", "synthetic_tiny"])
+def test_a_preset_is_the_same_config_everywhere(tmp_path, preset):
+    expected = preset_config(preset)
+    for config in (eval_config(tmp_path, "refusion", [], [], preset)[1], bench_config("refusion", [], [], preset)[1],
+                   chat_config_of("refusion", [], [], preset)[1], model_args_config("refusion", preset, {})):
+        assert (config.slot_size, config.block_size, config.slot_threshold, config.token_threshold) == (
+            expected.slot_size, expected.block_size, expected.slot_threshold, expected.token_threshold)
+
+
+def test_bench_and_eval_report_the_same_tps_for_the_same_decodes(tmp_path):
+    options = EvalOptions(tasks=["synthetic"], decoders=["ar"], output=tmp_path / "run", overrides=["gen_length=24"],
+                          limit=4, device="cpu")
+    [result] = run_eval(options)
+    [journal] = journal_files(tmp_path / "run" / "samples" / "synthetic", "ar__ar-tiny")[:1]
+    records = list(read_records([journal]))
+    assert len(records) == 4 and len({r["seconds"] for r in records}) > 1
+    samples = [BenchSample("ar", 24, i, 0, r["tokens"], r["forwards"], r["seconds"], r["tps"], r["tpf"], None, "")
+               for i, r in enumerate(records)]
+    row = summarise(BenchEntry("ar", "ar", "ar-tiny", 24, ARConfig(gen_length=24)), samples, 4, 0.0, None)
+    total_tokens, total_seconds = sum(r["tokens"] for r in records), sum(r["seconds"] for r in records)
+    assert row.tps == result.tps == total_tokens / total_seconds
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())["results"][0]
+    assert metrics["tps"] == row.tps
+    assert metrics["tps_sample_mean"] == pytest.approx(row.tps_sample_mean, rel=1e-12)
+    assert row.tps_sample_mean == pytest.approx(sum(r["tokens"] / r["seconds"] for r in records) / 4, rel=1e-12)
