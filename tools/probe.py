@@ -32,9 +32,9 @@ from typing import Sequence
 
 import torch
 
-from refusion_cli.bench.runner import preset_config
 from refusion_cli.cli.output import fail, quiet_library_output
 from refusion_cli.decoding.refusion import decode_refusion
+from refusion_cli.decoding.spec import preset_config
 from refusion_cli.errors import UserError
 from refusion_cli.jsonl import json_objects, read_text
 from refusion_cli.models.chat import user_prompt_ids
