@@ -54,6 +54,9 @@ def evaluate(
     set_: Annotated[list[str] | None, typer.Option("--set", help="decoder option KEY=VALUE for every decoder that has "
                                                    "it, or DECODER.KEY=VALUE for one (e.g. slot_size=16)",
                                                    rich_help_panel=HOW)] = None,
+    batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="requests decoded together (every "
+                                            "answer is the one of batch 1; above 1 the TPS column is throughput)",
+                                            rich_help_panel=HOW)] = 1,
     seed: Annotated[int, typer.Option("--seed", parser=seed_value, help="per-request generator seed and lm-eval's "
                                       "task seed", rich_help_panel=HOW)] = 0,
     device: Annotated[str | None, typer.Option("--device", parser=text_value, help="cpu, cuda, cuda:1 ... "
@@ -96,7 +99,7 @@ def evaluate(
         tasks=values.tasks, decoders=values.decoders, output=run_dir, models=values.models, overrides=values.overrides,
         preset=preset, limit=limit, data_dir=data_dir, data_files=list(data_file or []), download=download,
         confirm_run_unsafe_code=confirm_run_unsafe_code, device=device, dtype=dtype, seed=seed,
-        trust_remote_code=trust_remote_code,
+        trust_remote_code=trust_remote_code, batch_size=batch_size,
     )
     main_process = int(os.environ.get("RANK", "0")) == 0
     planning = io.StringIO()  # datasets' "Generating test split" bars and the like, for eval.log

@@ -130,6 +130,8 @@ class SampleJournal:
             "correct": score.correct, "tokens": stats.tokens, "seconds": stats.seconds, "forwards": stats.forwards,
             "tps": stats.tps, "tpf": stats.tpf, "prompt_tokens": sample.prompt_tokens, "prompt_cut": sample.prompt_cut,
         }
+        if sample.batch_rows > 1:  # seconds is this row's latency; wall_share its part of the batched call's time
+            record.update(batch_rows=sample.batch_rows, wall_share=sample.wall_share)
         with self.path.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(record, ensure_ascii=False) + "\n")
             handle.flush()

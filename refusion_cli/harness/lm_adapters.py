@@ -7,8 +7,9 @@ discovery). Contract of every adapter:
   options (``ADAPTER_OPTIONS``: where the model comes from and how it runs) and decoder options
   (the fields of the decoder's config dataclass, via ``registry.build_config``, starting from
   ``preset=<paper task>`` for ReFusion). Any other key is an error, never ignored.
-- ``generate_until`` decodes one request at a time (batch of one, as the paper measures) with
-  ``registry.run_decoder``: ``max_gen_toks`` becomes the config's ``gen_length``; the response is
+- ``generate_until`` decodes ``batch_size`` requests at a time (default 1, the paper's setting) with
+  ``registry.run_decoder``; every request gets the answer it gets alone (the decoders batch row for
+  row), a batch of more than one is timed as a whole (``SampleRecord.wall_share``). ``max_gen_toks`` becomes the config's ``gen_length``; the response is
   cut after the first EOS, decoded without special tokens, then cut at the first ``until``
   string. The decoders decode as their config says (greedy, or ReFusion's planning noise), so a
   request for sampling (``do_sample=True``, or a ``temperature`` above 0 without ``do_sample=False``,
@@ -47,7 +48,7 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window, simpl
 from refusion_cli.decoding.config import ConfigError, config_fields
 from refusion_cli.decoding.registry import check_decoder_fits, decoder_spec, default_model, run_decoder
 from refusion_cli.decoding.spec import PRESET_DECODER, DecoderChoice
-from refusion_cli.decoding.stats import DecodeStats, float_logits
+from refusion_cli.decoding.stats import DecodeStats, batch_stats, float_logits
 from refusion_cli.errors import UserError
 from refusion_cli.models.loading import LoadedModel, load_model, parse_device
 
@@ -60,7 +61,7 @@ ADAPTER_OPTIONS: dict[str, str] = {
     "preset": f"ReFusion preset to start from: {', '.join(decoder_spec(PRESET_DECODER).presets)}",
     "seed": "seed of the per-request generator (Gumbel noise, random remasking)",
     "enable_thinking": "passed to the chat template (Qwen3 templates read it)",
-    "batch_size": "lm-eval's batch size: must be 1 (the decoders decode one request at a time)",
+    "batch_size": "requests decoded together (default 1, the paper's setting; every answer is the one of batch 1)",
     "max_batch_size": "lm-eval's automatic batch search: not supported, leave unset",
 }
 SAMPLING_KEYS = frozenset({"do_sample", "temperature", "top_p", "top_k"})  # accepted when they ask for greedy decoding
@@ -74,6 +75,29 @@ class SampleRecord:
     prompt_tokens: int  # the prompt as decoded (after any cut)
     stats: DecodeStats  # forwards, tokens (up to EOS), seconds; tps and tpf derived
     prompt_cut: int = 0  # tokens cut from the prompt's start to fit the model's positions
+    batch_rows: int = 1  # requests decoded in the same call
+    wall_share: float | None = None  # the call's wall seconds / batch_rows (None for a call of one request)
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    """A generation request ready to decode."""
+
+    prompt_ids: list[int]
+    config: Any  # the adapter's config with the request's max_gen_toks
+    until: list[str]  # stop strings
+    cut: int  # tokens cut from the prompt's start
+
+
+def batches(pending: list[tuple[int, PreparedRequest]], size: int) -> list[list[tuple[int, PreparedRequest]]]:
+    """Consecutive requests of one config, at most ``size`` at a time."""
+    groups: list[list[tuple[int, PreparedRequest]]] = []
+    for item in pending:
+        if groups and len(groups[-1]) < size and groups[-1][0][1].config == item[1].config:
+            groups[-1].append(item)
+        else:
+            groups.append([item])
+    return groups
 
 
 class GenerationHook(Protocol):
@@ -133,6 +157,20 @@ def decoder_config(decoder: str, preset: str | None, options: dict[str, Any]) ->
     if preset is not None and decoder != PRESET_DECODER:
         raise ConfigError(f"preset= applies to the {PRESET_DECODER} adapter only, not {decoder}")
     return DecoderChoice(decoder, None, preset, options).config()
+
+
+def batch_size_value(value: int | str | None) -> int:
+    """lm-eval's ``batch_size``: a whole number >= 1 (None: 1); ``auto`` is not supported."""
+    if value is None:
+        return 1
+    try:
+        size = int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"batch_size={value}: give a whole number of requests (automatic batch sizes are not "
+                          "supported)") from None
+    if size < 1:
+        raise ConfigError(f"batch_size must be at least 1, got {size}")
+    return size
 
 
 def with_gen_length(config: Any, gen_length: int) -> Any:
@@ -199,9 +237,7 @@ class DecoderLM(TemplateLM):
     ) -> None:
         super().__init__()
         check_model_args(self.decoder, set(decoder_options))  # unknown keys fail before anything loads
-        if batch_size not in (None, 1, "1"):
-            raise ConfigError(f"batch_size={batch_size}: the {self.decoder} adapter decodes one request at a time "
-                              "(batch of one, as the paper measures); use batch_size=1")
+        self.batch_size = batch_size_value(batch_size)
         if max_batch_size is not None:
             raise ConfigError("max_batch_size: automatic batch sizes are not supported; leave it unset")
         spec = decoder_spec(self.decoder)
@@ -305,26 +341,33 @@ class DecoderLM(TemplateLM):
     def generate_until(self, requests: list[Instance], disable_tqdm: bool = False) -> list[str]:
         if self.hook is not None:
             self.hook.start(requests)
-        outputs: list[str] = []
-        for request in requests:
+        outputs: list[str | None] = [None] * len(requests)
+        pending: list[tuple[int, PreparedRequest]] = []
+        for index, request in enumerate(requests):
             stored = self.hook.lookup(request) if self.hook is not None else None
             if stored is not None:
-                outputs.append(stored)
+                outputs[index] = stored
                 continue
-            context, gen_kwargs = request.args
-            if not self.warmed_up:
-                self.generate(context, gen_kwargs)
-                self.warmed_up = True
-            sample = self.generate(context, gen_kwargs)
-            self.samples.append(sample)
-            if self.hook is not None:
-                self.hook.record(request, sample)
-            self.cache_hook.add_partial("generate_until", request.args, sample.text)
-            outputs.append(sample.text)
-        return outputs
+            pending.append((index, self.prepare(*request.args)))
+        if pending and not self.warmed_up:
+            self.decode([pending[0][1]])
+            self.warmed_up = True
+        for batch in batches(pending, self.batch_size):
+            for (index, _), sample in zip(batch, self.decode([prepared for _, prepared in batch])):
+                request = requests[index]
+                self.samples.append(sample)
+                if self.hook is not None:
+                    self.hook.record(request, sample)
+                self.cache_hook.add_partial("generate_until", request.args, sample.text)
+                outputs[index] = sample.text
+        return [text for text in outputs if text is not None]
 
     def generate(self, context: str, gen_kwargs: dict[str, Any] | None = None) -> SampleRecord:
         """Decode one prompt string (already chat-templated if wanted) under lm-eval's generation keys."""
+        return self.decode([self.prepare(context, gen_kwargs)])[0]
+
+    def prepare(self, context: str, gen_kwargs: dict[str, Any] | None = None) -> PreparedRequest:
+        """A request's prompt ids and config under lm-eval's generation keys (checked here)."""
         gen_kwargs = dict(gen_kwargs or {})
         until = stop_strings(gen_kwargs)
         max_gen_toks = gen_kwargs.pop("max_gen_toks", None)
@@ -346,12 +389,23 @@ class DecoderLM(TemplateLM):
             raise UserError(f"a {response}-token response leaves no room for a prompt in the model's "
                             f"{self.max_length} positions")
         cut = max(0, len(prompt_ids) - room)
-        prompt_ids = prompt_ids[cut:]  # keep the end of an over-long prompt, as lm-eval's HF model does
-        generator = torch.Generator(device=self._device).manual_seed(self.seed)
-        result = run_decoder(self.decoder, self.model, prompt_ids, config, mask_token_id=self.loaded.mask_token_id,
-                             eos_token_id=self.loaded.stop_token_ids, generator=generator)
-        text = cut_at_stop(self.tok_decode(result.tokens), until)
-        return SampleRecord(text=text, prompt_tokens=len(prompt_ids), stats=result.stats, prompt_cut=cut)
+        return PreparedRequest(prompt_ids[cut:], config, until, cut)  # keeps an over-long prompt's end, as lm-eval's HF
+
+    def decode(self, prepared: list[PreparedRequest]) -> list[SampleRecord]:
+        """Decode requests of one config together (each row as it decodes alone, with its own generator)."""
+        config = prepared[0].config
+        generators = [torch.Generator(device=self._device).manual_seed(self.seed) for _ in prepared]
+        prompts = [request.prompt_ids for request in prepared]
+        results = run_decoder(self.decoder, self.model, prompts if len(prompts) > 1 else prompts[0], config,
+                              mask_token_id=self.loaded.mask_token_id, eos_token_id=self.loaded.stop_token_ids,
+                              generator=generators if len(prompts) > 1 else generators[0])
+        if len(prompts) == 1:
+            results = [results]
+        share = batch_stats(results).seconds / len(results) if len(results) > 1 else None
+        return [SampleRecord(text=cut_at_stop(self.tok_decode(result.tokens), request.until),
+                             prompt_tokens=len(request.prompt_ids), stats=result.stats, prompt_cut=request.cut,
+                             batch_rows=len(results), wall_share=share)
+                for request, result in zip(prepared, results)]
 
     # --- likelihoods ------------------------------------------------------------------------
 

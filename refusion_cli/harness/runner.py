@@ -78,6 +78,11 @@ class EvalOptions:
     dtype: str | None = None
     seed: int = 0
     trust_remote_code: bool = False
+    batch_size: int = 1  # requests decoded together; every answer is the one of batch 1
+
+    def __post_init__(self) -> None:
+        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise UserError(f"--batch-size must be a whole number >= 1, got {self.batch_size}")
 
 
 @dataclass
@@ -107,6 +112,7 @@ class RunResult:
     device: str = ""  # where it ran: "cpu", "cuda (<GPU name>)" (empty in a metrics.json written before this field)
     dtype: str = ""  # the model's weights, e.g. "bfloat16"
     tps_sample_mean: float | None = None  # the mean of per-sample TPS (None in a metrics.json written before it)
+    batch_size: int = 1  # requests decoded together; above 1, ``tps`` is the throughput of the batched calls
 
 
 class EvalObserver(JournalObserver, Protocol):
@@ -190,12 +196,13 @@ def placement(model: Any) -> tuple[str, str]:
 
 
 def config_hash(decoder: str, config: Any, fingerprint: str, seed: int, chat_template: bool,
-                where: tuple[str, str], metric: str, stop_token_ids: tuple[int, ...] = ()) -> str:
+                where: tuple[str, str], metric: str, stop_token_ids: tuple[int, ...] = (), batch_size: int = 1) -> str:
     """What a journaled sample is reused under: decoder settings, model files, seed, template, device
     and dtype (another dtype decodes other tokens; another device measures other timings), and the
     metric its stored score is (another metric must score it again), the decoder's revision past
     the first (a decoder whose tokens changed decodes again; revision 1 keeps the hashes it always had),
-    and the EOS ids when a response ends at several (one EOS keeps the hashes it always had)."""
+    and the EOS ids when a response ends at several (one EOS keeps the hashes it always had), and a batch
+    size above 1 (the answers are the same, the timings are not: a batch is timed as a whole)."""
     material = {"decoder": decoder, "config": dataclasses.asdict(config), "model": fingerprint, "seed": seed,
                 "chat_template": chat_template, "device": where[0], "dtype": where[1], "metric": metric}
     revision = decoder_spec(decoder).revision
@@ -203,6 +210,8 @@ def config_hash(decoder: str, config: Any, fingerprint: str, seed: int, chat_tem
         material["revision"] = revision
     if len(stop_token_ids) > 1:
         material["stop_token_ids"] = list(stop_token_ids)
+    if batch_size > 1:
+        material["batch_size"] = batch_size
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -358,9 +367,9 @@ def run_eval(options: EvalOptions, observer: EvalObserver | None = None, suite: 
             where = placement(loaded[run.model].model)
             digest = config_hash(run.decoder, config, model_fingerprint(run.model), options.seed,
                                  benchmark.chat_template, where, benchmark.metric_key,
-                                 loaded[run.model].stop_token_ids)
+                                 loaded[run.model].stop_token_ids, options.batch_size)
             adapter = ADAPTERS[run.decoder](pretrained=loaded[run.model], config=config, seed=options.seed,
-                                            device=device)
+                                            device=device, batch_size=options.batch_size)
             adapter.warmed_up = (run.model, run.decoder) in warmed  # once per model and decoder, not per task
             journal = SampleJournal(options.output / "samples" / benchmark.name, benchmark=benchmark.name,
                                     decoder=run.decoder, model=run.model, label=run.file_label, config_hash=digest,
@@ -381,7 +390,7 @@ def run_eval(options: EvalOptions, observer: EvalObserver | None = None, suite: 
                 warmed.add((run.model, run.decoder))
             if rank != 0 or evaluation is None:
                 continue
-            result = summarize(benchmark, run, config, digest, evaluation, journal, where)
+            result = summarize(benchmark, run, config, digest, evaluation, journal, where, options.batch_size)
             results.append(result)
             write_reports(options.output, merge_results(earlier, results))
             observer.on_run_end(result)
@@ -389,7 +398,7 @@ def run_eval(options: EvalOptions, observer: EvalObserver | None = None, suite: 
 
 
 def summarize(benchmark: Benchmark, run: DecoderRun, config: Any, digest: str, evaluation: dict[str, Any],
-              journal: SampleJournal, where: tuple[str, str]) -> RunResult:
+              journal: SampleJournal, where: tuple[str, str], batch_size: int = 1) -> RunResult:
     """Step 3 for one (benchmark, decoder): the journal's records of the documents lm-eval scored."""
     latest: dict[tuple[str, int], dict[str, Any]] = {}
     for record in read_records(journal_files(journal.directory, journal.label)):
@@ -412,7 +421,8 @@ def summarize(benchmark: Benchmark, run: DecoderRun, config: Any, digest: str, e
         config_hash=digest, config=dataclasses.asdict(config), samples=n,
         accuracy=100.0 * sum(r["score"] for r in chosen) / n if n else 0.0,
         lm_eval_accuracy=None if lm_eval_value is None else 100.0 * float(lm_eval_value),
-        tps=run_tps([r["tokens"] for r in chosen], [r["seconds"] for r in chosen]),
+        # batch 1: each decode's own seconds; a batch: its share of the batched call's wall time (throughput)
+        tps=run_tps([r["tokens"] for r in chosen], [r.get("wall_share", r["seconds"]) for r in chosen]),
         tps_sample_mean=mean_tps([r["tokens"] for r in chosen], [r["seconds"] for r in chosen]),
         tpf=sum(r["tpf"] for r in chosen) / n if n else 0.0,
         tokens=sum(r["tokens"] for r in chosen), forwards=sum(r["forwards"] for r in chosen),
@@ -421,6 +431,7 @@ def summarize(benchmark: Benchmark, run: DecoderRun, config: Any, digest: str, e
         lm_eval_results={name: _plain(values) for name, values in
                          {**evaluation["results"], **evaluation.get("groups", {})}.items()},
         device=where[0], dtype=where[1], prompts_cut=sum(r.get("prompt_cut", 0) > 0 for r in chosen),
+        batch_size=batch_size,
     )
 
 

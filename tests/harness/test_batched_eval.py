@@ -1,0 +1,47 @@
+"""`refusion eval --batch-size N` gives every sample the answer of batch 1; only the timing differs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from refusion_cli.harness.lm_adapters import batch_size_value
+from refusion_cli.harness.runner import EvalOptions, run_eval
+from refusion_cli.decoding.config import ConfigError
+from refusion_cli.errors import UserError
+from tools.same_answers import compare
+
+
+def evaluate(tmp_path, name, batch_size):
+    options = EvalOptions(tasks=["synthetic"], decoders=["refusion", "ar", "llada"], output=tmp_path / name,
+                          overrides=["gen_length=32"], limit=6, device="cpu", batch_size=batch_size)
+    return run_eval(options)
+
+
+def test_a_batched_run_has_the_answers_of_batch_1_for_every_decoder(tmp_path):
+    alone, batched = evaluate(tmp_path, "b1", 1), evaluate(tmp_path, "b4", 4)
+    lines = compare(tmp_path / "b1", tmp_path / "b4")
+    assert len(lines) == 3 and all(line.startswith("same: synthetic/") for line in lines), lines
+    for one, four in zip(alone, batched):
+        assert (one.accuracy, one.tokens, one.forwards, one.batch_size, four.batch_size) == (
+            four.accuracy, four.tokens, four.forwards, 1, 4)
+    records = [json.loads(line) for line in (tmp_path / "b4" / "samples" / "synthetic" / "ar__ar-tiny.jsonl").open()]
+    assert {r["batch_rows"] for r in records} == {4, 2}  # 6 requests: a batch of 4, then one of 2
+    # the TPS of a batched run is its throughput: tokens over the batched calls' wall time
+    assert batched[1].tps == pytest.approx(sum(r["tokens"] for r in records) / sum(r["wall_share"] for r in records))
+    summary = (tmp_path / "b4" / "summary.md").read_text()
+    assert "batch 4: throughput" in summary and "throughput" not in (tmp_path / "b1" / "summary.md").read_text()
+
+
+@pytest.mark.parametrize("value, size", [(None, 1), ("1", 1), (16, 16), ("32", 32)])
+def test_lm_eval_batch_size_is_a_whole_number(value, size):
+    assert batch_size_value(value) == size
+
+
+@pytest.mark.parametrize("value", ["auto", "0", -2, "1.5"])
+def test_a_bad_batch_size_is_refused(value):
+    with pytest.raises(ConfigError, match="batch_size"):
+        batch_size_value(value)
+    with pytest.raises(UserError, match="--batch-size must be a whole number >= 1"):
+        EvalOptions(tasks=["synthetic"], decoders=["ar"], output=None, batch_size=0)
