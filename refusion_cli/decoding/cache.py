@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Generator, TypeVar
+from typing import Any, Callable, Generator, Protocol, TypeVar
 
 from transformers import DynamicCache
 
@@ -42,13 +42,6 @@ def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
     mask.masked_fill_(~allowed, torch.finfo(dtype).min)
     return mask.view(-1, 1, *allowed.shape[-2:])
-
-
-def crop_to(cache: DynamicCache, length: int) -> None:
-    """Trim ``cache`` to its first ``length`` entries (a negative count works across transformers 5.x)."""
-    excess = cache.get_seq_length() - length
-    if excess > 0:
-        cache.crop(-excess)
 
 
 @dataclass
@@ -233,21 +226,31 @@ class Lane:
         self.lanes.commit(self.lane, n)
 
 
-def drive(lanes: Lanes, start: Callable[[int], LaneStep[DecodeResult]], count: int,
+class SharedCalls(Protocol):
+    """What :func:`drive` needs of the rows' shared model calls: :class:`Lanes`, or the masked-diffusion
+    samplers' ``mdm.CanvasCalls``."""
+
+    def forward(self, feeds: dict[int, Any]) -> dict[int, Any]: ...
+
+    def close(self, lane: int) -> None: ...
+
+
+def drive(lanes: SharedCalls, start: Callable[[int], Generator[Any, Any, DecodeResult]], count: int,
           batch_size: int | None, clock: BatchClock) -> list[DecodeResult]:
     """Run ``count`` lane programs, at most ``batch_size`` (None: all) at once, one shared model call per round.
 
     ``start(i)`` opens lane ``i`` in ``lanes`` and returns its program: a generator that yields a
-    :class:`Feed` for every call and is sent back its logits, and returns the lane's result. Each
+    feed (a :class:`Feed` for :class:`Lanes`) for every call and is sent back what ``lanes.forward``
+    answers for it (its logits), and returns the lane's result. Each
     round advances every running program by one call; a finished lane is closed, its result gets
     its latency from ``clock``, and the next waiting prompt takes its place (continuous batching).
     """
     limit = count if batch_size is None else batch_size
     waiting = deque(range(count))
-    running: dict[int, tuple[LaneStep[DecodeResult], Feed]] = {}
+    running: dict[int, tuple[Generator[Any, Any, DecodeResult], Any]] = {}
     results: list[DecodeResult | None] = [None] * count
 
-    def advance(index: int, program: LaneStep[DecodeResult], logits: torch.Tensor | None) -> None:
+    def advance(index: int, program: Generator[Any, Any, DecodeResult], logits: Any) -> None:
         try:
             running[index] = (program, next(program) if logits is None else program.send(logits))
         except StopIteration as stop:

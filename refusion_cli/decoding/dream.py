@@ -19,13 +19,14 @@ Dream decodes the whole response as one block; ``block_length`` (Fast-dLLM's Dre
 semi-autoregressive blocks, each with its own timestep schedule of steps / blocks steps.
 ``use_cache`` keeps, from each block's first pass, the K/V of the prefix except its last position:
 the shifted read needs that position's logits, so every cached call recomputes it with the block
-(Fast-dLLM's Dream treats this position differently).
+(Fast-dLLM's Dream treats this position differently). A list of prompts is decoded as a batch,
+each row exactly as alone (see mdm.decode_canvases).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, overload
 
 import torch
 
@@ -33,15 +34,18 @@ from refusion_cli.decoding.config import ConfigError, check_non_negative, check_
 from refusion_cli.decoding.mdm import (
     Canvas,
     CanvasPasses,
+    CanvasStep,
     MDMStep,
     check_blocks,
     check_fast_options,
     choose_positions,
+    decode_canvases,
     forbid_mask,
     sample,
     uniform,
 )
-from refusion_cli.decoding.stats import DecodeResult, EosIds, Timer
+from refusion_cli.decoding.refusion import Generators, Prompt, Prompts
+from refusion_cli.decoding.stats import DecodeResult, EosIds
 
 ALGORITHMS = ("origin", "maskgit_plus", "topk_margin", "entropy")
 
@@ -162,40 +166,65 @@ def origin_transfers(n_masked: int, step: int, timesteps: torch.Tensor, generato
     return (draws < float(1 - s / t)).nonzero().flatten()
 
 
+@overload
+def decode_dream(model: torch.nn.Module, prompt_ids: Prompts, config: DreamConfig, *, mask_token_id: int,
+                 eos_token_id: EosIds, generator: Generators = None,
+                 on_step: Callable[[int, MDMStep], None] | None = None,
+                 batch_size: int | None = None) -> list[DecodeResult]: ...
+
+
+@overload
+def decode_dream(model: torch.nn.Module, prompt_ids: Prompt, config: DreamConfig, *, mask_token_id: int,
+                 eos_token_id: EosIds, generator: torch.Generator | None = None,
+                 on_step: Callable[[MDMStep], None] | None = None,
+                 batch_size: int | None = None) -> DecodeResult: ...
+
+
 @torch.no_grad()
 def decode_dream(
     model: torch.nn.Module,
-    prompt_ids: Sequence[int] | torch.Tensor,
+    prompt_ids: Prompt | Prompts,
     config: DreamConfig,
     *,
     mask_token_id: int,
     eos_token_id: EosIds,
-    generator: torch.Generator | None = None,
-    on_step: Callable[[MDMStep], None] | None = None,
-) -> DecodeResult:
-    """Decode one response with Dream's sampler; ``result.trace`` lists what every step unmasked."""
-    canvas = Canvas(model, prompt_ids, config.gen_length, mask_token_id=mask_token_id,
-                    eos_token_id=eos_token_id, on_step=on_step)
-    passes = CanvasPasses(model, canvas.stats, config.use_cache)
+    generator: Generators = None,
+    on_step: Callable[..., None] | None = None,
+    batch_size: int | None = None,
+) -> DecodeResult | list[DecodeResult]:
+    """Decode one response with Dream's sampler, or one per prompt of a batch (a list of prompts:
+    results in order, ``on_step(prompt_index, step)``); ``result.trace`` lists what every step unmasked.
+
+    ``batch_size`` rows (None: all) decode at once in shared model calls, each exactly as alone;
+    with sampling, give one generator per prompt to draw each row's noise as its own decode would."""
+    return decode_canvases(model, prompt_ids, config.gen_length,
+                           lambda canvas, row_generator: dream_row(canvas, config, row_generator),
+                           mask_token_id=mask_token_id, eos_token_id=eos_token_id, generator=generator,
+                           on_step=on_step, batch_size=batch_size)
+
+
+def dream_row(canvas: Canvas, config: DreamConfig, generator: torch.Generator | None) -> CanvasStep[DecodeResult]:
+    """One prompt's Dream decode as a row program (see mdm.decode_canvases)."""
+    passes = CanvasPasses(canvas.stats, config.use_cache)
     timesteps = torch.linspace(1, config.eps, config.steps_per_block + 1)  # float32, as the reference
-    with Timer(canvas.device) as timer:
-        for block in canvas.blocks(config.block_tokens):
-            passes.start_block(block.start - 1)  # shifted: row j of the logits predicts block position j
-            for step in canvas.steps(block, config.steps_per_block, config.threshold):
-                logits = passes(canvas.ids)[: block.length]  # [B, V], in the model's dtype
-                masked = canvas.masked(block)  # [B]
-                where = masked.nonzero().flatten()  # block offsets of the masks, ascending
-                if config.alg == "origin":
-                    # 2) each mask goes with probability 1 - s/t; 1) only those get a token
-                    picked = where[origin_transfers(where.numel(), step, timesteps, generator, canvas.device)]
-                    tokens = predict_tokens(logits[picked], config, mask_token_id, generator)[0]
-                else:
-                    # 1) predict every mask (as the reference), 2) unmask the best ranked
-                    tokens, token_prob, confidence = predict_tokens(logits[where], config, mask_token_id, generator)
-                    count = 0 if config.threshold is not None else transfer_count(where.numel(), step, timesteps)
-                    rows = choose_positions(confidence, token_prob, torch.ones_like(where, dtype=torch.bool),
-                                            count=count, threshold=config.threshold,
-                                            alg_temp=config.alg_temp, generator=generator)
-                    picked, tokens = where[rows], tokens[rows]
-                canvas.unmask(block, step, picked, tokens)
-    return canvas.result(timer.seconds)
+    mask_token_id = canvas.mask_token_id
+    for block in canvas.blocks(config.block_tokens):
+        passes.start_block(block.start - 1)  # shifted: row j of the logits predicts block position j
+        for step in canvas.steps(block, config.steps_per_block, config.threshold):
+            logits = (yield from passes(canvas.ids))[: block.length]  # [B, V], in the model's dtype
+            masked = canvas.masked(block)  # [B]
+            where = masked.nonzero().flatten()  # block offsets of the masks, ascending
+            if config.alg == "origin":
+                # 2) each mask goes with probability 1 - s/t; 1) only those get a token
+                picked = where[origin_transfers(where.numel(), step, timesteps, generator, canvas.device)]
+                tokens = predict_tokens(logits[picked], config, mask_token_id, generator)[0]
+            else:
+                # 1) predict every mask (as the reference), 2) unmask the best ranked
+                tokens, token_prob, confidence = predict_tokens(logits[where], config, mask_token_id, generator)
+                count = 0 if config.threshold is not None else transfer_count(where.numel(), step, timesteps)
+                rows = choose_positions(confidence, token_prob, torch.ones_like(where, dtype=torch.bool),
+                                        count=count, threshold=config.threshold,
+                                        alg_temp=config.alg_temp, generator=generator)
+                picked, tokens = where[rows], tokens[rows]
+            canvas.unmask(block, step, picked, tokens)
+    return canvas.result()

@@ -15,14 +15,15 @@ Token ids in, token ids out. The response starts all masked and is decoded in bl
              every other whose prediction has probability >= threshold, until the block is done.
 
 ``use_cache`` keeps the prompt + finished blocks' K/V from each block's first pass (Fast-dLLM's
-prefix cache; exact for causal models, approximate for bidirectional ones). The model should be
+prefix cache; exact for causal models, approximate for bidirectional ones). A list of prompts is
+decoded as a batch, each row exactly as alone (see mdm.decode_canvases). The model should be
 bidirectional (see ``registry.check_decoder_fits``); it is not checked here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, overload
 
 import torch
 
@@ -31,15 +32,17 @@ from refusion_cli.decoding.mdm import (
     Block,
     Canvas,
     CanvasPasses,
+    CanvasStep,
     MDMStep,
     check_blocks,
     check_fast_options,
     choose_positions,
+    decode_canvases,
     forbid_mask,
     uniform,
 )
-from refusion_cli.decoding.refusion import gumbel_argmax, token_probs
-from refusion_cli.decoding.stats import DecodeResult, EosIds, Timer, wide_float
+from refusion_cli.decoding.refusion import Generators, Prompt, Prompts, gumbel_argmax, token_probs
+from refusion_cli.decoding.stats import DecodeResult, EosIds, wide_float
 
 REMASKING = ("low_confidence", "random")
 
@@ -76,54 +79,78 @@ def even_schedule(n_masked: int, steps: int) -> list[int]:
 
 
 def guided_logits(cond: CanvasPasses, uncond: CanvasPasses | None, canvas: Canvas, block: Block,
-                  cfg_scale: float) -> torch.Tensor:
+                  cfg_scale: float) -> CanvasStep[torch.Tensor]:
     """1) The block's logits [B, V] in float64 (float32 on MPS), where the reference takes its argmax
     and softmax. With guidance, a second pass with the prompt replaced by masks; the two are combined
     in the model's own dtype first, as the reference combines the logits the model returns."""
-    logits = cond(canvas.ids)[: block.length]
+    logits = (yield from cond(canvas.ids))[: block.length]
     if uncond is not None:
         unprompted = canvas.ids.clone()
         unprompted[: canvas.prompt_length] = canvas.mask_token_id
-        unconditional = uncond(unprompted)[: block.length]
+        unconditional = (yield from uncond(unprompted))[: block.length]
         logits = unconditional + (cfg_scale + 1) * (logits - unconditional)
     return logits.to(wide_float(logits.device))
+
+
+@overload
+def decode_llada(model: torch.nn.Module, prompt_ids: Prompts, config: LLaDAConfig, *, mask_token_id: int,
+                 eos_token_id: EosIds, generator: Generators = None,
+                 on_step: Callable[[int, MDMStep], None] | None = None,
+                 batch_size: int | None = None) -> list[DecodeResult]: ...
+
+
+@overload
+def decode_llada(model: torch.nn.Module, prompt_ids: Prompt, config: LLaDAConfig, *, mask_token_id: int,
+                 eos_token_id: EosIds, generator: torch.Generator | None = None,
+                 on_step: Callable[[MDMStep], None] | None = None,
+                 batch_size: int | None = None) -> DecodeResult: ...
 
 
 @torch.no_grad()
 def decode_llada(
     model: torch.nn.Module,
-    prompt_ids: Sequence[int] | torch.Tensor,
+    prompt_ids: Prompt | Prompts,
     config: LLaDAConfig,
     *,
     mask_token_id: int,
     eos_token_id: EosIds,
-    generator: torch.Generator | None = None,
-    on_step: Callable[[MDMStep], None] | None = None,
-) -> DecodeResult:
-    """Decode one response with LLaDA's sampler; ``result.trace`` lists what every step unmasked."""
-    canvas = Canvas(model, prompt_ids, config.gen_length, mask_token_id=mask_token_id,
-                    eos_token_id=eos_token_id, on_step=on_step)
-    cond = CanvasPasses(model, canvas.stats, config.use_cache)
-    uncond = CanvasPasses(model, canvas.stats, config.use_cache) if config.cfg_scale > 0 else None
-    with Timer(canvas.device) as timer:
-        for block in canvas.blocks(config.block_length):
-            for passes in (cond, uncond):
-                if passes is not None:
-                    passes.start_block(block.start)  # logits are read unshifted, from the block on
-            schedule = even_schedule(int(canvas.masked(block).sum()), config.steps_per_block)
-            for step in canvas.steps(block, config.steps_per_block, config.threshold):
-                # 1) predict
-                logits = guided_logits(cond, uncond, canvas, block, config.cfg_scale)  # [B, V]
-                predicted = gumbel_argmax(forbid_mask(logits, mask_token_id), config.temperature, generator)  # [B]
-                token_prob = token_probs(logits, predicted)  # [B]; the mask keeps its share, as in the reference
-                # 2) rank
-                if config.remasking == "low_confidence":
-                    confidence = token_prob
-                else:
-                    confidence = uniform((block.length,), generator, canvas.device)
-                # 3) unmask
-                count = schedule[step] if config.threshold is None else 0
-                offsets = choose_positions(confidence, token_prob, canvas.masked(block),
-                                           count=count, threshold=config.threshold)
-                canvas.unmask(block, step, offsets, predicted[offsets])
-    return canvas.result(timer.seconds)
+    generator: Generators = None,
+    on_step: Callable[..., None] | None = None,
+    batch_size: int | None = None,
+) -> DecodeResult | list[DecodeResult]:
+    """Decode one response with LLaDA's sampler, or one per prompt of a batch (a list of prompts:
+    results in order, ``on_step(prompt_index, step)``); ``result.trace`` lists what every step unmasked.
+
+    ``batch_size`` rows (None: all) decode at once in shared model calls, each exactly as alone;
+    with sampling, give one generator per prompt to draw each row's noise as its own decode would."""
+    return decode_canvases(model, prompt_ids, config.gen_length,
+                           lambda canvas, row_generator: llada_row(canvas, config, row_generator),
+                           mask_token_id=mask_token_id, eos_token_id=eos_token_id, generator=generator,
+                           on_step=on_step, batch_size=batch_size)
+
+
+def llada_row(canvas: Canvas, config: LLaDAConfig, generator: torch.Generator | None) -> CanvasStep[DecodeResult]:
+    """One prompt's LLaDA decode as a row program (see mdm.decode_canvases)."""
+    cond = CanvasPasses(canvas.stats, config.use_cache)
+    uncond = CanvasPasses(canvas.stats, config.use_cache) if config.cfg_scale > 0 else None
+    for block in canvas.blocks(config.block_length):
+        for passes in (cond, uncond):
+            if passes is not None:
+                passes.start_block(block.start)  # logits are read unshifted, from the block on
+        schedule = even_schedule(int(canvas.masked(block).sum()), config.steps_per_block)
+        for step in canvas.steps(block, config.steps_per_block, config.threshold):
+            # 1) predict
+            logits = yield from guided_logits(cond, uncond, canvas, block, config.cfg_scale)  # [B, V]
+            predicted = gumbel_argmax(forbid_mask(logits, canvas.mask_token_id), config.temperature, generator)  # [B]
+            token_prob = token_probs(logits, predicted)  # [B]; the mask keeps its share, as in the reference
+            # 2) rank
+            if config.remasking == "low_confidence":
+                confidence = token_prob
+            else:
+                confidence = uniform((block.length,), generator, canvas.device)
+            # 3) unmask
+            count = schedule[step] if config.threshold is None else 0
+            offsets = choose_positions(confidence, token_prob, canvas.masked(block),
+                                       count=count, threshold=config.threshold)
+            canvas.unmask(block, step, offsets, predicted[offsets])
+    return canvas.result()

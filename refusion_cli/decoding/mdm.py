@@ -12,21 +12,32 @@ with explicit position ids and an explicit 4-D mask (causal or full, as the mode
 and reuse that K/V. For a causal model this is exact (a token's K/V depends only on the
 tokens left of it); for a bidirectional model it is an approximation, since the prefix's K/V was
 computed while the current block was still (partly) masked.
+
+Batches: a sampler is written as a row program (a generator that yields a :class:`CanvasFeed` for
+each model call and is sent its logits back); :func:`decode_canvases` runs one program per prompt,
+``batch_size`` at a time, through :func:`refusion_cli.decoding.cache.drive`, and
+:class:`CanvasCalls` makes one padded, masked model call of every running row's feed. Each row keeps
+its own canvas, counters, generator and prefix K/V, so it decodes exactly as it would alone; one
+prompt is a batch of one through the same code.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Generator, Iterator, TypeVar
 
 import torch
 from transformers import DynamicCache
 
-from refusion_cli.decoding.cache import additive_mask, crop_to
+from refusion_cli.decoding.cache import additive_mask, drive
 from refusion_cli.decoding.config import ConfigError, check_non_negative, check_positive, check_probability
-from refusion_cli.decoding.refusion import check_ids, prompt_tensor
-from refusion_cli.decoding.stats import (DecodeResult, DecodeStats, EosIds, cache_argument, counted_forward,
-                                         cut_after_eos, report_step, wide_float)
+from refusion_cli.decoding.refusion import (Generators, Prompt, Prompts, check_batch_size, check_ids, is_batch,
+                                            prompt_tensor, row_generators)
+from refusion_cli.decoding.stats import (BatchClock, DecodeResult, DecodeStats, EosIds, cache_argument, count_call,
+                                         cut_after_eos, timed_call, wide_float)
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -83,12 +94,9 @@ def check_fast_options(threshold: float | None, use_cache: bool, temperature: fl
 class Canvas:
     """The sequence being denoised (prompt + masked response), its counters and its trace."""
 
-    def __init__(self, model: torch.nn.Module, prompt_ids: Sequence[int] | torch.Tensor, gen_length: int, *,
-                 mask_token_id: int, eos_token_id: EosIds,
-                 on_step: Callable[[MDMStep], None] | None = None):
-        self.device = next(model.parameters()).device
-        prompt = prompt_tensor(prompt_ids, self.device)
-        check_ids(model, prompt, prompt.numel() + gen_length, mask_token_id=mask_token_id, eos_token_id=eos_token_id)
+    def __init__(self, prompt: torch.Tensor, gen_length: int, *, mask_token_id: int, eos_token_id: EosIds,
+                 report: Callable[[DecodeStats, MDMStep], None] | None = None):
+        self.device = prompt.device
         self.prompt_length = prompt.numel()
         self.mask_token_id = mask_token_id
         self.eos_token_id = eos_token_id
@@ -96,7 +104,7 @@ class Canvas:
         self.ids = torch.cat([prompt, masks])  # [P + L]
         self.stats = DecodeStats()
         self.trace: list[MDMStep] = []
-        self.on_step = on_step
+        self.report = report
 
     def blocks(self, block_length: int) -> Iterator[Block]:
         """The response's blocks, left to right."""
@@ -121,76 +129,206 @@ class Canvas:
         response_offsets = (offsets + block.start - self.prompt_length).tolist()
         record = MDMStep(block.index, step, response_offsets, tokens.tolist())
         self.trace.append(record)
-        report_step(self.stats, self.on_step, record)
+        if self.report is not None:
+            self.report(self.stats, record)
 
-    def result(self, seconds: float) -> DecodeResult:
-        """The response cut after its first EOS, with the shared counters."""
+    def result(self) -> DecodeResult:
+        """The response cut after its first EOS, with the shared counters (``seconds`` is set by the driver)."""
         tokens = cut_after_eos(self.ids[self.prompt_length:].tolist(), self.eos_token_id)
-        self.stats.seconds = seconds - self.stats.callback_seconds
         self.stats.tokens = len(tokens)
         return DecodeResult(tokens=tokens, stats=self.stats, trace=self.trace)
 
 
 # ---------------------------------------------------------------------------------------------
-# model calls
+# model calls, shared by the rows of a batch
+
+PrefixKV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: K and V [H, n, D] of a row's first n positions
+
+
+@dataclass
+class CanvasFeed:
+    """What one conditioning stream of one row feeds to a shared call: ``ids`` [Q] at positions
+    start..start+Q-1, after the K/V ``prefix`` of positions 0..start-1 when it has one."""
+
+    stats: DecodeStats  # the row's counters: the call counts once for it, with Q positions
+    ids: torch.Tensor  # [Q]
+    start: int = 0
+    prefix: PrefixKV | None = None  # None: nothing cached (the fed tokens are the whole sequence)
+    keep: int | None = None  # return the K/V of the first ``keep`` fed positions (None: keep none, no cache)
+
+
+CanvasReply = tuple[torch.Tensor, PrefixKV | None]  # the fed positions' logits [Q, V], the kept K/V
+CanvasStep = Generator[CanvasFeed, CanvasReply, T]  # a row program's step: yields feeds, is sent replies
+
+
+class CanvasCalls:
+    """One model call for every row of a batch of canvases (see :func:`refusion_cli.decoding.cache.drive`).
+
+    Rows are right-padded to the longest feed of the call. A call where no row uses the prefix
+    cache and every row is as long as the others is the plain call (no mask, default positions):
+    with one row, the reference's own call. Otherwise each row gets explicit position ids and a 4-D
+    mask: its fed tokens see its cached prefix and each other (all of them, or the earlier ones for
+    a causal model), never another row or padding; a pad sees only itself. Cached prefixes are laid
+    left-aligned, zero-padded to the longest, in one :class:`DynamicCache` made for the call.
+    """
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        self.causal = bool(getattr(model.config, "is_causal", True))
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.layer_types = sorted(set(getattr(model.config, "layer_types", None) or ["full_attention"]))
+
+    def close(self, row: int) -> None:
+        """A finished row holds nothing here: its cache lives in its own program."""
+
+    def forward(self, feeds: dict[int, CanvasFeed]) -> dict[int, CanvasReply]:
+        """One counted model call over every row's feed; each row gets its logits and kept K/V back."""
+        rows = list(feeds.values())
+        lengths = [feed.ids.numel() for feed in rows]
+        width = max(lengths)  # Q
+        cached = any(feed.prefix is not None or feed.keep is not None for feed in rows)
+        if not cached and min(lengths) == width:
+            out, seconds = timed_call(self.model, input_ids=torch.stack([feed.ids for feed in rows]), use_cache=False)
+            cache, prefix_width = None, 0
+        else:
+            prefix_width = max(_prefix_length(feed) for feed in rows)  # W
+            cache = DynamicCache(config=self.model.config) if cached else None
+            if prefix_width:
+                _fill_cache(cache, rows, prefix_width)
+            input_ids, position_ids, allowed = self._padded(rows, width, prefix_width)
+            mask = additive_mask(allowed, self.dtype)  # [B, 1, Q, W + Q]
+            cache_kwargs = cache_argument(self.model, cache) if cached else {}
+            out, seconds = timed_call(self.model, input_ids=input_ids, position_ids=position_ids,
+                                      attention_mask={kind: mask for kind in self.layer_types},
+                                      use_cache=cached, **cache_kwargs)
+        replies = {}
+        for row, (index, feed) in enumerate(feeds.items()):
+            count_call(feed.stats, lengths[row], seconds)
+            kept = None
+            if feed.keep is not None:
+                columns = slice(prefix_width, prefix_width + feed.keep)
+                kept = [(layer.keys[row, :, columns].clone(), layer.values[row, :, columns].clone())
+                        for layer in cache.layers]
+            replies[index] = (out.logits[row, : lengths[row]], kept)
+        return replies
+
+    def _padded(self, rows: list[CanvasFeed], width: int,
+                prefix_width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """input ids [B, Q] and position ids [B, Q] (right-padded), and what each query sees [B, Q, W + Q]."""
+        input_ids = torch.zeros(len(rows), width, dtype=torch.long, device=self.device)
+        position_ids = torch.zeros_like(input_ids)
+        allowed = torch.zeros(len(rows), width, prefix_width + width, dtype=torch.bool, device=self.device)
+        allowed[:, :, prefix_width:] = torch.eye(width, dtype=torch.bool, device=self.device)  # pads see themselves
+        for row, feed in enumerate(rows):
+            n = feed.ids.numel()
+            input_ids[row, :n] = feed.ids
+            position_ids[row, :n] = torch.arange(feed.start, feed.start + n, device=self.device)
+            allowed[row, :n, : _prefix_length(feed)] = True
+            among = torch.ones(n, n, dtype=torch.bool, device=self.device)
+            allowed[row, :n, prefix_width: prefix_width + n] = among.tril() if self.causal else among
+        return input_ids, position_ids, allowed
+
+
+def _prefix_length(feed: CanvasFeed) -> int:
+    return feed.prefix[0][0].shape[1] if feed.prefix else 0
+
+
+def _fill_cache(cache: DynamicCache, rows: list[CanvasFeed], prefix_width: int) -> None:
+    """Put every row's prefix K/V [H, n, D] into ``cache`` as [B, H, W, D], left-aligned, zeros after it."""
+    keys_of = next(feed.prefix for feed in rows if feed.prefix)
+    for layer, (sample_keys, sample_values) in enumerate(keys_of):
+        keys = sample_keys.new_zeros(len(rows), sample_keys.shape[0], prefix_width, sample_keys.shape[2])
+        values = sample_values.new_zeros(len(rows), sample_values.shape[0], prefix_width, sample_values.shape[2])
+        for row, feed in enumerate(rows):
+            if feed.prefix:
+                row_keys, row_values = feed.prefix[layer]
+                keys[row, :, : row_keys.shape[1]] = row_keys
+                values[row, :, : row_values.shape[1]] = row_values
+        cache.update(keys, values, layer)
 
 
 class CanvasPasses:
-    """Counted model calls over a canvas, one block at a time; each call returns logits from ``window`` on.
+    """One conditioning stream's model calls over a canvas, a block at a time; each returns logits from
+    ``window`` on (CFG needs two streams).
 
     Without the cache every call is a full pass (the reference samplers). With it, the block's
     first call is a full pass that keeps the K/V of positions ``[0, window)``; later calls feed
-    positions ``[window, T)`` only. One instance per conditioning stream (CFG needs two).
+    positions ``[window, T)`` only, after that K/V.
     """
 
-    def __init__(self, model: torch.nn.Module, stats: DecodeStats, use_cache: bool):
-        self.model = model
+    def __init__(self, stats: DecodeStats, use_cache: bool):
         self.stats = stats
         self.use_cache = use_cache
-        self.causal = bool(getattr(model.config, "is_causal", True))
-        self.dtype = next(model.parameters()).dtype
-        self.layer_types = sorted(set(getattr(model.config, "layer_types", None) or ["full_attention"]))
-        self.cache: DynamicCache | None = None
+        self.prefix: PrefixKV | None = None
         self.window = 0
 
     def start_block(self, window: int) -> None:
         """Begin a block: the next call is a full pass; logits are returned from position ``window`` on."""
         self.window = window
-        self.cache = None
+        self.prefix = None
 
-    def __call__(self, canvas: torch.Tensor) -> torch.Tensor:
+    def __call__(self, canvas: torch.Tensor) -> CanvasStep[torch.Tensor]:
         """Logits [T - window, V] of canvas positions window..T-1, read unshifted, in the dtype the model
         computed them (bf16 for a bf16 model): each sampler widens them where its reference does."""
         if not self.use_cache:
-            out = counted_forward(self.model, self.stats, input_ids=canvas[None], use_cache=False)
-            return out.logits[0, self.window:]
-        if self.cache is None:  # the block's first step: full pass, keep the prefix's K/V
-            self.cache = DynamicCache(config=self.model.config)
-            logits = self._cached_call(canvas, first=0)[self.window:]
-        else:
-            logits = self._cached_call(canvas[self.window:], first=self.window)
-        crop_to(self.cache, self.window)  # drop the K/V of everything right of the prefix
+            logits, _ = yield CanvasFeed(self.stats, canvas)
+            return logits[self.window:]
+        if self.prefix is None:  # the block's first step: full pass, keep the prefix's K/V
+            logits, self.prefix = yield CanvasFeed(self.stats, canvas, keep=self.window)
+            return logits[self.window:]
+        logits, _ = yield CanvasFeed(self.stats, canvas[self.window:], start=self.window, prefix=self.prefix)
         return logits
 
-    def _cached_call(self, ids: torch.Tensor, first: int) -> torch.Tensor:
-        """Feed ``ids`` [Q] at positions first..first+Q-1 after the cache; return logits [Q, V]."""
-        positions = torch.arange(first, first + ids.numel(), device=ids.device)  # [Q]
-        keys = torch.arange(first + ids.numel(), device=ids.device)  # [first + Q]: cached then fed
-        if self.causal:
-            allowed = keys[None, :] <= positions[:, None]
-        else:
-            allowed = torch.ones(positions.numel(), keys.numel(), dtype=torch.bool, device=ids.device)
-        mask = additive_mask(allowed, self.dtype)  # [1, 1, Q, first + Q]
-        out = counted_forward(
-            self.model,
-            self.stats,
-            input_ids=ids[None],
-            position_ids=positions[None],
-            attention_mask={kind: mask for kind in self.layer_types},
-            use_cache=True,
-            **cache_argument(self.model, self.cache),
-        )
-        return out.logits[0]
+
+# ---------------------------------------------------------------------------------------------
+# one prompt or a batch
+
+
+def report_to(clock: BatchClock, callback: Callable[[MDMStep], None], stats: DecodeStats, record: MDMStep) -> None:
+    """Hand a row's step to the caller's callback through the batch's clock."""
+    clock.report(stats, callback, record)
+
+
+def decode_canvases(
+    model: torch.nn.Module,
+    prompt_ids: Prompt | Prompts,
+    gen_length: int,
+    program: Callable[[Canvas, torch.Generator | None], CanvasStep[DecodeResult]],
+    *,
+    mask_token_id: int,
+    eos_token_id: EosIds,
+    generator: Generators,
+    on_step: Callable[..., None] | None,
+    batch_size: int | None,
+) -> DecodeResult | list[DecodeResult]:
+    """Run ``program`` (a sampler's row program) on the canvas of each prompt, ``batch_size`` rows
+    (None: all) at a time in shared model calls; one prompt gives one result, a batch a list.
+
+    Each row runs its own decode exactly (same tokens, same forwards as alone); a finished row's
+    place goes to the next prompt. ``on_step(step)``, or ``on_step(prompt_index, step)`` for a batch;
+    ``generator``: one, shared (drawn by the rows in turn), or one per prompt.
+    """
+    batch = is_batch(prompt_ids)
+    check_batch_size(batch_size)
+    device = next(model.parameters()).device
+    prompts = [prompt_tensor(p, device) for p in (prompt_ids if batch else [prompt_ids])]
+    for prompt in prompts:
+        check_ids(model, prompt, prompt.numel() + gen_length, mask_token_id=mask_token_id, eos_token_id=eos_token_id)
+    generators = row_generators(generator, len(prompts))
+    clock = BatchClock(device)
+
+    def start(index: int) -> CanvasStep[DecodeResult]:
+        report = None
+        if on_step is not None:  # the callback's time is kept out of every row's latency
+            callback = functools.partial(on_step, index) if batch else on_step
+            report = functools.partial(report_to, clock, callback)
+        canvas = Canvas(prompts[index], gen_length, mask_token_id=mask_token_id, eos_token_id=eos_token_id,
+                        report=report)
+        return program(canvas, generators[index])
+
+    results = drive(CanvasCalls(model), start, len(prompts), batch_size, clock)
+    return results if batch else results[0]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -154,9 +154,8 @@ def run_decoder(
     """Decode one prompt with the named decoder, or a batch (a list of prompts: one result per prompt,
     in order, ``on_step(prompt_index, record)``); ``kv_reuse`` and ``causal_fix`` are ReFusion's ablations.
 
-    ReFusion and AR decode ``batch_size`` rows (None: all) in shared model calls. LLaDA and Dream
-    take one prompt at a time: a batch is decoded prompt by prompt (``batch_size`` has no effect),
-    each row's ``seconds`` counted from the start of the call, as a batched row's latency."""
+    Every decoder decodes ``batch_size`` rows (None: all) in shared model calls, each row exactly as
+    alone; a row's ``seconds`` is its latency from the start of the call."""
     spec = decoder_spec(decoder)
     if not isinstance(config, spec.config_class):
         raise UserError(f"the {decoder} decoder takes a {spec.config_class.__name__}, not {type(config).__name__}")
@@ -170,18 +169,8 @@ def run_decoder(
                                generator=generator, kv_reuse=kv_reuse, causal_fix=causal_fix, on_step=on_step,
                                batch_size=batch_size)
     decode = decode_llada if decoder == "llada" else decode_dream
-    if not is_batch(prompt_ids):
-        return decode(model, prompt_ids, config, mask_token_id=mask_token_id, eos_token_id=eos_token_id,
-                      generator=generator, on_step=on_step)
-    check_batch_size(batch_size)
-    results, elapsed = [], 0.0
-    for index, (prompt, row_generator) in enumerate(zip(prompt_ids, row_generators(generator, len(prompt_ids)))):
-        result = decode(model, prompt, config, mask_token_id=mask_token_id, eos_token_id=eos_token_id,
-                        generator=row_generator, on_step=None if on_step is None else functools.partial(on_step, index))
-        elapsed += result.stats.seconds
-        result.stats.seconds = elapsed
-        results.append(result)
-    return results
+    return decode(model, prompt_ids, config, mask_token_id=mask_token_id, eos_token_id=eos_token_id,
+                  generator=generator, on_step=on_step, batch_size=batch_size)
 
 
 __all__ = ["DECODERS", "DecoderSpec", "LLADA_BLOCK_LENGTH", "build_config", "check_decoder_fits", "decoder_spec",

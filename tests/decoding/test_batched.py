@@ -12,7 +12,8 @@ import itertools
 import pytest
 import torch
 
-from refusion_cli.decoding import ReFusionConfig, decode_ar, decode_refusion
+from refusion_cli.decoding import (DreamConfig, LLaDAConfig, ReFusionConfig, decode_ar, decode_dream, decode_llada,
+                                   decode_refusion)
 from refusion_cli.decoding.stats import batch_stats
 from refusion_cli.errors import UserError
 from tests.decoding.test_refusion_reference import CONFIGS, MODEL_SEEDS
@@ -173,7 +174,7 @@ def test_run_decoder_takes_a_batch_for_every_decoder(models, bidirectional_model
         ("refusion", models[0], ReFusionConfig(gen_length=16, slot_size=4, block_size=8, slot_threshold=0.3,
                                                token_threshold=0.3)),
         ("ar", models[0], ARConfig(gen_length=12)),
-        ("llada", bidirectional_model, LLaDAConfig(gen_length=8, steps=4, block_length=8)),  # prompt by prompt
+        ("llada", bidirectional_model, LLaDAConfig(gen_length=8, steps=4, block_length=8)),
     ]
     for decoder, model, config in cases:
         alone = [run_decoder(decoder, model, p, config, mask_token_id=MASK_ID, eos_token_id=None) for p in prompts]
@@ -181,3 +182,150 @@ def test_run_decoder_takes_a_batch_for_every_decoder(models, bidirectional_model
         same_as_alone(batched, alone)
         latencies = [result.stats.seconds for result in batched]
         assert batch_stats(batched).seconds == max(latencies) > 0, decoder
+
+
+# ---------------------------------------------------------------------------------------------
+# LLaDA and Dream: rows of right-padded canvases in shared calls, each with its own prefix cache
+
+LLADA_SWEEP = [  # gen_length, steps, block_length, threshold, use_cache, cfg_scale, remasking, temperature
+    (16, 16, 8, None, False, 0.0, "low_confidence", 0.0),
+    (16, 6, 8, None, True, 0.0, "low_confidence", 0.0),
+    (24, 12, 8, 0.3, False, 0.0, "low_confidence", 0.0),
+    (24, 24, 24, 0.3, True, 0.0, "low_confidence", 0.0),
+    (16, 8, 16, None, False, 1.5, "low_confidence", 0.0),
+    (16, 8, 8, 0.5, True, 1.0, "low_confidence", 0.0),
+    (16, 8, 8, None, True, 0.0, "random", 1.0),
+]
+DREAM_SWEEP = [  # gen_length, steps, alg, block_length, threshold, use_cache, temperature
+    (16, 8, "entropy", None, None, False, 0.0),
+    (16, 16, "maskgit_plus", 8, None, True, 0.0),
+    (24, 12, "topk_margin", 8, 0.3, False, 0.0),
+    (24, 24, "entropy", 8, 0.3, True, 0.0),
+    (16, 8, "origin", None, None, False, 1.0),
+    (16, 8, "origin", 8, None, True, 0.0),
+    (16, 16, "maskgit_plus", 16, 0.5, True, 0.7),
+]
+MDM_SEEDS = [0, 1]
+
+
+@pytest.fixture(scope="module")
+def mdm_models():
+    return {seed: tiny_qwen3(seed, causal=False, init_std=0.5) for seed in MDM_SEEDS}
+
+
+def llada_config(case) -> LLaDAConfig:
+    n, steps, block, threshold, use_cache, cfg, remasking, temperature = case
+    return LLaDAConfig(gen_length=n, steps=steps, block_length=block, threshold=threshold, use_cache=use_cache,
+                       cfg_scale=cfg, remasking=remasking, temperature=temperature)
+
+
+def dream_config(case) -> DreamConfig:
+    n, steps, alg, block, threshold, use_cache, temperature = case
+    return DreamConfig(gen_length=n, steps=steps, alg=alg, block_length=block, threshold=threshold,
+                       use_cache=use_cache, temperature=temperature, top_p=0.9 if temperature else None)
+
+
+def row_generators_for(count: int) -> list[torch.Generator]:
+    return [torch.Generator().manual_seed(100 + row) for row in range(count)]
+
+
+def mdm_rows_decode_as_alone(decoder, models, configs) -> dict[str, int]:
+    """Every row of every batch size equals its batch-1 decode; returns what the sweep reached."""
+    seen = {"eos_early": 0, "eos_late": 0, "no_eos": 0, "parallel_step": 0, "several_blocks": 0, "cache": 0,
+            "threshold": 0}
+    for seed, config in itertools.product(MDM_SEEDS, configs):
+        model, prompts = models[seed], prompts_for(seed)
+
+        def decode(prompt_ids, eos, **options):
+            generator = row_generators_for(len(prompt_ids)) if isinstance(prompt_ids[0], list) else \
+                torch.Generator().manual_seed(100 + prompts.index(prompt_ids))
+            return decoder(model, prompt_ids, config, mask_token_id=MASK_ID, eos_token_id=eos, generator=generator,
+                           **options)
+
+        eos = eos_ids_for([decode(p, None).tokens for p in prompts])
+        alone = [decode(p, eos) for p in prompts]
+        for batch_size in (None, 2, len(prompts) + 3):
+            same_as_alone(decode(prompts, eos, batch_size=batch_size), alone)
+        n = config.gen_length
+        seen["cache"] += config.use_cache
+        seen["threshold"] += config.threshold is not None
+        for result in alone:
+            ended = result.tokens[-1] in eos
+            seen["no_eos"] += not ended
+            seen["eos_early"] += ended and len(result.tokens) <= n // 2
+            seen["eos_late"] += ended and len(result.tokens) > n // 2
+            seen["parallel_step"] += any(len(step.offsets) > 1 for step in result.trace)
+            seen["several_blocks"] += len({step.block for step in result.trace}) > 1
+    return seen
+
+
+def test_llada_rows_decode_as_alone_over_a_sweep(mdm_models):
+    seen = mdm_rows_decode_as_alone(decode_llada, mdm_models, [llada_config(case) for case in LLADA_SWEEP])
+    assert all(count > 0 for count in seen.values()), seen
+
+
+def test_dream_rows_decode_as_alone_over_a_sweep(mdm_models):
+    configs = [dream_config(case) for case in DREAM_SWEEP]
+    assert {config.alg for config in configs} == {"origin", "maskgit_plus", "topk_margin", "entropy"}
+    seen = mdm_rows_decode_as_alone(decode_dream, mdm_models, configs)
+    assert all(count > 0 for count in seen.values()), seen
+
+
+@pytest.mark.parametrize("decoder", ["llada", "dream"])
+def test_mdm_rows_share_calls_and_finished_rows_leave(mdm_models, record_calls, decoder):
+    """With a threshold the rows take different numbers of steps: a finished row leaves the calls,
+    a waiting prompt joins, and each call holds one row per running prompt (its canvas, padded)."""
+    model, prompts = mdm_models[0], prompts_for(0)
+    if decoder == "llada":
+        decode, config = decode_llada, LLaDAConfig(gen_length=16, steps=16, block_length=8, threshold=0.3)
+    else:
+        decode, config = decode_dream, DreamConfig(gen_length=16, steps=16, alg="entropy", temperature=0.0,
+                                                   top_p=None, threshold=0.3)
+    alone = [decode(model, p, config, mask_token_id=MASK_ID, eos_token_id=None) for p in prompts]
+    forwards = [result.stats.forwards for result in alone]
+    assert len(set(forwards)) > 1, forwards  # rows finish at different times
+    for batch_size in (None, 2):
+        calls = record_calls(model)
+        batched = decode(model, prompts, config, mask_token_id=MASK_ID, eos_token_id=None, batch_size=batch_size)
+        same_as_alone(batched, alone)
+        rows = [call.shape[0] for call in calls]
+        assert max(rows) == (batch_size or len(prompts))
+        assert sum(rows) == sum(forwards)  # a row takes part in exactly its own forwards
+        assert max(call.shape[1] for call in calls) == max(PROMPT_LENGTHS) + config.gen_length  # right-padded
+        if batch_size is None:  # lockstep: a row leaves after its last step, the longest decode ends alone
+            assert rows == [sum(n > call for n in forwards) for call in range(max(forwards))]
+        else:  # refilled: fewer calls than decoding the rows two by two in lockstep
+            assert len(calls) < sum(max(pair) for pair in zip(forwards[::2], forwards[1::2] + [0]))
+        calls.clear()
+
+
+def test_mdm_on_step_of_a_batch_names_the_prompt(mdm_models):
+    model, prompts = mdm_models[1], prompts_for(1)
+    config = LLaDAConfig(gen_length=16, steps=8, block_length=8, threshold=0.4, use_cache=True)
+    seen: dict[int, list] = {}
+    results = decode_llada(model, prompts, config, mask_token_id=MASK_ID, eos_token_id=None, batch_size=3,
+                           on_step=lambda index, step: seen.setdefault(index, []).append(step))
+    assert seen == {index: result.trace for index, result in enumerate(results)}
+    (row,) = decode_dream(model, [prompts[2]], DreamConfig(gen_length=8, steps=4, temperature=0.0, top_p=None),
+                          mask_token_id=MASK_ID, eos_token_id=None)
+    single = decode_dream(model, prompts[2], DreamConfig(gen_length=8, steps=4, temperature=0.0, top_p=None),
+                          mask_token_id=MASK_ID, eos_token_id=None)
+    assert row.tokens == single.tokens and row.trace == single.trace
+    with pytest.raises(UserError, match="2 generators for 5 prompts"):
+        decode_llada(model, prompts, config, mask_token_id=MASK_ID, eos_token_id=None,
+                     generator=[torch.Generator(), torch.Generator()])
+
+
+def test_run_decoder_batches_llada_and_dream(mdm_models, record_calls):
+    from refusion_cli.decoding.registry import run_decoder
+
+    model, prompts = mdm_models[0], prompts_for(0)
+    for decoder, config in [("llada", LLaDAConfig(gen_length=16, steps=8, block_length=8, use_cache=True)),
+                            ("dream", DreamConfig(gen_length=16, steps=8, temperature=0.0, top_p=None))]:
+        alone = [run_decoder(decoder, model, p, config, mask_token_id=MASK_ID, eos_token_id=None) for p in prompts]
+        calls = record_calls(model)
+        batched = run_decoder(decoder, model, prompts, config, mask_token_id=MASK_ID, eos_token_id=None,
+                              batch_size=2)
+        same_as_alone(batched, alone)
+        assert max(call.shape[0] for call in calls) == 2, decoder  # two rows a call, not prompt by prompt
+        calls.clear()
