@@ -70,7 +70,7 @@ def _save(figure, path: Path) -> bool:
 def frontier_figure(rows: Sequence[BenchRow]):
     """The frontier plot's figure, or None when no row has an accuracy. The legend sits right of
     the axes and the accuracy axis has a margin beyond 0 and 100 %, so no point is hidden."""
-    scored = [row for row in rows if row.accuracy is not None]
+    scored = [row for row in rows if row.accuracy is not None and row.batch_size == 1]  # TPS at batch 1 only
     if not scored:
         return None
     figure, (axes,) = _figure(8, 4.5)
@@ -109,6 +109,7 @@ def plot_length_sweep(rows: Sequence[BenchRow], path: Path) -> bool:
 
 def length_figure(rows: Sequence[BenchRow]):
     """The length plot's figure, or None with fewer than two lengths; the legend sits right of both axes."""
+    rows = [row for row in rows if row.batch_size == 1]  # TPS at batch 1 only
     lengths = sorted({row.gen_length for row in rows})
     if len(lengths) < 2:
         return None

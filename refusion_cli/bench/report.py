@@ -191,15 +191,16 @@ def percent(value: float | None) -> str:
     return "–" if value is None else f"{value * 100:.1f}%"
 
 
-TABLE_HEADER = ["decoder", "model", "gen length", "TPS", "speed-up vs AR", "tokens/forward", "forwards", "tokens",
-                "p50 ms", "p95 ms", "peak MiB", "accuracy"]
+TABLE_HEADER = ["decoder", "model", "gen length", "batch", "TPS", "throughput", "speed-up vs AR", "tokens/forward",
+                "forwards", "tokens", "p50 ms", "p95 ms", "peak MiB", "MiB per row", "accuracy"]
 
 
 def table_cells(row: BenchRow) -> list[str]:
-    """One row of the terminal and Markdown tables."""
-    return [row.decoder, row.model, str(row.gen_length), fmt(row.tps, 1), fmt(row.speedup_vs_ar, 2, "×"),
-            fmt(row.tpf), fmt(row.forwards, 1), fmt(row.tokens, 1), fmt(row.latency_p50_ms, 1),
-            fmt(row.latency_p95_ms, 1), fmt(row.peak_mem_mib, 1), percent(row.accuracy)]
+    """One row of the Markdown table."""
+    return [row.decoder, row.model, str(row.gen_length), str(row.batch_size), fmt(row.tps, 1), fmt(row.throughput, 1),
+            fmt(row.speedup_vs_ar, 2, "×"), fmt(row.tpf), fmt(row.forwards, 1), fmt(row.tokens, 1),
+            fmt(row.latency_p50_ms, 1), fmt(row.latency_p95_ms, 1), fmt(row.peak_mem_mib, 1),
+            fmt(row.mem_per_row_mib, 1), percent(row.accuracy)]
 
 
 def machine_line(machine: Machine) -> str:
@@ -212,6 +213,12 @@ def machine_line(machine: Machine) -> str:
 
 def write_machine(path: Path, machine: Machine) -> None:
     path.write_text(json.dumps(machine.as_dict(), indent=2) + "\n", encoding="utf-8")
+
+
+BATCH_RULE = ("- Batches: a row of batch N decodes the prompts N at a time (a finished prompt's place goes to the next "
+              "one), every prompt with the tokens of its batch-1 decode. TPS is the paper's rule at batch 1; in a batch "
+              "a decode's seconds are its latency, so TPS is the per-request rate there. Throughput is the row's tokens "
+              "÷ the wall time of its calls (equal to TPS at batch 1). MiB per row: peak MiB ÷ batch.")
 
 
 def write_markdown(path: Path, rows: Sequence[BenchRow], machine: Machine, *, prompts: str, warmup: int,
@@ -228,8 +235,9 @@ def write_markdown(path: Path, rows: Sequence[BenchRow], machine: Machine, *, pr
                   f"as recorded in {RUN_FILE} and checked by --resume.", ""]
     lines += [
         f"- Machine: {machine_line(machine)}",
-        f"- Prompts: {prompts}; batch 1, {warmup} warm-up decode(s), {repeats} repeat(s), seed {seed}",
+        f"- Prompts: {prompts}; {warmup} warm-up call(s), {repeats} repeat(s), seed {seed}",
         f"- Counting rule: {COUNTING_RULE}",
+        *([BATCH_RULE] if any(row.batch_size > 1 for row in rows) else []),
         "- Speed-up vs AR: the row's TPS ÷ AR's TPS at the same response length, in the same run",
         f"- Peak memory: {machine.memory_method}, over the row's measured decodes",
         *(f"- Note: {note}" for note in notes),

@@ -41,7 +41,7 @@ from refusion_cli.bench.machine import Machine, PeakMemory, describe_machine
 from refusion_cli.bench.prompts import BenchPrompt
 from refusion_cli.decoding.registry import check_decoder_fits, decoder_spec, default_model, run_decoder
 from refusion_cli.decoding.spec import DecoderChoice, preset_config
-from refusion_cli.decoding.stats import DecodeResult, mean_tps, run_tps
+from refusion_cli.decoding.stats import DecodeResult, batch_stats, mean_tps, run_tps
 from refusion_cli.errors import UserError
 from refusion_cli.models.chat import require_chat_template, user_prompt_ids
 from refusion_cli.models.loading import (
@@ -64,6 +64,7 @@ CAUSAL_FIX = " (causal fix)"  # label suffix of the causal_fix=True ablation (th
 class BenchSettings:
     decoders: tuple[str, ...] = DEFAULT_DECODERS
     gen_lengths: tuple[int, ...] = (DEFAULT_GEN_LENGTH,)
+    batch_sizes: tuple[int, ...] = (1,)  # prompts decoded together; 1 is the paper's setting
     models: dict[str, str] = field(default_factory=dict)  # decoder -> checkpoint (default: its embedded model)
     overrides: dict[str, dict[str, str]] = field(default_factory=dict)  # decoder -> {config option: value}
     preset: str | None = None  # a ReFusion preset (the paper's or evals/suite.yaml's), under the overrides
@@ -86,6 +87,11 @@ class BenchSettings:
                 raise UserError(f"--gen-length must be a positive integer, got {length}")
         if not self.gen_lengths:
             raise UserError("give at least one --gen-length")
+        for size in self.batch_sizes:
+            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+                raise UserError(f"--batch-size must be a positive integer, got {size}")
+        if not self.batch_sizes:
+            raise UserError("give at least one --batch-size")
         for option, names in (("--model", self.models), ("--set", self.overrides)):
             stray = [name for name in names if name not in self.decoders]
             if stray:
@@ -120,6 +126,7 @@ class BenchEntry:
     config: Any
     kv_reuse: bool = True
     causal_fix: bool = False
+    batch_size: int = 1  # prompts decoded together (refill: a finished row's place goes to the next prompt)
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)  # the config (a dataclass) as a dict of its fields
@@ -151,7 +158,8 @@ class BenchRow:
     gen_length: int
     prompts: int
     decodes: int
-    tps: float  # the row's tokens / its summed decode seconds (decoding.stats.run_tps, as refusion eval)
+    tps: float  # the row's tokens / its decodes' summed seconds (decoding.stats.run_tps, as refusion eval): at
+    # batch 1 the paper's TPS; in a batch a decode's seconds are its latency, so this is the per-request rate
     speedup_vs_ar: float | None  # tps / AR's tps at the same length (1 for AR; None without an AR row)
     tpf: float  # mean tokens per forward
     forwards: float  # mean model calls per decode
@@ -163,6 +171,9 @@ class BenchRow:
     scored: int  # decodes with a target
     config: str  # the decoder config, "name=value ..."
     tps_sample_mean: float = 0.0  # the mean of the per-decode TPS, beside ``tps``
+    batch_size: int = 1  # prompts decoded together
+    throughput: float = 0.0  # the row's tokens / the wall time of its timed calls (= tps at batch 1)
+    mem_per_row_mib: float = 0.0  # peak_mem_mib / batch_size
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -207,6 +218,10 @@ def plan_entries(settings: BenchSettings) -> list[BenchEntry]:
         for length in lengths:
             config = configs[decoder, length]
             entries.append(BenchEntry(decoder, decoder, models[decoder], length, config))
+            for size in measured_lengths(settings.batch_sizes):
+                if size > 1:
+                    entries.append(BenchEntry(decoder + batch_suffix(size), decoder, models[decoder], length, config,
+                                              batch_size=size))
             if decoder == "refusion" and settings.ablation:
                 entries.append(BenchEntry(decoder + RECOMPUTE, decoder, models[decoder], length, config,
                                           kv_reuse=False))
@@ -214,6 +229,11 @@ def plan_entries(settings: BenchSettings) -> list[BenchEntry]:
                 entries.append(BenchEntry(decoder + CAUSAL_FIX, decoder, models[decoder], length, config,
                                           causal_fix=True))
     return entries
+
+
+def batch_suffix(size: int) -> str:
+    """The label suffix of a row decoded ``size`` prompts at a time."""
+    return f" (batch {size})"
 
 
 def budget_notes(entries: list[BenchEntry]) -> list[str]:
@@ -304,7 +324,7 @@ def run_bench(
             row = measure_entry(entry, loaded, prompt_ids, prompts, settings, ar_tps_at.get(entry.gen_length),
                                 on_sample)
             del loaded  # the slot holds the only reference: switching models frees this one before the next loads
-            if entry.decoder == "ar":
+            if entry.decoder == "ar" and entry.batch_size == 1:
                 ar_tps_at[entry.gen_length] = row.tps
                 row.speedup_vs_ar = 1.0 if row.tps > 0 else None
             yield row
@@ -330,6 +350,8 @@ def measure_entry(
                            mask_token_id=loaded.mask_token_id, eos_token_id=loaded.stop_token_ids,
                            generator=generator, kv_reuse=entry.kv_reuse, causal_fix=entry.causal_fix)
 
+    if entry.batch_size > 1:
+        return measure_batched(entry, loaded, prompt_ids, prompts, settings, on_sample)
     for warm in range(settings.warmup):
         decode(warm % len(prompt_ids))
     samples: list[BenchSample] = []
@@ -348,8 +370,49 @@ def measure_entry(
     return summarise(entry, samples, len(prompts), memory.delta_mib, ar_tps)
 
 
+def measure_batched(
+    entry: BenchEntry,
+    loaded: LoadedModel,
+    prompt_ids: Sequence[list[int]],
+    prompts: Sequence[BenchPrompt],
+    settings: BenchSettings,
+    on_sample: Callable[[BenchSample], None] | None = None,
+) -> BenchRow:
+    """Decode all prompts ``batch_size`` at a time (a finished row's place goes to the next prompt), ``repeats``
+    times; each prompt keeps its own generator, so its tokens are those of its batch-1 decode."""
+    device = next(loaded.model.parameters()).device
+
+    def decode(indices: Sequence[int]) -> list[DecodeResult]:
+        generators = [torch.Generator(device=device).manual_seed(settings.seed + i) for i in indices]
+        return run_decoder(entry.decoder, loaded.model, [prompt_ids[i] for i in indices], entry.config,
+                           mask_token_id=loaded.mask_token_id, eos_token_id=loaded.stop_token_ids,
+                           generator=generators, kv_reuse=entry.kv_reuse, causal_fix=entry.causal_fix,
+                           batch_size=entry.batch_size)
+
+    if settings.warmup:
+        decode([i % len(prompt_ids) for i in range(entry.batch_size)])
+    samples: list[BenchSample] = []
+    wall = 0.0
+    with PeakMemory(device) as memory:
+        for repeat in range(settings.repeats):
+            results = decode(range(len(prompts)))
+            wall += batch_stats(results).seconds
+            for index, (prompt, result) in enumerate(zip(prompts, results)):
+                text = loaded.tokenizer.decode(result.tokens, skip_special_tokens=True)
+                stats = result.stats
+                sample = BenchSample(entry.label, entry.gen_length, index, repeat, stats.tokens, stats.forwards,
+                                     stats.seconds, stats.tps, stats.tpf,
+                                     None if prompt.target is None else is_correct(text, prompt.target), text)
+                samples.append(sample)
+                if on_sample is not None:
+                    on_sample(sample)
+    return summarise(entry, samples, len(prompts), memory.delta_mib, None, wall_seconds=wall)
+
+
+
 def summarise(entry: BenchEntry, samples: Sequence[BenchSample], n_prompts: int, peak_mem_mib: float,
-              ar_tps: float | None) -> BenchRow:
+              ar_tps: float | None, wall_seconds: float | None = None) -> BenchRow:
+    """The row of ``samples``; ``wall_seconds``: the wall time of a batched row's timed calls (throughput)."""
     scored = [sample.correct for sample in samples if sample.correct is not None]
     tokens, seconds = [sample.tokens for sample in samples], [sample.seconds for sample in samples]
     tps = run_tps(tokens, seconds)
@@ -362,6 +425,9 @@ def summarise(entry: BenchEntry, samples: Sequence[BenchSample], n_prompts: int,
         latency_p50_ms=percentile(latencies_ms, 50), latency_p95_ms=percentile(latencies_ms, 95),
         peak_mem_mib=peak_mem_mib, accuracy=mean(scored) if scored else None, scored=len(scored),
         config=describe_config(entry.config), tps_sample_mean=mean_tps(tokens, seconds),
+        batch_size=entry.batch_size,
+        throughput=tps if wall_seconds is None else run_tps(tokens, [wall_seconds]),
+        mem_per_row_mib=peak_mem_mib / entry.batch_size,
     )
 
 

@@ -55,9 +55,7 @@ from refusion_cli.bench.report import (
 from refusion_cli.bench.resume import Earlier, load_earlier, run_record, write_record
 from refusion_cli.bench.runner import (
     DEFAULT_DECODERS,
-    CAUSAL_FIX,
     DEFAULT_GEN_LENGTH,
-    RECOMPUTE,
     BenchEntry,
     BenchRow,
     BenchSample,
@@ -98,6 +96,10 @@ def bench(
                                               rich_help_panel=RUN)] = None,
     gen_length: Annotated[list[str] | None, typer.Option("--gen-length", help=f"response length budget(s); several "
                                                          f"give a sweep (default {DEFAULT_GEN_LENGTH})",
+                                                         rich_help_panel=RUN)] = None,
+    batch_size: Annotated[list[str] | None, typer.Option("--batch-size", help="prompts decoded together; several "
+                                                         "give a row each (default 1, the paper's setting); with "
+                                                         "--gen-length too, give both comma-separated",
                                                          rich_help_panel=RUN)] = None,
     set_options: Annotated[list[str] | None, typer.Option("--set", help="decoder option KEY=VALUE for every "
                                                           "decoder that has it, or DECODER.KEY=VALUE for one "
@@ -140,11 +142,17 @@ def bench(
 ) -> None:
     """Compare decoders' speed (TPS, tokens per forward, latency, memory) and accuracy on the same prompts."""
     # --tps names the measurement; it is the only one so far, so it is on whether given or not
+    lengths, sizes = option_values(gen_length, "--gen-length"), option_values(batch_size, "--batch-size")
+    if lengths and sizes and any(value.strip().isdigit() for value in split_commas(stray)):
+        raise UserError("with both --gen-length and --batch-size, give each one's values comma-separated",
+                        hint="e.g. --gen-length 128,256 --batch-size 1,8,32")
     values = route_stray_values(stray or [], MultiValues(option_values(decoder, "--decoder"),
                                                          list(model or []), split_commas(set_options),
-                                                         gen_lengths=option_values(gen_length, "--gen-length")),
-                                "refusion bench")
-    settings = bench_settings(values, preset, ablation=ablation, causal_fix=causal_fix, warmup=warmup,
+                                                         gen_lengths=lengths or sizes), "refusion bench")
+    if sizes and not lengths:  # the whole numbers after --batch-size were routed with it
+        sizes, values.gen_lengths = values.gen_lengths, []
+    batch_sizes = tuple(parse_lengths(sizes, "--batch-size")) or (1,)
+    settings = bench_settings(values, preset, batch_sizes=batch_sizes, ablation=ablation, causal_fix=causal_fix, warmup=warmup,
                               repeats=repeats, seed=seed, device=device, dtype=dtype,
                               trust_remote_code=trust_remote_code)
     decoders = settings.decoders
@@ -197,13 +205,14 @@ def bench_settings(values: MultiValues, preset: str | None, **measuring: Any) ->
         preset=preset, **measuring)
 
 
-def parse_lengths(values: list[str]) -> list[int]:
+def parse_lengths(values: list[str], option: str = "--gen-length") -> list[int]:
+    """Whole numbers of ``option`` (their range is checked by BenchSettings)."""
     lengths = []
     for value in values:
         try:
             lengths.append(int(value))
         except ValueError:
-            raise UserError(f"--gen-length must be a positive integer, got '{value}'") from None
+            raise UserError(f"{option} must be a positive integer, got '{value}'") from None
     return lengths
 
 
@@ -254,7 +263,8 @@ class BenchRun:
     def execute(self, prompts: list[BenchPrompt]) -> None:
         """Measure the entries the run does not have yet."""
         done = len(self.rows)
-        ar_tps = {entry.gen_length: row.tps for entry, row in zip(self.entries, self.rows) if entry.decoder == "ar"}
+        ar_tps = {entry.gen_length: row.tps for entry, row in zip(self.entries, self.rows)
+                  if entry.decoder == "ar" and entry.batch_size == 1}
         finished = False
         try:
             with self.progress:
@@ -354,23 +364,26 @@ def row_line(row: BenchRow) -> str:
             f"p50 {row.latency_p50_ms:.0f} ms{accuracy}")
 
 
-TERMINAL_HEADER = ["decoder", "len", "TPS", "× AR", "TPF", "fwd", "tok", "p50 ms", "p95 ms", "MiB", "acc"]
+TERMINAL_HEADER = ["decoder", "len", "batch", "TPS", "thru", "× AR", "TPF", "fwd", "tok", "p50 ms", "p95 ms", "MiB",
+                   "acc"]
 
 
 def result_table(rows: list[BenchRow]) -> Table:
     """The terminal table, narrower than the Markdown one: no model column (see :func:`models_line`),
     whole numbers for counts and milliseconds."""
-    table = Table(title="Decoding speed (batch 1)", title_justify="left", box=box.SIMPLE_HEAD, padding=0,
+    title = ("Decoding speed (batch 1)" if all(row.batch_size == 1 for row in rows)
+             else "Decoding speed (TPS: the paper's rule at batch 1; thru: tokens / wall time)")
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=0,
                   show_edge=False)
     for index, name in enumerate(TERMINAL_HEADER):
         table.add_column(name, justify="left" if index == 0 else "right", no_wrap=True)
     for row in rows:
-        table.add_row(row.decoder, str(row.gen_length), fmt(row.tps, 1), fmt(row.speedup_vs_ar, 2, "×"),
+        table.add_row(row.decoder, str(row.gen_length), str(row.batch_size), fmt(row.tps, 1), fmt(row.throughput, 1),
+                      fmt(row.speedup_vs_ar, 2, "×"),
                       fmt(row.tpf), fmt(row.forwards, 0), fmt(row.tokens, 0), fmt(row.latency_p50_ms, 0),
                       fmt(row.latency_p95_ms, 0), fmt(row.peak_mem_mib, 1), percent(row.accuracy))
     return table
 
 
 def models_line(rows: list[BenchRow]) -> str:
-    return "models: " + ", ".join(dict.fromkeys(f"{row.decoder.removesuffix(RECOMPUTE).removesuffix(CAUSAL_FIX)}="
-                                                f"{row.model}" for row in rows))
+    return "models: " + ", ".join(dict.fromkeys(f"{row.decoder.split(' (')[0]}={row.model}" for row in rows))
