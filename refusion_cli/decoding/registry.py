@@ -11,11 +11,10 @@ model is known.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Callable, Sequence, overload
+from typing import Any, Callable, overload
 
 import torch
 
@@ -23,8 +22,7 @@ from refusion_cli.decoding.ar import decode_ar
 from refusion_cli.decoding.config import PRESETS, TOOLKIT_PRESETS, ARConfig, ReFusionConfig, config_from_dict
 from refusion_cli.decoding.dream import DreamConfig, decode_dream
 from refusion_cli.decoding.llada import LLaDAConfig, decode_llada
-from refusion_cli.decoding.refusion import (Generators, Prompt, Prompts, check_batch_size, decode_refusion, is_batch,
-                                            row_generators)
+from refusion_cli.decoding.refusion import Generators, Prompt, Prompts, decode_refusion
 from refusion_cli.decoding.stats import DecodeResult, EosIds
 from refusion_cli.errors import UserError
 
