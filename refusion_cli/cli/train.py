@@ -17,8 +17,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from refusion_cli.cli.options import PATH_OPTION
 from refusion_cli.cli.output import console, quiet_library_output
 from refusion_cli.distributed import leave_process_group
+from refusion_cli.errors import UserError
 from refusion_cli.training.modeling import TINY_CONFIGS, parse_model_config
 from refusion_cli.training.objectives import OBJECTIVES
+from refusion_cli.training.recipes import RECIPES, apply_recipe
 
 if TYPE_CHECKING:
     from refusion_cli.training.evaluation import EvalRecord
@@ -34,6 +36,7 @@ VALIDATION = "Validation"
 
 
 def train(
+    ctx: typer.Context,
     data: Annotated[Path, typer.Option("--data", **PATH_OPTION, help="JSONL of {query, response}, "
                                        "{prompt, completion} or {question, answer} records", rich_help_panel=RUN)],
     output: Annotated[Path, typer.Option("--output", **PATH_OPTION, help="directory for checkpoints, the final "
@@ -51,7 +54,13 @@ def train(
     objective: Annotated[ObjectiveName, typer.Option("--objective", help="refusion (hybrid slot objective), ar, "
                                                      "llada (masked diffusion, bidirectional) or dream (llada with shifted labels)",
                                                      rich_help_panel=SCHEDULE)] = ObjectiveName.refusion,
+    recipe: Annotated[str | None, typer.Option("--recipe", help=f"a named set of the options below ("
+                                               f"{', '.join(RECIPES)}: the ReFusion reference's fine-tuning); "
+                                               "options given explicitly win", rich_help_panel=SCHEDULE)] = None,
     steps: Annotated[int, typer.Option("--steps", help="optimizer steps in total", rich_help_panel=SCHEDULE)] = 1000,
+    epochs: Annotated[int | None, typer.Option("--epochs", help="passes over the data instead of --steps (the "
+                                               "steps: ceil(epochs × examples / batch size))",
+                                               rich_help_panel=SCHEDULE)] = None,
     batch_size: Annotated[int, typer.Option("--batch-size", help="global batch: examples per optimizer step over "
                                             "all processes", rich_help_panel=SCHEDULE)] = 8,
     lr: Annotated[float, typer.Option("--lr", help="peak learning rate (AdamW, warmup then cosine)",
@@ -68,9 +77,9 @@ def train(
     mixed_precision: Annotated[PrecisionName | None, typer.Option("--mixed-precision", help="no, bf16 or fp16 "
                                                                   "(default: Accelerate's config)",
                                                                   rich_help_panel=SCHEDULE)] = None,
-    gradient_checkpointing: Annotated[bool, typer.Option("--gradient-checkpointing", help="recompute activations "
-                                                         "in the backward pass to save memory",
-                                                         rich_help_panel=SCHEDULE)] = False,
+    gradient_checkpointing: Annotated[bool, typer.Option("--gradient-checkpointing/--no-gradient-checkpointing",
+                                                         help="recompute activations in the backward pass to "
+                                                         "save memory", rich_help_panel=SCHEDULE)] = False,
     num_workers: Annotated[int, typer.Option("--num-workers", help="DataLoader processes that build the batches "
                                              "(0: the training process; the batches are the same either way)",
                                              rich_help_panel=SCHEDULE)] = 0,
@@ -98,15 +107,19 @@ def train(
     from refusion_cli.training.loop import TrainConfig, train_model
 
     quiet_library_output()
-    config = TrainConfig(
+    explicit = given_on_command_line(ctx)
+    if {"steps", "epochs"} <= explicit:
+        raise UserError("give either --steps or --epochs, not both")
+    options = dict(
         data=data, output=output, objective=objective.value, model=model, init=init, tokenizer=tokenizer,
-        model_config=parse_model_config(model_config), steps=steps, batch_size=batch_size, lr=lr,
+        model_config=parse_model_config(model_config), steps=steps, epochs=epochs, batch_size=batch_size, lr=lr,
         max_length=max_length, save_every=save_every, seed=seed, resume=resume, grad_accum=grad_accum,
         mixed_precision=mixed_precision.value if mixed_precision is not None else None, warmup_ratio=warmup_ratio,
         weight_decay=weight_decay, max_grad_norm=max_grad_norm, gradient_checkpointing=gradient_checkpointing,
         stop_at=stop_at, num_workers=num_workers, keep_checkpoints=keep_checkpoints, eval_data=eval_data,
         eval_every=eval_every, eval_batch_size=eval_batch_size,
     )
+    config = TrainConfig(**apply_recipe(recipe, options, explicit))
     with ProgressView() as view:
         result = train_model(config, view)
     leave_process_group()  # every process is done before any exits
@@ -118,13 +131,18 @@ def train(
                 raise typer.Exit(128 + signal.SIGTERM)  # 143, as a process ended by SIGTERM
             raise KeyboardInterrupt
         tps = result.tokens / result.seconds if result.seconds > 0 else 0.0
-        if result.step < steps:  # --stop-at: the model is written, the schedule is not over
-            console.print(f"stopped at step {result.step} of {steps} (--stop-at), {tps:,.0f} tokens/s; the model at "
-                          f"this step is in {result.final}; continue the schedule with --resume and a later "
+        if result.step < view.total:  # --stop-at: the model is written, the schedule is not over
+            console.print(f"stopped at step {result.step} of {view.total} (--stop-at), {tps:,.0f} tokens/s; the "
+                          f"model at this step is in {result.final}; continue the schedule with --resume and a later "
                           "--stop-at, or none", soft_wrap=True)
         else:
             steps_done = f"{result.step} step{'s' if result.step != 1 else ''}"
             console.print(f"done: {steps_done}, {tps:,.0f} tokens/s; final model in {result.final}", soft_wrap=True)
+
+
+def given_on_command_line(ctx: typer.Context) -> set[str]:
+    """The options the user typed (not left at their defaults); compared by name, as typer may ship its own click."""
+    return {name for name in ctx.params if getattr(ctx.get_parameter_source(name), "name", None) == "COMMANDLINE"}
 
 
 class ProgressView:

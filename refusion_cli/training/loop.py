@@ -8,7 +8,8 @@ micro-batch. The loop does not print: it reports to a :class:`TrainObserver` on 
 Steps of a run:
 1. check the data file and the output directory (writable; a previous run is only continued with
    ``--resume``; a finished run is reported as such and not trained further);
-2. load or build the model, add ``<|mask|>`` if missing, read the data;
+2. load or build the model, add ``<|beginoftext|>`` and ``<|mask|>`` if it has no mask token, read the
+   data (with ``epochs``, the number of steps follows from the examples read);
 3. prepare model, optimizer, data loader and scheduler with Accelerate (and load the optimizer,
    scheduler and RNG states when resuming; the data stream restarts after the consumed examples);
 4. train, appending one line per step to ``loss_log.jsonl``; checkpoint every ``save_every``
@@ -34,7 +35,7 @@ import threading
 import time
 from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
@@ -81,6 +82,7 @@ class TrainConfig:
     tokenizer: str | None = None  # ... with this tokenizer
     model_config: dict[str, object] = field(default_factory=dict)  # Qwen3Config overrides for --init
     steps: int = 1000  # optimizer steps in total (a resumed run continues up to this)
+    epochs: int | None = None  # or: passes over the data; replaces `steps` by ceil(epochs × examples / batch_size)
     batch_size: int = 8  # global batch: examples per optimizer step over all processes
     lr: float = 2e-5  # peak learning rate (AdamW, linear warmup then cosine to 0)
     max_length: int = 1024  # records with more tokens (prompt + response) are skipped
@@ -102,8 +104,12 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         get_objective(self.objective)
-        if self.stop_at is not None and not 1 <= self.stop_at <= self.steps:
+        if self.epochs is not None and self.epochs < 1:
+            raise UserError(f"--epochs must be at least 1 (got {self.epochs})")
+        if self.stop_at is not None and not 1 <= self.stop_at <= self.steps and self.epochs is None:
             raise UserError(f"--stop-at must be between 1 and --steps ({self.steps}), got {self.stop_at}")
+        if self.stop_at is not None and self.stop_at < 1:  # with epochs, the steps are known once the data is read
+            raise UserError(f"--stop-at must be at least 1 (got {self.stop_at})")
         positive = {"--steps": self.steps, "--batch-size": self.batch_size, "--save-every": self.save_every,
                     "--grad-accum": self.grad_accum, "--eval-every": self.eval_every,
                     "--eval-batch-size": self.eval_batch_size}
@@ -161,6 +167,8 @@ class TrainConfig:
                     "max_length": self.max_length, "warmup_ratio": self.warmup_ratio,
                     "weight_decay": self.weight_decay, "data_sha256": data_sha256, "source": self.source,
                     "model_config": self.model_config, "steps": self.steps, "grad_accum": self.grad_accum}
+        if self.epochs is not None:
+            settings["epochs"] = self.epochs
         if eval_sha256 is not None:
             settings |= {"eval_data_sha256": eval_sha256, "eval_every": self.eval_interval}
         return settings
@@ -409,6 +417,18 @@ def load_trainable(config: TrainConfig, resume_from: Path | None) -> TrainableMo
     return load_checkpoint_for_training(config.model)
 
 
+def steps_for_epochs(epochs: int, examples: int, batch_size: int) -> int:
+    """Optimizer steps that read every example ``epochs`` times (the last batch may run into the next pass)."""
+    return math.ceil(epochs * examples / batch_size)
+
+
+def resumed_run_finished(state: dict, config: TrainConfig) -> bool:
+    """Whether the run being resumed already did all its steps and saved its final model (after
+    :func:`check_resume_step`)."""
+    check_resume_step(state["step"], config)
+    return state["step"] == config.steps and ckpt.final_model_step(config.output) == config.steps
+
+
 def check_resume_step(step: int, config: TrainConfig) -> None:
     """A resumed run continues towards --steps (which may be raised, never lowered below the checkpoint)."""
     if step > config.steps:
@@ -442,16 +462,19 @@ def _train(config: TrainConfig, observer: TrainObserver) -> TrainResult:
     if config.eval_data is not None:
         check_data_file(config.eval_data, "--eval-data")
     resume_from = ckpt.check_output_dir(config.output, config.resume)
-    settings = config.run_settings(file_digest(config.data),
-                                   file_digest(config.eval_data) if config.eval_data is not None else None)
+    digests = (file_digest(config.data), file_digest(config.eval_data) if config.eval_data is not None else None)
+    settings = config.run_settings(*digests)
     state = ckpt.read_trainer_state(resume_from) if resume_from is not None else None
+
+    def finished() -> TrainResult:
+        if main:
+            observer.on_complete(config.steps, config.output)
+        return TrainResult(config.steps, False, resume_from, config.output, 0, 0.0)
+
     if state is not None:
         check_resume_settings(state["run"], settings, config)
-        check_resume_step(state["step"], config)
-        if state["step"] == config.steps and ckpt.final_model_step(config.output) == config.steps:
-            if main:
-                observer.on_complete(config.steps, config.output)
-            return TrainResult(config.steps, False, resume_from, config.output, 0, 0.0)
+        if config.epochs is None and resumed_run_finished(state, config):
+            return finished()
     micro = micro_batch_size(config.batch_size, accelerator.num_processes, config.grad_accum)
 
     # 2) model and data
@@ -463,6 +486,12 @@ def _train(config: TrainConfig, observer: TrainObserver) -> TrainResult:
     data = load_training_data(config.data, tokenizer, config.max_length)
     held_out = None if config.eval_data is None else load_training_data(config.eval_data, tokenizer,
                                                                          config.max_length, "--eval-data")
+    if config.epochs is not None:  # the length of the run follows from the examples read
+        steps = steps_for_epochs(config.epochs, len(data.examples), config.batch_size)
+        settings = replace(config, steps=steps).run_settings(*digests)  # records epochs and steps
+        config = replace(config, steps=steps, epochs=None)  # checks --stop-at against these steps
+        if state is not None and resumed_run_finished(state, config):
+            return finished()
 
     # 3) Accelerate
     start_step = state["step"] if state is not None else 0

@@ -1,11 +1,12 @@
 """The model to train: a checkpoint made ready for the objectives, or a fresh tiny Qwen3.
 
-Either way the result carries a ``<|mask|>`` token: it is added to the tokenizer (and the
-embeddings resized) when missing, and its id is stored as ``config.mask_token_id``, as the
-reference does when it turns Qwen3 into ReFusion. Unlike the reference's train.py, no
-``<|beginoftext|>`` is added before it (so on a Qwen3 tokenizer the mask id is 151669, not 151670)
-and the embeddings are only ever grown, never cut to the tokenizer's length (the reference cuts
-Qwen3's 151,936 padded rows to 151,671, so its softmax has no logits for the unused ids).
+Either way the result carries a ``<|mask|>`` token, stored as ``config.mask_token_id``. A
+tokenizer without one gets the reference train.py's two special tokens, ``<|beginoftext|>`` (unless
+it has it) then ``<|mask|>``: on Qwen3's 151,669-token vocabulary they are 151669 and 151670, the
+mask id the reference's generate.py hard-codes, so checkpoints move between the two unchanged. A
+tokenizer that already has ``<|mask|>`` keeps it where it is. The embeddings are only ever grown,
+never cut to the tokenizer's length (the reference cuts Qwen3's 151,936 padded rows to 151,671, so
+its softmax has no logits for the unused ids; either size loads in both).
 ``config.is_causal`` records the attention the
 objective trains (False for ``llada``), so the saved checkpoint loads with the right attention.
 """
@@ -36,6 +37,7 @@ TINY_CONFIGS: dict[str, dict[str, int | float | bool]] = {
         "tie_word_embeddings": True,
     },
 }
+BEGIN_TOKEN = "<|beginoftext|>"  # the reference's train.py adds it, then MASK_TOKEN, to a tokenizer without a mask
 TOKENIZER_FIELDS = ("eos_token_id", "pad_token_id", "mask_token_id")  # --init takes these from the tokenizer
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")  # a saved tokenizer directory has one of these
 SIZE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -100,13 +102,21 @@ def ensure_mask_token(model: torch.nn.Module, tokenizer) -> int:
     """Add ``<|mask|>`` (tokenizer, embeddings, config.mask_token_id) when missing; return its id."""
     mask_id = find_mask_id(model.config, tokenizer)
     if mask_id is None:
-        tokenizer.add_special_tokens({"mask_token": MASK_TOKEN})
-        mask_id = int(tokenizer.convert_tokens_to_ids(MASK_TOKEN))
+        mask_id = add_mask_tokens(tokenizer)
     rows = model.get_input_embeddings().weight.shape[0]
     if mask_id >= rows:
         model.resize_token_embeddings(max(len(tokenizer), mask_id + 1))
     model.config.mask_token_id = mask_id
     return mask_id
+
+
+def add_mask_tokens(tokenizer) -> int:
+    """Add ``<|beginoftext|>`` (when missing) then ``<|mask|>`` as special tokens, in the reference's
+    order; return the mask id (151670 on a Qwen3 tokenizer)."""
+    if BEGIN_TOKEN not in tokenizer.get_vocab():  # kept beside the tokenizer's other extra special tokens
+        tokenizer.add_special_tokens({"additional_special_tokens": [BEGIN_TOKEN]}, replace_extra_special_tokens=False)
+    tokenizer.add_special_tokens({"mask_token": MASK_TOKEN})
+    return int(tokenizer.convert_tokens_to_ids(MASK_TOKEN))
 
 
 def pad_id_of(tokenizer) -> int:
@@ -151,9 +161,9 @@ def build_tiny_model(name: str, tokenizer, overrides: dict[str, object], seed: i
         raise UserError(f"unknown --init config '{name}'; choose one of {', '.join(TINY_CONFIGS)}")
     if tokenizer.eos_token_id is None:
         raise UserError("the tokenizer defines no EOS token")
-    if find_mask_id(None, tokenizer) is None:
-        tokenizer.add_special_tokens({"mask_token": MASK_TOKEN})
     mask_id = find_mask_id(None, tokenizer)
+    if mask_id is None:
+        mask_id = add_mask_tokens(tokenizer)
     fields = {**TINY_CONFIGS[name], "vocab_size": len(tokenizer), **overrides}
     check_model_fields(fields)  # the named config's heads with overridden kv heads, or the other way round
     if isinstance(fields["vocab_size"], int) and fields["vocab_size"] < len(tokenizer):
