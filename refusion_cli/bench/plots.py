@@ -2,6 +2,9 @@
 
 - :func:`plot_frontier`: accuracy against TPS, one point per decoder and length, the
   accuracy/speed Pareto frontier drawn through the points no other point beats on both axes.
+- :func:`plot_sweep_frontier` (``--sweep``): accuracy against TPS or tokens per forward, one
+  colour per decoder, one panel per response length, each decoder's own Pareto front drawn as a
+  line through its points on the front (:mod:`refusion_cli.bench.frontier`), labelled with their settings.
 - :func:`plot_length_sweep`: TPS and median latency against the response length, one line per
   decoder: how the cost of each decoder grows with the length it is asked for (two lengths or more).
 
@@ -14,9 +17,13 @@ import importlib.util
 from collections.abc import Sequence
 from pathlib import Path
 
+from refusion_cli.bench.frontier import FrontierPoint
 from refusion_cli.bench.runner import BenchRow
 
 FRONTIER_FILE = "frontier.png"
+FRONTIER_TPS_FILE = "frontier_tps.png"  # --sweep: accuracy against TPS, a front per decoder
+FRONTIER_TPF_FILE = "frontier_tpf.png"  # --sweep: accuracy against tokens per forward, a front per decoder
+SPEED_AXES = {"tps": "tokens per second (batch 1)", "tpf": "tokens per forward"}
 LENGTH_FILE = "tps_vs_gen_length.png"
 MARKERS = "os^Dv<>ph*"
 
@@ -98,6 +105,50 @@ def frontier_figure(rows: Sequence[BenchRow]):
     axes.set_title("Accuracy against decoding speed")
     axes.grid(alpha=0.3)
     axes.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1), borderaxespad=0)  # outside: covers no point
+    return figure
+
+
+def plot_sweep_frontier(points: Sequence[FrontierPoint], path: Path, speed: str = "tps") -> bool:
+    """Accuracy (%) against ``speed`` ("tps" or "tpf"); False (and no file) without points."""
+    return _save(sweep_frontier_figure(points, speed), path)
+
+
+def sweep_frontier_figure(points: Sequence[FrontierPoint], speed: str):
+    """The sweep frontier's figure, or None without points: a panel per length, a colour per decoder,
+    each decoder's front (``on_front`` for TPS, ``on_front_tpf`` for TPF) a line with its settings named."""
+    if not points:
+        return None
+    lengths = sorted({point.gen_length for point in points})
+    figure, panels = _figure(6.5 * len(lengths) + 1.5, 4.5, columns=len(lengths))
+    decoders = list(dict.fromkeys(point.decoder for point in points))
+    for axes, length in zip(panels, lengths):
+        here = [point for point in points if point.gen_length == length]
+        for color, decoder in enumerate(decoders):
+            mine = [point for point in here if point.decoder == decoder]
+            if not mine:
+                continue
+            axes.scatter([getattr(p, speed) for p in mine], [p.accuracy * 100 for p in mine], color=f"C{color}",
+                         marker=MARKERS[color % len(MARKERS)], s=40, alpha=0.6, zorder=3,
+                         label=decoder)
+            front = sorted((p for p in mine if (p.on_front if speed == "tps" else p.on_front_tpf)),
+                           key=lambda p: getattr(p, speed))
+            axes.plot([getattr(p, speed) for p in front], [p.accuracy * 100 for p in front], color=f"C{color}",
+                      linewidth=1.5, zorder=2)
+            for p in front:
+                axes.annotate(p.setting, (getattr(p, speed), p.accuracy * 100), fontsize=6, xytext=(3, 3),
+                              textcoords="offset points", color=f"C{color}")
+        _log_scale_if_wide(axes, [getattr(p, speed) for p in here], axis="x")
+        axes.set_ylim(-5, 105)
+        axes.set_xlabel(SPEED_AXES[speed])
+        axes.set_ylabel("accuracy (%)")
+        axes.set_title(f"Accuracy against {'TPS' if speed == 'tps' else 'tokens per forward'}, gen_length {length}: "
+                       f"each setting, each decoder's front", fontsize=9)
+        axes.grid(alpha=0.3)
+    legend = {}  # label -> handle, over every panel (a decoder may miss a length)
+    for axes in panels:
+        for handle, label in zip(*axes.get_legend_handles_labels()):
+            legend.setdefault(label, handle)
+    figure.legend(list(legend.values()), list(legend), fontsize=8, loc="outside right upper")
     return figure
 
 

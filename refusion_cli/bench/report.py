@@ -12,7 +12,10 @@ finishes at least one row, continued by ``--resume``, see ``refusion_cli.cli.ben
 - ``bench.md``     the machine, the settings, the counting rule, the table, the KV-reuse ablation,
                    the decoder configs and the plots;
 - ``machine.json`` the machine as data;
-- ``frontier.png`` accuracy against TPS (only when prompts have targets);
+- ``frontier.png`` accuracy against TPS (only when prompts have targets; not with ``--sweep``);
+- ``frontier.csv``, ``frontier_tps.png``, ``frontier_tpf.png`` (``--sweep``, prompts with targets): each
+                   decoder's settings with accuracy, TPS and tokens per forward, and its Pareto fronts
+                   (``refusion_cli.bench.frontier``);
 - ``tps_vs_gen_length.png`` TPS and median latency against the response length (two lengths or more).
 
 :func:`read_records` reads a CSV file back for ``--resume``: every record must be byte for byte
@@ -31,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, get_type_hints
 
+from refusion_cli.bench.frontier import FRONTIER_CSV, FrontierPoint
 from refusion_cli.bench.machine import Machine
 from refusion_cli.bench.runner import RECOMPUTE, BenchRow, BenchSample
 from refusion_cli.errors import UserError
@@ -223,9 +227,10 @@ BATCH_RULE = ("- Batches: a row of batch N decodes the prompts N at a time (a fi
 
 def write_markdown(path: Path, rows: Sequence[BenchRow], machine: Machine, *, prompts: str, warmup: int,
                    repeats: int, seed: int, plots: Sequence[str], interrupted: bool = False,
-                   notes: Sequence[str] = (), resumed: int = 0) -> None:
+                   notes: Sequence[str] = (), resumed: int = 0, frontier: Sequence[FrontierPoint] = ()) -> None:
     """The human-readable report (``plots``: file names next to it; ``notes``: caveats about the run;
-    ``resumed``: how many of the rows were measured before a ``--resume`` continued the run)."""
+    ``resumed``: how many of the rows were measured before a ``--resume`` continued the run;
+    ``frontier``: a --sweep run's frontier points, as in frontier.csv)."""
     lines = ["# Decoding speed benchmark", ""]
     if interrupted:
         lines += ["**Interrupted**: the rows below are the ones that finished.", ""]
@@ -251,6 +256,15 @@ def write_markdown(path: Path, rows: Sequence[BenchRow], machine: Machine, *, pr
         measured = ", ".join(f"{ratio:.2f}× at {length} tokens" for length, ratio in sorted(ratios.items()))
         lines += ["", f"KV reuse vs recompute (refusion TPS ÷ refusion (recompute) TPS): {measured}. "
                       "The paper reports 1.16–1.33× on a GPU with Qwen3-8B."]
+    if frontier:
+        lines += ["", f"Accuracy/speed frontier (--sweep; {FRONTIER_CSV}): every setting of each decoder at batch 1; "
+                      "a point is on its decoder's front when no other setting of it at the same length is as "
+                      "accurate and as fast (TPS, or tokens per forward) and better on one of the two.", "",
+                  "| decoder | gen length | setting | TPS | tokens/forward | accuracy | TPS front | TPF front |",
+                  "|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {p.decoder} | {p.gen_length} | {p.setting} | {fmt(p.tps, 1)} | {fmt(p.tpf)} | "
+                  f"{percent(p.accuracy)} | {'yes' if p.on_front else ''} | {'yes' if p.on_front_tpf else ''} |"
+                  for p in frontier]
     configs = dict.fromkeys((row.decoder, row.config) for row in rows)
     if configs:
         lines += ["", "Decoder configs:", ""]

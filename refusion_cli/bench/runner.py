@@ -7,8 +7,9 @@ Contract:
   ``build_config``, checkpoint paths) before any model loads,
   and returns the rows to measure: one per decoder and response length, plus "refusion
   (recompute)" (``kv_reuse=False``, the paper's ablation) after each ReFusion row, and "refusion
-  (causal fix)" (``causal_fix=True``, this toolkit's ablation) when asked for. AR's rows come
-  first, so every later row knows AR's TPS at its length (the speed-up column).
+  (causal fix)" (``causal_fix=True``, this toolkit's ablation) when asked for; with ``sweep``, a
+  row per point of the decoder's grid (:mod:`refusion_cli.bench.sweep`) after its usual rows. AR's
+  rows come first, so every later row knows AR's TPS at its length (the speed-up column).
 - :func:`run_bench` measures the entries in that order and yields one :class:`BenchRow` as soon as
   each is done; ``on_sample`` sees every measured decode as it finishes. One model is held at a
   time (loaded for the first entry that needs it, released when the next entry needs another).
@@ -39,6 +40,7 @@ import torch
 
 from refusion_cli.bench.machine import Machine, PeakMemory, describe_machine
 from refusion_cli.bench.prompts import BenchPrompt
+from refusion_cli.bench.sweep import check_swept_overrides, sweep_configs
 from refusion_cli.decoding.registry import check_decoder_fits, decoder_spec, default_model, run_decoder
 from refusion_cli.decoding.spec import DecoderChoice, preset_config
 from refusion_cli.decoding.stats import DecodeResult, batch_stats, mean_tps, run_tps
@@ -70,6 +72,7 @@ class BenchSettings:
     preset: str | None = None  # a ReFusion preset (the paper's or evals/suite.yaml's), under the overrides
     ablation: bool = True  # also time ReFusion with kv_reuse=False
     causal_fix: bool = False  # also time ReFusion with causal_fix=True
+    sweep: bool = False  # also time each decoder over its grid of parallelism settings (bench/sweep.py)
     warmup: int = 1  # untimed decodes before each row
     repeats: int = 1  # timed decodes of every prompt
     seed: int = 0
@@ -101,6 +104,8 @@ class BenchSettings:
             option = "--preset" if self.preset is not None else "--causal-fix"
             raise UserError(f"{option} applies to the refusion decoder, which is not among the decoders benchmarked "
                             f"({', '.join(self.decoders)})", hint=f"add refusion to --decoder, or leave {option} out")
+        if self.sweep:
+            check_swept_overrides(self.overrides)
         if self.preset is not None:
             preset_config(self.preset)  # an unknown name fails here, before any model is loaded
         if self.warmup < 0:
@@ -228,6 +233,9 @@ def plan_entries(settings: BenchSettings) -> list[BenchEntry]:
             if decoder == "refusion" and settings.causal_fix:
                 entries.append(BenchEntry(decoder + CAUSAL_FIX, decoder, models[decoder], length, config,
                                           causal_fix=True))
+            if settings.sweep:
+                entries += [BenchEntry(label, decoder, models[decoder], length, point)
+                            for label, point in sweep_configs(decoder, config)]
     return entries
 
 

@@ -35,7 +35,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from rich.table import Table
 
 from refusion_cli.bench.machine import Machine
-from refusion_cli.bench.plots import FRONTIER_FILE, LENGTH_FILE, plot_frontier, plot_length_sweep, plotting_available
+from refusion_cli.bench.frontier import FRONTIER_CSV, frontier_points, is_sweep_entry, write_frontier_csv
+from refusion_cli.bench.plots import (FRONTIER_FILE, FRONTIER_TPF_FILE, FRONTIER_TPS_FILE, LENGTH_FILE, plot_frontier,
+                                      plot_length_sweep, plot_sweep_frontier, plotting_available)
 from refusion_cli.bench.prompts import SYNTHETIC_TEST, BenchPrompt, load_prompts
 from refusion_cli.bench.report import (
     MACHINE_FILE,
@@ -115,6 +117,11 @@ def bench(
                                              "causal head's token where the completion step would force a "
                                              "rejected draft (this toolkit's ablation, not the paper's decoder)",
                                              rich_help_panel=RUN)] = False,
+    sweep: Annotated[bool, typer.Option("--sweep", help="also time each decoder over a grid of its parallelism "
+                                        "settings, a row each (refusion: k, b, τ_slot/τ_token; llada, dream: steps "
+                                        "and threshold with cache), and write frontier.csv, frontier_tps.png and "
+                                        "frontier_tpf.png; --set cannot fix a swept key",
+                                        rich_help_panel=RUN)] = False,
     warmup: Annotated[int, typer.Option("--warmup", help="untimed decodes before each row",
                                         rich_help_panel=MEASURE)] = 1,
     repeats: Annotated[int, typer.Option("--repeats", help="timed decodes of every prompt",
@@ -152,7 +159,8 @@ def bench(
     if sizes and not lengths:  # the whole numbers after --batch-size were routed with it
         sizes, values.gen_lengths = values.gen_lengths, []
     batch_sizes = tuple(parse_lengths(sizes, "--batch-size")) or (1,)
-    settings = bench_settings(values, preset, batch_sizes=batch_sizes, ablation=ablation, causal_fix=causal_fix, warmup=warmup,
+    settings = bench_settings(values, preset, batch_sizes=batch_sizes, ablation=ablation, causal_fix=causal_fix,
+                              sweep=sweep, warmup=warmup,
                               repeats=repeats, seed=seed, device=device, dtype=dtype,
                               trust_remote_code=trust_remote_code)
     decoders = settings.decoders
@@ -293,7 +301,8 @@ class BenchRun:
         try:
             self.output.mkdir(parents=True, exist_ok=True)
             if earlier is None:
-                for name in (REPORT_FILE, MACHINE_FILE, FRONTIER_FILE, LENGTH_FILE):
+                for name in (REPORT_FILE, MACHINE_FILE, FRONTIER_FILE, LENGTH_FILE, FRONTIER_CSV, FRONTIER_TPS_FILE,
+                             FRONTIER_TPF_FILE):
                     (self.output / name).unlink(missing_ok=True)
                 write_record(self.output / RUN_FILE, self.record)
             rows_csv = files.enter_context(CsvRows(self.output / ROWS_FILE, ROW_FIELDS,
@@ -335,20 +344,33 @@ class BenchRun:
         self.progress.console.print(row_line(row), highlight=False, soft_wrap=True)
 
     def write_report(self, interrupted: bool) -> None:
+        """bench.md, machine.json and the plots; with --sweep frontier.csv and the two frontier plots in place
+        of frontier.png (which would give every sweep row a legend entry), and the length plot of the usual rows."""
         write_machine(self.output / MACHINE_FILE, self.machine)
+        written = []
+        sweep = self.settings.sweep
+        points = frontier_points(self.entries, self.rows) if sweep else []
+        if points:
+            write_frontier_csv(self.output / FRONTIER_CSV, points)
+            written.append(FRONTIER_CSV)
+        usual = [row for entry, row in zip(self.entries, self.rows) if not is_sweep_entry(entry)]
         plots = []
         if plotting_available():
-            if plot_frontier(self.rows, self.output / FRONTIER_FILE):
+            if sweep:
+                for name, speed in ((FRONTIER_TPS_FILE, "tps"), (FRONTIER_TPF_FILE, "tpf")):
+                    if plot_sweep_frontier(points, self.output / name, speed):
+                        plots.append(name)
+            elif plot_frontier(self.rows, self.output / FRONTIER_FILE):
                 plots.append(FRONTIER_FILE)
-            if plot_length_sweep(self.rows, self.output / LENGTH_FILE):
+            if plot_length_sweep(usual, self.output / LENGTH_FILE):
                 plots.append(LENGTH_FILE)
         elif self.rows:
             console.print("[yellow]matplotlib is not installed: no plots[/] (pip install matplotlib)")
         write_markdown(self.output / REPORT_FILE, self.rows, self.machine, prompts=self.prompts_source,
                        warmup=self.settings.warmup, repeats=self.settings.repeats, seed=self.settings.seed,
                        plots=plots, interrupted=interrupted, notes=self.notes,
-                       resumed=len(self.earlier.rows) if self.earlier is not None else 0)
-        self.written += [REPORT_FILE, MACHINE_FILE, *plots]
+                       resumed=len(self.earlier.rows) if self.earlier is not None else 0, frontier=points)
+        self.written += [REPORT_FILE, MACHINE_FILE, *written, *plots]
         if interrupted:
             console.print(f"[yellow]stopped:[/] {len(self.rows)} finished row(s) kept in {self.output}{RESUME_NOTE}",
                           highlight=False, soft_wrap=True)
@@ -386,4 +408,5 @@ def result_table(rows: list[BenchRow]) -> Table:
 
 
 def models_line(rows: list[BenchRow]) -> str:
-    return "models: " + ", ".join(dict.fromkeys(f"{row.decoder.split(' (')[0]}={row.model}" for row in rows))
+    """Each decoder's checkpoint; a label starts with its decoder's name ("refusion (recompute)", "llada steps=64")."""
+    return "models: " + ", ".join(dict.fromkeys(f"{row.decoder.split(' ')[0]}={row.model}" for row in rows))
