@@ -51,6 +51,9 @@ class Feed:
     ids: torch.Tensor
     positions: torch.Tensor
     groups: torch.Tensor | None = None  # None: one group
+    # also answer the logits of the lane's last committed token, first: only while it has no K/V in
+    # the cache (the lane's first call, or every call without reuse)
+    context_logits: bool = False
 
 
 T = TypeVar("T")
@@ -120,7 +123,8 @@ class Lanes:
         """One model call, counted for every lane: each open lane feeds its tokens after its committed ones.
 
         Returns each lane's float logits [Q, V] of its new tokens (the model computes no others when
-        it can). Tokens fed by an earlier call and not committed are dropped first.
+        it can), [1 + Q, V] with ``context_logits``. Tokens fed by an earlier call and not committed
+        are dropped first.
         """
         for lane in feeds:
             self.lanes[lane].fed = None
@@ -129,7 +133,10 @@ class Lanes:
             raise RuntimeError("every open lane feeds every call")
         inputs = [self._row_input(self.lanes[lane], feeds[lane]) for lane in self.rows]
         width = max(ids.numel() for ids, _, _ in inputs)  # Q: the longest input of the call
-        n_new = max(feed.ids.numel() for feed in feeds.values())
+        for lane, feed in feeds.items():
+            if feed.context_logits and not self.lanes[lane].pending_ids.numel():
+                raise RuntimeError("context_logits asked for a committed token whose K/V is already cached")
+        n_new = max(feed.ids.numel() + feed.context_logits for feed in feeds.values())
         input_ids = torch.zeros(len(inputs), width, dtype=torch.long, device=self.device)  # [B, Q]
         position_ids = torch.zeros_like(input_ids)  # [B, Q]
         allowed = torch.zeros(len(inputs), width, self.columns + width, dtype=torch.bool, device=self.device)
@@ -155,7 +162,7 @@ class Lanes:
             state, feed = self.lanes[lane], feeds[lane]
             count_call(state.stats, ids.numel(), seconds)
             new = feed.ids.numel()
-            results[lane] = float_logits(logits[row, n_new - new:])
+            results[lane] = float_logits(logits[row, n_new - new - feed.context_logits:])
             state.fed, state.fed_column = feed, self.columns + width - new
             if self.reuse:  # the pending tokens' K/V is in the cache now, followed by the fed tokens'
                 state.committed.extend(range(state.fed_column - state.pending_ids.numel(), state.fed_column))
@@ -213,13 +220,15 @@ class Lane:
         """Committed tokens, prompt included."""
         return self.lanes.length(self.lane)
 
-    def forward(self, ids: torch.Tensor, positions: torch.Tensor,
-                groups: torch.Tensor | None = None) -> LaneStep[torch.Tensor]:
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, groups: torch.Tensor | None = None,
+                context_logits: bool = False) -> LaneStep[torch.Tensor]:
         """Feed ``ids`` [Q] at true ``positions`` [Q] after the committed tokens; return float logits [Q, V].
 
         ``groups`` [Q] (default: one group) limits what the new tokens see among themselves.
+        ``context_logits``: the logits of the last committed token come first ([1 + Q, V]); only in
+        a call that computes that token's K/V (the lane's first call, or any call without reuse).
         """
-        return (yield Feed(ids, positions, groups))
+        return (yield Feed(ids, positions, groups, context_logits))
 
     def commit(self, n: int) -> None:
         """Commit the first ``n`` tokens fed by the last call (they must not depend on a later group)."""

@@ -31,6 +31,14 @@ step would force in a re-drafted token that failed its check, it takes the causa
 prediction for that position instead (as speculative decoding does with a rejected draft), and
 accepts nothing after it in that round; if the last round replaced a token, one more pass computes
 the rows' K/V before they are committed.
+
+``causal_first=True`` is another ablation of this toolkit: the pass that computes a committed token's
+K/V also gives the causal head's prediction for the position after it. The decoder keeps that token
+(argmax; for the first response position, that of the last prompt token, from the first call), and
+a chosen slot whose left neighbour is committed starts with it instead of its draft; the slot is still
+chosen by its draft's score, and the rest of it is verified against the new first token as usual. It
+costs no forward. It fixes the slot's first token and ``causal_fix`` the completion step's forced
+ones, so the two combine.
 """
 
 from __future__ import annotations
@@ -61,12 +69,14 @@ class StepTrace:
     tokens: list[int] = field(default_factory=list)  # the committed token ids, commit order
     # how each committed token got in, commit order: "first" (a slot's first token, taken as drafted),
     # "verified" (AR probability above τ_token), "forced" (the completion step's one token per round)
-    # or "corrected" (with causal_fix: the causal head's token in place of a forced one)
+    # or "corrected" (with causal_fix: the causal head's token in place of a forced one), "causal-first"
+    # (with causal_first: a slot's first token, the causal head's prediction after its committed left neighbour)
     kinds: list[str] = field(default_factory=list)
 
 
-FIRST, VERIFIED, FORCED, CORRECTED = 1, 2, 3, 4  # acceptance kinds as stored in a tensor (0: not accepted)
-KIND_NAMES = {FIRST: "first", VERIFIED: "verified", FORCED: "forced", CORRECTED: "corrected"}
+FIRST, VERIFIED, FORCED, CORRECTED, CAUSAL_FIRST = 1, 2, 3, 4, 5  # acceptance kinds in a tensor (0: not accepted)
+KIND_NAMES = {FIRST: "first", VERIFIED: "verified", FORCED: "forced", CORRECTED: "corrected",
+              CAUSAL_FIRST: "causal-first"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -158,23 +168,28 @@ def next_token_probs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor
 
 
 def plan_slots(ctx: Lane, slots: list[int], slot_pos: torch.Tensor, config: ReFusionConfig,
-               mask_token_id: int, generator: torch.Generator | None) -> LaneStep[tuple[list[int], torch.Tensor]]:
-    """1) Draft every position of the masked ``slots``; return the chosen ones and all drafts [S, k]."""
+               mask_token_id: int, generator: torch.Generator | None, context_next: bool = False
+               ) -> LaneStep[tuple[list[int], torch.Tensor, torch.Tensor | None]]:
+    """1) Draft every position of the masked ``slots``; return the chosen ones, all drafts [S, k] and,
+    with ``context_next``, the causal head's token after the last committed one (a 0-d tensor; else None)."""
     k = config.slot_size
     positions = slot_pos[slots].flatten()  # [S*k]
     masks = torch.full_like(positions, mask_token_id)
-    logits = yield from ctx.forward(masks, positions)  # [S*k, V], read unshifted
+    logits = yield from ctx.forward(masks, positions, context_logits=context_next)  # [(1+)S*k, V]
+    next_token = logits[0].argmax() if context_next else None
+    logits = logits[1:] if context_next else logits  # [S*k, V], read unshifted
     drafts = gumbel_argmax(logits, config.temperature, generator)  # [S*k]
     first_prob = token_probs(logits, drafts).view(-1, k)[:, 0]  # [S]
     chosen = (first_prob > config.slot_threshold).nonzero().flatten().tolist()
     if not chosen:
         chosen = [int(first_prob.argmax())]
-    return chosen, drafts.view(-1, k)
+    return chosen, drafts.view(-1, k), next_token
 
 
 def verify_drafts(ctx: Lane, drafts: torch.Tensor, positions: torch.Tensor,
-                  token_threshold: float) -> LaneStep[torch.Tensor]:
-    """2) One causal pass over the concatenated drafts [R, k]; return accepted flags [R, k].
+                  token_threshold: float) -> LaneStep[tuple[torch.Tensor, torch.Tensor]]:
+    """2) One causal pass over the concatenated drafts [R, k]; return accepted flags [R, k] and the
+    pass's logits [R*k, V].
 
     A token is accepted when its AR probability exceeds ``token_threshold``; the first token of
     every slot is accepted as drafted. The flags are not yet cumulative.
@@ -182,19 +197,19 @@ def verify_drafts(ctx: Lane, drafts: torch.Tensor, positions: torch.Tensor,
     logits = yield from ctx.forward(drafts.flatten(), positions.flatten())
     accepted = (next_token_probs(logits, drafts.flatten()) > token_threshold).view_as(drafts)
     accepted[:, 0] = True
-    return accepted
+    return accepted, logits
 
 
 def complete_slots(ctx: Lane, rows: torch.Tensor, positions: torch.Tensor, accepted: torch.Tensor,
                    config: ReFusionConfig, mask_token_id: int, stops: torch.Tensor | None, causal_fix: bool = False
-                   ) -> LaneStep[tuple[torch.Tensor, int, torch.Tensor]]:
+                   ) -> LaneStep[tuple[torch.Tensor, int, torch.Tensor, torch.Tensor]]:
     """3) Re-draft and verify each chosen slot in its own row until every row is accepted.
 
     ``rows`` [R, k] drafts, ``accepted`` [R, k] cumulative flags from the global verification,
     ``stops`` the EOS ids on the rows' device (None: no EOS).
-    Returns the final rows (cut after the first row holding an accepted EOS), the rounds run and
-    how each token was accepted ([R, k] of FIRST / VERIFIED / FORCED or CORRECTED); the context's last call is the
-    verification of exactly these rows, ready to be committed.
+    Returns the final rows (cut after the first row holding an accepted EOS), the rounds run, how
+    each token was accepted ([R, k] of FIRST / VERIFIED / FORCED or CORRECTED) and the logits
+    [R, k, V] of the context's last call: the verification of exactly these rows, ready to be committed.
     """
     k = config.slot_size
     rounds = 0
@@ -236,11 +251,12 @@ def complete_slots(ctx: Lane, rows: torch.Tensor, positions: torch.Tensor, accep
             if eos_rows.numel():
                 last = int(eos_rows[0]) + 1
                 rows, positions, accepted, kinds = rows[:last], positions[:last], accepted[:last], kinds[:last]
+                logits = logits[:last]
                 accepted[-1] = True
     if stale:  # the commit takes the K/V of the context's last call: compute it for the final tokens
         groups = torch.arange(rows.shape[0], device=rows.device).repeat_interleave(k)
-        yield from ctx.forward(rows.flatten(), positions.flatten(), groups)
-    return rows, rounds, kinds
+        logits = (yield from ctx.forward(rows.flatten(), positions.flatten(), groups)).view(rows.shape[0], k, -1)
+    return rows, rounds, kinds, logits
 
 
 # ---------------------------------------------------------------------------------------------
@@ -250,14 +266,16 @@ def complete_slots(ctx: Lane, rows: torch.Tensor, positions: torch.Tensor, accep
 @overload
 def decode_refusion(model: torch.nn.Module, prompt_ids: Prompts, config: ReFusionConfig, *, mask_token_id: int,
                     eos_token_id: EosIds, generator: Generators = None, kv_reuse: bool = True,
-                    causal_fix: bool = False, on_step: Callable[[int, StepTrace], None] | None = None,
+                    causal_fix: bool = False, causal_first: bool = False,
+                    on_step: Callable[[int, StepTrace], None] | None = None,
                     batch_size: int | None = None) -> list[DecodeResult]: ...
 
 
 @overload
 def decode_refusion(model: torch.nn.Module, prompt_ids: Prompt, config: ReFusionConfig, *, mask_token_id: int,
                     eos_token_id: EosIds, generator: torch.Generator | None = None, kv_reuse: bool = True,
-                    causal_fix: bool = False, on_step: Callable[[StepTrace], None] | None = None,
+                    causal_fix: bool = False, causal_first: bool = False,
+                    on_step: Callable[[StepTrace], None] | None = None,
                     batch_size: int | None = None) -> DecodeResult: ...
 
 
@@ -272,6 +290,7 @@ def decode_refusion(
     generator: Generators = None,
     kv_reuse: bool = True,
     causal_fix: bool = False,
+    causal_first: bool = False,
     on_step: Callable[..., None] | None = None,
     batch_size: int | None = None,
 ) -> DecodeResult | list[DecodeResult]:
@@ -283,7 +302,8 @@ def decode_refusion(
     decode (same tokens, same forwards as alone), and when one finishes the next prompt takes its
     row. With ``temperature`` > 0 a shared ``generator`` is drawn from by the rows in turn; give
     one generator per prompt to draw each row's noise as its own decode would.
-    ``kv_reuse=False`` and ``causal_fix=True`` are ablations (see the module docstring)."""
+    ``kv_reuse=False``, ``causal_fix=True`` and ``causal_first=True`` are ablations (see the module
+    docstring); the last two combine."""
     batch = is_batch(prompt_ids)
     check_batch_size(batch_size)
     device = next(model.parameters()).device
@@ -307,7 +327,7 @@ def decode_refusion(
         else:
             report = lambda step: clock.report(stats, on_step, step)  # noqa: E731
         return decode_lane(ctx, stats, prompts[index].numel(), config, mask_token_id, stops, eos_token_id,
-                           generators[index], causal_fix, report)
+                           generators[index], causal_fix, causal_first, report)
 
     results = drive(lanes, start, len(prompts), batch_size, clock)
     return results if batch else results[0]
@@ -315,7 +335,8 @@ def decode_refusion(
 
 def decode_lane(ctx: Lane, stats: DecodeStats, n_prompt: int, config: ReFusionConfig, mask_token_id: int,
                 stops: torch.Tensor | None, eos_token_id: EosIds, generator: torch.Generator | None,
-                causal_fix: bool, report: Callable[[StepTrace], None] | None) -> LaneStep[DecodeResult]:
+                causal_fix: bool, causal_first: bool,
+                report: Callable[[StepTrace], None] | None) -> LaneStep[DecodeResult]:
     """One prompt's decode as a lane program (see cache.drive); returns its result, ``seconds`` unset."""
     device, k = ctx.lanes.device, config.slot_size
     n_slots = config.padded_length // k
@@ -324,16 +345,27 @@ def decode_lane(ctx: Lane, stats: DecodeStats, n_prompt: int, config: ReFusionCo
     slot_pos = torch.arange(n_prompt, n_prompt + n_slots * k, device=device).view(n_slots, k)
     trace: list[StepTrace] = []
     response = torch.full((n_slots * k,), -1, dtype=torch.long, device=device)  # by offset; -1 = not committed
+    # causal_first: the causal head's token for each offset, from the pass that computed the K/V of
+    # the token before it (offset 0: the last prompt token); -1 = that token is not committed
+    causal_next = torch.full((n_slots * k + 1,), -1, dtype=torch.long, device=device)
     for block, first_slot in enumerate(range(0, n_slots, slots_per_block)):
         masked = list(range(first_slot, min(first_slot + slots_per_block, n_slots)))
         ended = False
         while masked:
             # 1) plan
-            chosen_idx, drafts = yield from plan_slots(ctx, masked, slot_pos, config, mask_token_id, generator)
+            context_next = causal_first and not trace  # the first call computes the prompt's K/V
+            chosen_idx, drafts, prompt_next = yield from plan_slots(ctx, masked, slot_pos, config, mask_token_id,
+                                                                    generator, context_next)
+            if prompt_next is not None:
+                causal_next[0] = prompt_next
             chosen = [masked[i] for i in chosen_idx]
             rows, positions = drafts[chosen_idx], slot_pos[chosen]  # [R, k]
+            if causal_first:  # a slot whose left neighbour is committed starts with the causal head's token
+                heads = causal_next[positions[:, 0] - n_prompt]  # [R], -1: left neighbour still masked
+                from_causal = heads >= 0
+                rows[:, 0] = torch.where(from_causal, heads, rows[:, 0])
             # 2) verify
-            accepted = yield from verify_drafts(ctx, rows, positions, config.token_threshold)
+            accepted, pass_logits = yield from verify_drafts(ctx, rows, positions, config.token_threshold)
             prefix = int(accepted.flatten().long().cumprod(0).sum())
             flat = rows.flatten()
             eos_at = _first_eos(flat[:prefix], stops)
@@ -344,9 +376,9 @@ def decode_lane(ctx: Lane, stats: DecodeStats, n_prompt: int, config: ReFusionCo
                 kinds[:, 0] = FIRST
             else:
                 # 3) complete in parallel
-                rows, rounds, kinds = yield from complete_slots(ctx, rows, positions,
-                                                                accepted.long().cumprod(-1).bool(), config,
-                                                                mask_token_id, stops, causal_fix)
+                rows, rounds, kinds, pass_logits = yield from complete_slots(ctx, rows, positions,
+                                                                             accepted.long().cumprod(-1).bool(),
+                                                                             config, mask_token_id, stops, causal_fix)
                 flat = rows.flatten()
                 eos_at = _first_eos(flat, stops)
                 n_commit = eos_at + 1 if eos_at is not None else flat.numel()
@@ -356,6 +388,9 @@ def decode_lane(ctx: Lane, stats: DecodeStats, n_prompt: int, config: ReFusionCo
             done = chosen[: -(-n_commit // k)]
             offsets = (slot_pos[done].flatten()[:n_commit] - n_prompt)
             response[offsets] = flat[:n_commit]
+            if causal_first:
+                causal_next[offsets + 1] = pass_logits.reshape(-1, pass_logits.shape[-1])[:n_commit].argmax(-1)
+                kinds[:, 0] = torch.where(from_causal[: kinds.shape[0]], CAUSAL_FIRST, kinds[:, 0])
             masked = [s for s in masked if s not in done]
             if eos_at is not None:  # nothing right of the EOS slot is decoded any more
                 ended = True

@@ -7,6 +7,11 @@ that, so its tokens must equal those of the cached decoder.
 
 ``siblings_visible=True`` lets the slots committed together by one completion step see each
 other (plain causal over commit order): that is what ``kv_reuse=False`` computes.
+
+``causal_first=True``: every committed token also remembers the causal head's argmax for the next
+position, from the pass that committed it (the last prompt token: from the first pass); a chosen
+slot whose left neighbour is committed starts with that token. ``causal_firsts`` counts such slots,
+``replaced_firsts`` those where it differs from the draft.
 """
 
 from __future__ import annotations
@@ -25,6 +30,9 @@ class ReferenceReFusion:
         self._commit_rows([[(t, i) for i, t in enumerate(prompt)]], together=True)
         self.n_prompt = len(prompt)
         self.forwards = 0
+        self.context_logits: torch.Tensor | None = None  # the last pass's logits at the committed tokens
+        self.causal_firsts = 0
+        self.replaced_firsts = 0
 
     def _commit_rows(self, rows: list[list[tuple[int, int]]], together: bool) -> None:
         """Commit rows of (token, position); a row sees what was committed before plus its own earlier tokens."""
@@ -62,7 +70,8 @@ class ReferenceReFusion:
             position_ids=torch.tensor([positions]),
             attention_mask={"full_attention": mask},
             use_cache=False,
-        ).logits[0, n_ctx:]
+        ).logits[0]
+        self.context_logits, logits = logits[:n_ctx], logits[n_ctx:]
         out, start = [], 0
         for row in rows:
             out.append(logits[start:start + len(row)])
@@ -70,7 +79,7 @@ class ReferenceReFusion:
         return out
 
     def decode(self, gen_length: int, slot_size: int, block_size: int | None, slot_threshold: float,
-               token_threshold: float, causal_fix: bool = False) -> list[int]:
+               token_threshold: float, causal_fix: bool = False, causal_first: bool = False) -> list[int]:
         k = slot_size
         n_slots = (gen_length + k - 1) // k
         block_slots = (block_size // k) if block_size is not None else max(1, n_slots // 2)
@@ -82,6 +91,12 @@ class ReferenceReFusion:
         def ar_prob(logits: torch.Tensor, j: int, token: int) -> float:
             return float(torch.softmax(logits[j - 1], -1)[token])
 
+        predicted: dict[int, int] = {}  # position -> causal head's token, from the pass committing position - 1
+
+        def remember(row: list[tuple[int, int]], logits: torch.Tensor) -> None:
+            for (_, position), token_logits in zip(row, logits):
+                predicted[position + 1] = int(token_logits.argmax())
+
         for block_start in range(0, n_slots, block_slots):
             masked = list(range(block_start, min(block_start + block_slots, n_slots)))
             ended = False
@@ -89,6 +104,8 @@ class ReferenceReFusion:
                 # plan
                 plan_row = [(self.mask_id, p) for s in masked for p in slot_positions(s)]
                 logits = self.run([plan_row])[0]
+                if P not in predicted:  # the first pass computes the prompt
+                    predicted[P] = int(self.context_logits[P - 1].argmax())
                 drafts, first_probs = {}, {}
                 for n, s in enumerate(masked):
                     piece = logits[n * k:(n + 1) * k]
@@ -98,6 +115,12 @@ class ReferenceReFusion:
                 if not chosen:
                     best = max(first_probs.values())
                     chosen = [next(s for s in masked if first_probs[s] == best)]
+                for s in chosen:
+                    start = slot_positions(s)[0]
+                    if causal_first and start in predicted:
+                        self.causal_firsts += 1
+                        self.replaced_firsts += predicted[start] != drafts[s][0]
+                        drafts[s] = [predicted[start]] + drafts[s][1:]
                 # verify
                 concat = [(drafts[s][i], slot_positions(s)[i]) for s in chosen for i in range(k)]
                 logits = self.run([concat])[0]
@@ -111,10 +134,11 @@ class ReferenceReFusion:
                 if eos_at is not None or prefix >= k:
                     n_commit = eos_at + 1 if eos_at is not None else prefix // k * k
                     self._commit_rows([concat[:n_commit]], together=True)
+                    remember(concat[:n_commit], logits)
                     done = chosen[: (n_commit + k - 1) // k]
                 else:
-                    rows, n_commit = self._complete(chosen, drafts, logits, slot_positions, k, token_threshold,
-                                                    causal_fix)
+                    rows, row_logits = self._complete(chosen, drafts, logits, slot_positions, k, token_threshold,
+                                                      causal_fix)
                     done = chosen[: len(rows)]
                     flat = [t for row in rows for t in row]
                     eos_at = next((j for j, (t, _) in enumerate(flat) if t == self.eos_id), None)
@@ -124,6 +148,8 @@ class ReferenceReFusion:
                         cut_rows.append(row[:left])
                         left -= len(cut_rows[-1])
                     self._commit_rows([r for r in cut_rows if r], together=self.siblings_visible)
+                    for row, row_logit in zip(cut_rows, row_logits):
+                        remember(row, row_logit)
                 masked = [s for s in masked if s not in done]
                 if eos_at is not None:
                     ended = True
@@ -141,7 +167,9 @@ class ReferenceReFusion:
 
         Each round the first unaccepted token of a row is taken even if it fails its check (the forced
         token); with ``causal_fix`` it is replaced by the causal prediction instead and the row accepts
-        nothing after it in that round."""
+        nothing after it in that round; if the last round replaced a token, one more pass runs the
+        final rows (the K/V the cached decoder commits). Returns the rows and the logits of each row
+        in the pass they are committed from."""
         rows = [[(drafts[s][i], slot_positions(s)[i]) for i in range(k)] for s in chosen]
         accepted = []
         for n, row in enumerate(rows):  # per-slot accepted prefix from the global verification
@@ -151,9 +179,11 @@ class ReferenceReFusion:
                 ok = float(torch.softmax(verify_logits[j - 1], -1)[row[i][0]]) > token_threshold
                 flags.append(flags[-1] and ok)
             accepted.append(flags)
+        verify, round_fixed = None, False
         for _ in range(k):
             if all(all(f) for f in accepted):
                 break
+            round_fixed = False
             masked_rows = [[(t if accepted[r][i] else self.mask_id, p) for i, (t, p) in enumerate(row)]
                            for r, row in enumerate(rows)]
             draft_logits = self.run(masked_rows)
@@ -172,7 +202,7 @@ class ReferenceReFusion:
                     elif accepted[r][i - 1]:  # the first unaccepted token failed its check
                         if causal_fix:
                             row[i] = (int(verify[r][i - 1].argmax()), row[i][1])
-                            fixed = True
+                            fixed = round_fixed = True
                         flags.append(True)
                     else:
                         flags.append(False)
@@ -180,6 +210,8 @@ class ReferenceReFusion:
             eos_row = next((r for r, row in enumerate(rows)
                             if any(t == self.eos_id and accepted[r][i] for i, (t, _) in enumerate(row))), None)
             if eos_row is not None:
-                rows, accepted = rows[: eos_row + 1], accepted[: eos_row + 1]
+                rows, accepted, verify = rows[: eos_row + 1], accepted[: eos_row + 1], verify[: eos_row + 1]
                 accepted[-1] = [True] * k
-        return rows, None
+        if round_fixed:
+            verify = self.run(rows)
+        return rows, verify

@@ -74,7 +74,9 @@ def test_refusion_rows_decode_as_alone_over_the_reference_sweep(models):
     assert all(count > 0 for count in seen.values()), seen
 
 
-@pytest.mark.parametrize("options", [{"kv_reuse": False}, {"causal_fix": True}])
+@pytest.mark.parametrize("options", [{"kv_reuse": False}, {"causal_fix": True}, {"causal_first": True},
+                                     {"causal_first": True, "causal_fix": True},
+                                     {"causal_first": True, "kv_reuse": False}])
 def test_refusion_ablations_batch_as_alone(models, options):
     for seed, (k, b, n, ts, tt) in itertools.product(MODEL_SEEDS, CONFIGS[:5]):
         model, prompts = models[seed], prompts_for(seed)

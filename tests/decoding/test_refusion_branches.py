@@ -104,6 +104,35 @@ def test_causal_fix_in_the_last_round_recomputes_the_rows():
     assert model.calls[-1][0] == truth
 
 
+def test_causal_first_takes_the_causal_token_after_a_committed_neighbour():
+    truth = truth_of(8)
+    config = ReFusionConfig(gen_length=8, slot_size=4, block_size=8, slot_threshold=0.9, token_threshold=0.9)
+    # the plan drafts 13 where slot 0 starts (call 0) and where slot 1 starts (call 2, after slot 0 is committed);
+    # slot 1 scores 0.5 in the first plan, so it waits for the second
+    wrong, plan = {0: {0: 13}, 2: {4: 13}}, {4: 0.5}
+    faithful = run(ScriptedModel(3, truth, plan=plan, wrong=wrong), config)
+    assert faithful.tokens == [13, *truth[1:4], 13, *truth[5:]]  # the draft's first tokens, as the paper commits
+    assert [step.kinds[0] for step in faithful.trace] == ["first", "first"]
+    model = ScriptedModel(3, truth, plan=plan, wrong=wrong)
+    fixed = decode_refusion(model, PROMPT, config, mask_token_id=MASK, eos_token_id=EOS, causal_first=True)
+    # slot 0: the last prompt token's prediction (first call); slot 1: that of offset 3, from slot 0's verification
+    assert fixed.tokens == truth
+    assert [step.kinds for step in fixed.trace] == [["causal-first", "verified", "verified", "verified"]] * 2
+    assert fixed.stats.forwards == faithful.stats.forwards == 4  # plan + verify per slot: no extra pass
+    assert model.calls[1][0] == truth[:4] and model.calls[3][0] == truth[4:]  # verified after the causal token
+
+
+def test_causal_first_keeps_the_draft_where_the_left_neighbour_is_masked():
+    truth = truth_of(8)
+    config = ReFusionConfig(gen_length=8, slot_size=4, block_size=8, slot_threshold=0.9, token_threshold=0.9)
+    model = ScriptedModel(3, truth, wrong={0: {4: 13}})  # both slots chosen by the first plan; slot 1 starts wrong
+    result = decode_refusion(model, PROMPT, config, mask_token_id=MASK, eos_token_id=EOS, causal_first=True)
+    assert result.tokens == [*truth[:4], 13, *truth[5:]]  # offset 3 was not committed when slot 1 was planned
+    (step,) = result.trace
+    assert step.kinds == ["causal-first", "verified", "verified", "verified", "first", "verified", "verified",
+                          "verified"]
+
+
 def test_eos_inside_the_verified_prefix_ends_the_response():
     truth = truth_of(24)
     truth[6] = EOS

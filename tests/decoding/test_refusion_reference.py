@@ -93,3 +93,27 @@ def test_causal_fix_ablation_matches_reference_token_for_token(models):
         assert "forced" not in kinds
         corrected += kinds.count("corrected")
     assert corrected > 0  # the sweep went through the replacement
+
+
+@pytest.mark.parametrize("causal_fix", [False, True])
+def test_causal_first_ablation_matches_reference_token_for_token(models, causal_fix):
+    """causal_first=True: a chosen slot whose left neighbour is committed starts with the causal head's
+    token from the pass that committed that neighbour; alone and with causal_fix, in the same forwards."""
+    taken = replaced = 0
+    for seed, (k, b, n, ts, tt), use_eos in itertools.product(MODEL_SEEDS, CONFIGS, [False, True]):
+        model, prompt = models[seed], list(range(2, 2 + 1 + 4 * seed))  # 1, 5 and 9 tokens
+        config = ReFusionConfig(gen_length=n, slot_size=k, block_size=b, slot_threshold=ts, token_threshold=tt)
+        eos_id = eos_inside(model, prompt, config) if use_eos else None
+        result = decode_refusion(model, prompt, config, mask_token_id=MASK_ID, eos_token_id=eos_id,
+                                 causal_fix=causal_fix, causal_first=True)
+        reference = ReferenceReFusion(model, prompt, mask_id=MASK_ID, eos_id=eos_id)
+        expected = reference.decode(config.gen_length, config.slot_size, config.block_size, config.slot_threshold,
+                                    config.token_threshold, causal_fix=causal_fix, causal_first=True)
+        assert result.tokens == expected, (seed, k, b, n, ts, tt, eos_id)
+        assert result.stats.forwards == reference.forwards  # the causal token costs no pass
+        kinds = [kind for step in result.trace for kind in step.kinds]
+        if causal_fix:
+            assert "forced" not in kinds
+        taken += kinds.count("causal-first")
+        replaced += reference.replaced_firsts
+    assert taken > 0 and replaced > 0  # slots started with the causal token, and it differed from the draft
