@@ -117,6 +117,11 @@ def bench(
                                              "causal head's token where the completion step would force a "
                                              "rejected draft (this toolkit's ablation, not the paper's decoder)",
                                              rich_help_panel=RUN)] = False,
+    causal_first: Annotated[bool, typer.Option("--causal-first", help="also time ReFusion with "
+                                               "causal_first=True: a chosen slot after a committed token starts "
+                                               "with the causal head's token, not its draft (this toolkit's "
+                                               "ablation; with --causal-fix a row with both too)",
+                                               rich_help_panel=RUN)] = False,
     sweep: Annotated[bool, typer.Option("--sweep", help="also time each decoder over a grid of its parallelism "
                                         "settings, a row each (refusion: k, b, τ_slot/τ_token; llada, dream: steps "
                                         "and threshold with cache), and write frontier.csv, frontier_tps.png and "
@@ -160,6 +165,7 @@ def bench(
         sizes, values.gen_lengths = values.gen_lengths, []
     batch_sizes = tuple(parse_lengths(sizes, "--batch-size")) or (1,)
     settings = bench_settings(values, preset, batch_sizes=batch_sizes, ablation=ablation, causal_fix=causal_fix,
+                              causal_first=causal_first,
                               sweep=sweep, warmup=warmup,
                               repeats=repeats, seed=seed, device=device, dtype=dtype,
                               trust_remote_code=trust_remote_code)
