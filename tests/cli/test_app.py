@@ -50,7 +50,7 @@ def test_option_parser_errors_are_one_line_too():
     out = refusion("train", "--objective", "foo", "--data", "x", "--output", "y")
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.splitlines() == ["error: Invalid value for '--objective': 'foo' is not one of 'refusion', "
-                                       "'ar', 'llada'. (hint: refusion train --help lists the options)"]
+                                       "'ar', 'llada', 'dream'. (hint: refusion train --help lists the options)"]
     out = refusion("bench", "--tps", "--bogus")
     assert out.returncode == 2
     assert out.stderr.splitlines() == ["error: No such option: --bogus (hint: refusion bench --help lists the options)"]
