@@ -379,12 +379,7 @@ def measure_entry(
     with PeakMemory(device) as memory:
         for index, prompt in enumerate(prompts):
             for repeat in range(settings.repeats):
-                result = decode(index)
-                text = loaded.tokenizer.decode(result.tokens, skip_special_tokens=True)
-                stats = result.stats
-                sample = BenchSample(entry.label, entry.gen_length, index, repeat, stats.tokens, stats.forwards,
-                                     stats.seconds, stats.tps, stats.tpf,
-                                     None if prompt.target is None else is_correct(text, prompt.target), text)
+                sample = bench_sample(entry, loaded, prompt, index, repeat, decode(index))
                 samples.append(sample)
                 if on_sample is not None:
                     on_sample(sample)
@@ -420,16 +415,20 @@ def measure_batched(
             results = decode(range(len(prompts)))
             wall += batch_stats(results).seconds
             for index, (prompt, result) in enumerate(zip(prompts, results)):
-                text = loaded.tokenizer.decode(result.tokens, skip_special_tokens=True)
-                stats = result.stats
-                sample = BenchSample(entry.label, entry.gen_length, index, repeat, stats.tokens, stats.forwards,
-                                     stats.seconds, stats.tps, stats.tpf,
-                                     None if prompt.target is None else is_correct(text, prompt.target), text)
+                sample = bench_sample(entry, loaded, prompt, index, repeat, result)
                 samples.append(sample)
                 if on_sample is not None:
                     on_sample(sample)
     return summarise(entry, samples, len(prompts), memory.delta_mib, None, wall_seconds=wall)
 
+
+def bench_sample(entry: BenchEntry, loaded: LoadedModel, prompt: BenchPrompt, index: int, repeat: int,
+                 result: DecodeResult) -> BenchSample:
+    """One measured decode of prompt ``index``: its counts, its text and whether it is correct."""
+    text = loaded.tokenizer.decode(result.tokens, skip_special_tokens=True)
+    stats = result.stats
+    return BenchSample(entry.label, entry.gen_length, index, repeat, stats.tokens, stats.forwards, stats.seconds,
+                       stats.tps, stats.tpf, None if prompt.target is None else is_correct(text, prompt.target), text)
 
 
 def summarise(entry: BenchEntry, samples: Sequence[BenchSample], n_prompts: int, peak_mem_mib: float,
