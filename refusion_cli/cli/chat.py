@@ -32,7 +32,7 @@ from rich.text import Text
 from refusion_cli.chat import ChatApp, ChatSession
 from refusion_cli.chat.session import chat_config
 from refusion_cli.chat.transcript import FileExists, check_target, check_writable, save_transcript
-from refusion_cli.cli.options import PATH_OPTION, seed_value, split_commas, text_value
+from refusion_cli.cli.options import PATH_OPTION, MultiValues, route_stray_values, seed_value, split_commas, text_value
 from refusion_cli.cli.output import console, err_console, quiet_library_output
 from refusion_cli.decoding.registry import DECODERS, decoder_spec
 from refusion_cli.decoding.spec import DecoderChoice, parse_decoder_options
@@ -83,13 +83,15 @@ def chat(
     trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code", help="allow LLaDA / Dream checkpoints "
                                                     "that ship their own modelling code",
                                                     rich_help_panel=MODEL)] = False,
+    stray: Annotated[list[str] | None, typer.Argument(hidden=True, show_default=False, metavar="VALUES",
+                                                      help="more values of --set")] = None,
 ) -> None:
     """Chat with a model; answers fill in slot by slot as the decoder commits them.
 
     In the chat: /set NAME VALUE, /system [TEXT|off], /save PATH, /save! PATH, /stats, /reset, /help, /quit.
     Ctrl-C stops an answer, Ctrl-D leaves.
     """
-    choice = chat_choice(decoder, model, set_options, preset)
+    choice = chat_choice(decoder, model, set_options, preset, stray or [])
     spec = decoder_spec(choice.decoder)
     overrides = dict(choice.overrides)
     chat_config(decoder, overrides, preset)  # refuse bad settings before loading anything
@@ -172,10 +174,13 @@ def save_conversation(path: Path, session: ChatSession | None = None) -> None:
         raise UserError(f"--save: {exc}") from exc
 
 
-def chat_choice(decoder: str, model: str | None, set_options: list[str] | None, preset: str | None) -> DecoderChoice:
-    """The chat's decoder, checkpoint, --set values and preset, in the grammar eval and bench share."""
-    choices = parse_decoder_options([decoder], [model] if model is not None else [], split_commas(set_options),
-                                    preset)
+def chat_choice(decoder: str, model: str | None, set_options: list[str] | None, preset: str | None,
+                stray: list[str] = ()) -> DecoderChoice:
+    """The chat's decoder, checkpoint, --set values (``--set a=1 b=2``: the values after the first arrive as
+    ``stray``) and preset, in the grammar eval and bench share."""
+    values = route_stray_values(list(stray), MultiValues([], [model] if model is not None else [],
+                                                         split_commas(set_options)), "refusion chat")
+    choices = parse_decoder_options([decoder], values.models, values.overrides, preset)
     if len(choices) > 1:
         raise UserError(f"--decoder {decoder}: a chat runs one decoder", hint="pick one of them")
     return choices[0]

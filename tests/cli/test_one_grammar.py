@@ -13,6 +13,7 @@ from refusion_cli.cli.chat import chat_choice
 from refusion_cli.cli.options import MultiValues
 from refusion_cli.decoding.config import ARConfig
 from refusion_cli.decoding.spec import preset_config
+from refusion_cli.errors import UserError
 from refusion_cli.harness.journal import journal_files, read_records
 from refusion_cli.harness.lm_adapters import decoder_config as model_args_config
 from refusion_cli.harness.runner import EvalOptions, plan_eval, run_eval
@@ -87,3 +88,13 @@ def test_bench_and_eval_report_the_same_tps_for_the_same_decodes(tmp_path):
     assert metrics["tps"] == row.tps
     assert metrics["tps_sample_mean"] == pytest.approx(row.tps_sample_mean, rel=1e-12)
     assert row.tps_sample_mean == pytest.approx(sum(r["tokens"] / r["seconds"] for r in records) / 4, rel=1e-12)
+
+
+def test_several_values_after_one_option_are_read_alike_by_every_command():
+    # --set a=1 b=2 (click hands the second value over as a stray argument), --set a=1,b=2, --set a=1 --set b=2
+    spaced = chat_choice("refusion", None, ["slot_size=8"], None, ["token_threshold=0.5"])
+    assert spaced == chat_choice("refusion", None, ["slot_size=8,token_threshold=0.5"], None)
+    assert spaced == chat_choice("refusion", None, ["slot_size=8", "token_threshold=0.5"], None)
+    assert dict(spaced.overrides) == {"slot_size": "8", "token_threshold": "0.5"}
+    with pytest.raises(UserError, match="unexpected argument 'extra'"):
+        chat_choice("refusion", None, [], None, ["extra"])
