@@ -299,7 +299,7 @@ class ModelSlot:
                                      trust_remote_code=self.settings.trust_remote_code, require_mask=key[1])
             self.key = key
         assert self.loaded is not None
-        check_decoder_fits(decoder, self.loaded.bidirectional)
+        check_decoder_fits(decoder, self.loaded.bidirectional, shifted=self.loaded.shifted)
         return self.loaded
 
     def release(self) -> None:

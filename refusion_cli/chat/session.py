@@ -63,7 +63,7 @@ class ChatSession:
     def __init__(self, loaded: LoadedModel, decoder: str = "refusion", overrides: dict[str, Any] | None = None,
                  *, model_name: str = "", seed: int = 0, force: bool = False, keep_history: bool = True,
                  system: str | None = None, preset: str | None = None):
-        check_decoder_fits(decoder, loaded.bidirectional, force=force)
+        check_decoder_fits(decoder, loaded.bidirectional, force=force, shifted=loaded.shifted)
         self.keep_history = keep_history  # False: every question is asked on its own
         self.loaded = loaded
         self.decoder = decoder

@@ -39,6 +39,7 @@ class DecoderSpec:
     # journaled samples of an earlier revision again instead of reusing them
     revision: int = 1
     presets: Mapping[str, Any] = field(default_factory=dict)  # named configs to start from (--preset)
+    shifted: bool | None = None  # a masked-diffusion decoder reading shifted logits (Dream) or not (LLaDA)
 
 
 DECODERS: dict[str, DecoderSpec] = {
@@ -48,9 +49,10 @@ DECODERS: dict[str, DecoderSpec] = {
     "ar": DecoderSpec("ar", ARConfig, "ar-tiny", False, False, "greedy autoregressive decoding with a KV cache"),
     # revision 2 of llada and dream: float64 confidence over the whole vocabulary, leftmost of equal confidences
     "llada": DecoderSpec("llada", LLaDAConfig, "mdm-tiny", True, True, "LLaDA: semi-autoregressive masked diffusion",
-                         revision=2),
+                         revision=2, shifted=False),
     "dream": DecoderSpec("dream", DreamConfig, None, True, True,
-                         "Dream: masked diffusion with shifted logits (needs a Dream-style model)", revision=2),
+                         "Dream: masked diffusion with shifted logits (needs a Dream-style model)", revision=2,
+                         shifted=True),
 }
 
 
@@ -60,9 +62,16 @@ def decoder_spec(name: str) -> DecoderSpec:
     return DECODERS[name]
 
 
-def check_decoder_fits(decoder_name: str, bidirectional: bool, force: bool = False) -> None:
-    """Refuse a decoder / model pairing that cannot work, unless ``force``; unknown decoders always fail."""
-    needs = decoder_spec(decoder_name).bidirectional
+def check_decoder_fits(decoder_name: str, bidirectional: bool, force: bool = False, shifted: bool | None = None) -> None:
+    """Refuse a decoder / model pairing that cannot work, unless ``force``; unknown decoders always fail.
+    ``shifted``: whether a masked-diffusion model was trained to read the token at position i from position
+    i-1 (Dream) or at i itself (LLaDA); None when its checkpoint does not say (then either decoder may run)."""
+    spec = decoder_spec(decoder_name)
+    needs = spec.bidirectional
+    if not force and needs and bidirectional and None not in (shifted, spec.shifted) and shifted != spec.shifted:
+        trained = "Dream's shifted" if shifted else "LLaDA's unshifted"
+        raise UserError(f"the {decoder_name} decoder does not fit this model: it was trained for {trained} logits",
+                        hint=f"use the {'dream' if shifted else 'llada'} decoder for it")
     if force or needs == bidirectional:
         return
     if needs:

@@ -260,7 +260,7 @@ class DecoderLM(TemplateLM):
             self.loaded = load_model(pretrained or default_model(self.decoder), device, dtype,
                                      trust_remote_code=_as_bool("trust_remote_code", trust_remote_code),
                                      require_mask=spec.needs_mask)
-        check_decoder_fits(self.decoder, self.loaded.bidirectional)
+        check_decoder_fits(self.decoder, self.loaded.bidirectional, shifted=self.loaded.shifted)
         self.model = self.loaded.model
         self.tokenizer = self.loaded.tokenizer
         self._device = next(self.model.parameters()).device

@@ -45,6 +45,7 @@ class LoadedModel:
     # every id that ends a response: eos_token_id, then the generation config's other EOS ids
     # (Qwen3 chat checkpoints list <|im_end|> and <|endoftext|>), as transformers' generate stops
     stop_token_ids: tuple[int, ...]
+    shifted: bool | None = None  # a masked-diffusion model trained for shifted logits (Dream); None: not recorded
 
 
 def embedded_path(name: str) -> Path:
@@ -191,6 +192,7 @@ class CheckpointInfo:
     family: str  # config.model_type
     remote: bool  # its modelling code ships with the checkpoint (LLaDA, Dream)
     bidirectional: bool  # a masked-diffusion model (remote code, or config.is_causal False)
+    shifted: bool | None = None  # reads token i from position i-1 (Dream) or not (LLaDA); None: not recorded
 
 
 def inspect_checkpoint(name_or_path: str, trust_remote_code: bool = False) -> CheckpointInfo:
@@ -208,12 +210,14 @@ def inspect_checkpoint(name_or_path: str, trust_remote_code: bool = False) -> Ch
     if not remote and family not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         raise UserError(f"'{name_or_path}' is a '{family}' checkpoint, not a causal language model")
     bidirectional = remote or not getattr(config, "is_causal", True)
-    return CheckpointInfo(source, local_only, config, family, remote, bidirectional)
+    shifted = {"dream": True, "llada": False}.get(family.lower()) if remote else getattr(config, "shifted_logits", None)
+    return CheckpointInfo(source, local_only, config, family, remote, bidirectional, shifted)
 
 
 def check_model_fits(decoder: str, name_or_path: str, trust_remote_code: bool = False) -> None:
     """The checkpoint is there (or on the hub) and suits ``decoder``, judged from its config alone."""
-    check_decoder_fits(decoder, inspect_checkpoint(name_or_path, trust_remote_code).bidirectional)
+    info = inspect_checkpoint(name_or_path, trust_remote_code)
+    check_decoder_fits(decoder, info.bidirectional, shifted=info.shifted)
 
 
 def load_model(
@@ -261,7 +265,8 @@ def load_model(
     model.to(device).eval().requires_grad_(False)
     stops = stop_ids(int(eos_id), getattr(model, "generation_config", None), model.config,
                      vocab_size=model.get_input_embeddings().num_embeddings, name=name_or_path)
-    return LoadedModel(model, tokenizer, mask_id, int(eos_id), int(pad_id), family, info.bidirectional, source, stops)
+    return LoadedModel(model, tokenizer, mask_id, int(eos_id), int(pad_id), family, info.bidirectional, source, stops,
+                       info.shifted)
 
 
 @contextmanager

@@ -480,7 +480,7 @@ def _train(config: TrainConfig, observer: TrainObserver) -> TrainResult:
     # 2) model and data
     trainable = load_trainable(config, resume_from)
     model, tokenizer = trainable.model, trainable.tokenizer
-    prepare_for_objective(model, objective.bidirectional)
+    prepare_for_objective(model, objective)
     if config.gradient_checkpointing:
         enable_activation_checkpointing(model)
     data = load_training_data(config.data, tokenizer, config.max_length)

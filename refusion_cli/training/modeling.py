@@ -21,6 +21,7 @@ import torch
 from huggingface_hub.errors import StrictDataclassError
 
 from refusion_cli.errors import UserError
+from refusion_cli.training.objectives import Objective
 from refusion_cli.models.loading import (MASK_TOKEN, embedded_path, find_mask_id, is_embedded, load_model,
                                          offline_unless_hub_answers)
 
@@ -189,10 +190,14 @@ def load_checkpoint_for_training(name_or_path: str) -> TrainableModel:
     return TrainableModel(model, loaded.tokenizer, mask_id, pad_id_of(loaded.tokenizer))
 
 
-def prepare_for_objective(model: torch.nn.Module, bidirectional: bool) -> None:
-    """Record the attention the objective trains; refuse backends and layouts the explicit masks cannot drive."""
+def prepare_for_objective(model: torch.nn.Module, objective: Objective) -> None:
+    """Record the attention the objective trains (and, for a masked-diffusion objective, whether it reads
+    token i from position i-1: ``shifted_logits``, which decides between the dream and llada decoders);
+    refuse backends and layouts the explicit masks cannot drive."""
     config = model.config
-    config.is_causal = not bidirectional
+    config.is_causal = not objective.bidirectional
+    if objective.bidirectional:
+        config.shifted_logits = objective.shifted
     if config._attn_implementation not in SUPPORTED_ATTENTION:
         raise UserError(f"training passes explicit 4-D attention masks, which the "
                         f"'{config._attn_implementation}' attention backend does not take",

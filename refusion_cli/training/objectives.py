@@ -243,6 +243,7 @@ class Objective:
     build: Callable[[Example, int, torch.Generator], Sample]  # (example, mask id, generator) -> sample
     help: str
     eos_padding: bool = False  # responses are padded with EOS to the longest one first (LLaDA's SFT)
+    shifted: bool = False  # masked tokens are scored from the position before them (Dream)
 
 
 OBJECTIVES: dict[str, Objective] = {
@@ -252,7 +253,8 @@ OBJECTIVES: dict[str, Objective] = {
     "llada": Objective("llada", True, build_llada, "masked diffusion with bidirectional attention",
                        eos_padding=True),
     "dream": Objective("dream", True, build_dream, "masked diffusion with shifted labels (token i read at "
-                       "position i-1), bidirectional attention; start from an AR model", eos_padding=True),
+                       "position i-1), bidirectional attention; start from an AR model", eos_padding=True,
+                       shifted=True),
 }
 
 

@@ -129,6 +129,19 @@ def test_causal_decoders_refuse_a_bidirectional_model(decoder):
     check_decoder_fits(decoder, bidirectional=True, force=True)
 
 
+def test_dream_and_llada_each_refuse_a_model_trained_for_the_other():
+    # shifted: the checkpoint records Dream's objective (True) or LLaDA's (False); None: not recorded
+    with pytest.raises(UserError, match="the llada decoder does not fit this model: it was trained for Dream's"):
+        check_decoder_fits("llada", bidirectional=True, shifted=True)
+    with pytest.raises(UserError, match="the dream decoder does not fit this model: it was trained for LLaDA's"):
+        check_decoder_fits("dream", bidirectional=True, shifted=False)
+    for decoder, shifted in (("llada", False), ("dream", True), ("llada", None), ("dream", None)):
+        check_decoder_fits(decoder, bidirectional=True, shifted=shifted)
+    check_decoder_fits("llada", bidirectional=True, shifted=True, force=True)
+    with pytest.raises(UserError, match="needs a causal model"):
+        check_decoder_fits("refusion", bidirectional=True, shifted=True)
+
+
 def test_unknown_decoder_is_refused_even_with_force():
     with pytest.raises(UserError, match="unknown decoder 'mdlm'; choose one of refusion, ar, llada, dream"):
         check_decoder_fits("mdlm", bidirectional=True, force=True)

@@ -193,3 +193,21 @@ def test_a_local_folder_named_like_an_embedded_model_wins(tmp_path, monkeypatch)
     assert resolve_source("refusion-tiny") == ("refusion-tiny", True)
     assert decoder_runs(["refusion"], ["refusion-tiny"])[0].label == "refusion:./refusion-tiny"
     assert is_embedded("ar-tiny") and decoder_runs(["ar"], [])[0].label == "ar:ar-tiny"
+
+
+def test_a_checkpoint_trained_for_shifted_logits_fits_dream_not_llada(bidirectional_checkpoint, tmp_path):
+    import shutil
+
+    from refusion_cli.models.loading import check_model_fits, inspect_checkpoint
+
+    assert inspect_checkpoint(str(bidirectional_checkpoint)).shifted is None  # not recorded: either decoder runs
+    for decoder in ("llada", "dream"):
+        check_model_fits(decoder, str(bidirectional_checkpoint))
+    for shifted, fits, refused in ((True, "dream", "llada"), (False, "llada", "dream")):
+        copy = Path(shutil.copytree(bidirectional_checkpoint, tmp_path / f"shifted-{shifted}"))
+        config = json.loads((copy / "config.json").read_text())
+        (copy / "config.json").write_text(json.dumps({**config, "shifted_logits": shifted}))
+        assert load_model(str(copy), "cpu").shifted is shifted
+        check_model_fits(fits, str(copy))
+        with pytest.raises(UserError, match=f"the {refused} decoder does not fit this model"):
+            check_model_fits(refused, str(copy))

@@ -169,6 +169,17 @@ def test_dream_scores_each_masked_token_from_the_position_before_it():
         build_dream(Example((), RESPONSE), MASK_ID, generator(4))
 
 
+@pytest.mark.parametrize("name, shifted", [("llada", False), ("dream", True), ("refusion", None), ("ar", None)])
+def test_the_saved_config_records_the_attention_and_the_shift_the_objective_trains(name, shifted):
+    from refusion_cli.training.modeling import prepare_for_objective
+
+    objective = OBJECTIVES[name]
+    model = tiny_qwen3(seed=1)
+    prepare_for_objective(model, objective)
+    assert model.config.is_causal is not objective.bidirectional
+    assert getattr(model.config, "shifted_logits", None) is shifted
+
+
 def test_collate_pads_right_and_never_scores_padding():
     short = build_ar(Example((10,), (20, EOS_ID)), MASK_ID, generator(0))
     long = build_ar(Example(PROMPT, RESPONSE), MASK_ID, generator(0))
