@@ -10,7 +10,9 @@
               ``mdm-tiny`` (LLaDA objective, bidirectional), ``refusion-tiny`` (ReFusion objective);
               with ``--continue-steps N`` each is then trained N more steps (a second warmup + cosine
               schedule, a new data order) into <work>/<name>-cont, the same for all three
-5) export     the three fine-tuned models into refusion_cli/assets/<name>/ (safetensors), and the
+4c) dream     ``dream-tiny``: the finished ar-tiny fine-tuned with the dream objective (shifted masked
+              diffusion, bidirectional), as Dream starts from a trained AR model (``--dream-steps``)
+5) export     the fine-tuned models into refusion_cli/assets/<name>/ (safetensors), and the
               model card with loss curves into results/models/
 
 Every stage is skipped when its output is complete and resumed when it was interrupted, so the
@@ -34,6 +36,8 @@ from refusion_cli.models.loading import ASSETS
 
 REPO = Path(__file__).resolve().parents[1]
 FINETUNES = {"ar-tiny": "ar", "mdm-tiny": "llada", "refusion-tiny": "refusion"}
+DREAM = "dream-tiny"  # the Dream baseline: the finished ar-tiny fine-tuned with the dream objective, as Dream starts from an AR model
+OBJECTIVE_OF = {**FINETUNES, DREAM: "dream"}
 EXPORT_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
                 "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 
@@ -110,7 +114,7 @@ def write_card(work: Path, results: Path, settings: dict) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = {name: read_log(work / name / "loss_log.jsonl") for name in ("base-tiny", *FINETUNES)
+    runs = {name: read_log(work / name / "loss_log.jsonl") for name in ("base-tiny", *FINETUNES, DREAM)
             if (work / name / "loss_log.jsonl").is_file()}
     continued = {name: read_log(work / f"{name}-cont" / "loss_log.jsonl") for name in FINETUNES
                  if (work / f"{name}-cont" / "loss_log.jsonl").is_file()}
@@ -124,7 +128,7 @@ def write_card(work: Path, results: Path, settings: dict) -> None:
         window = 20
         smooth = [sum(r["loss"] for r in log[max(0, i - window + 1):i + 1]) / len(log[max(0, i - window + 1):i + 1])
                   for i in range(len(log))]
-        axis.plot(steps, smooth, label=f"{name} ({FINETUNES.get(name, 'ar')} objective)")
+        axis.plot(steps, smooth, label=f"{name} ({OBJECTIVE_OF.get(name, 'ar')} objective)")
         if name in continued:
             axis.axvline(offset, color="grey", linestyle=":", linewidth=1)
     for axis, title in zip(axes, ("AR pretraining from scratch", "fine-tuning from base-tiny (dotted: second schedule)")):
@@ -143,7 +147,7 @@ def write_card(work: Path, results: Path, settings: dict) -> None:
         tokens = sum(r["tokens"] for r in log)
         seconds = sum(r["seconds"] for r in log)
         size = (work / name / "model.safetensors").stat().st_size / 1e6 if (work / name / "model.safetensors").exists() else 0
-        objective = FINETUNES.get(name.removesuffix("-cont"), "ar")
+        objective = OBJECTIVE_OF.get(name.removesuffix("-cont"), "ar")
         state = json.loads((work / name / "trainer_state.json").read_text())
         where = state.get("device", "cpu (not recorded)")
         rows.append(f"| {name} | {objective} | {log[-1]['step']} | {state['run']['batch_size']} | {tokens:,} | "
@@ -241,6 +245,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="JSON overrides of the 'tiny' Qwen3 config")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--only", nargs="*", default=None, help="fine-tunes to run (default: all three)")
+    parser.add_argument("--dream-steps", type=int, default=1000,
+                        help=f"steps of {DREAM}, the finished ar-tiny fine-tuned with the dream objective (0: none)")
+    parser.add_argument("--dream-batch-size", type=int, default=64)
+    parser.add_argument("--dream-lr", type=float, default=1e-3)
     parser.add_argument("--parallel", action="store_true",
                         help="run the three fine-tunes side by side, --threads (default 1) each: the way to share "
                              "one GPU; on 2 CPU cores it was measured slower than one after the other with "
@@ -254,7 +262,7 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
     """Refuse impossible values before the data, the tokenizer and the first training stage are built (a bad
     --steps or --lr would otherwise fail only inside a training subprocess, after minutes)."""
     at_least = {"n_train": 1, "base_steps": 1, "finetune_steps": 1, "batch_size": 1, "base_stop_at": 0,
-                "continue_steps": 0, "finetune_batch_size": 0, "num_workers": 0}
+                "continue_steps": 0, "finetune_batch_size": 0, "num_workers": 0, "dream_steps": 0, "dream_batch_size": 1}
     for name, low in at_least.items():
         if getattr(args, name) < low:
             parser.error(f"--{name.replace('_', '-')} must be at least {low}, got {getattr(args, name)}")
@@ -262,7 +270,7 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         parser.error(f"--threads must be at least 1, got {args.threads}")
     if args.base_stop_at > args.base_steps:
         parser.error(f"--base-stop-at ({args.base_stop_at}) is past the end of --base-steps ({args.base_steps})")
-    for name in ("base_lr", "finetune_lr"):
+    for name in ("base_lr", "finetune_lr", "dream_lr"):
         if not 0 < getattr(args, name) < math.inf:
             parser.error(f"--{name.replace('_', '-')} must be a positive number, got {getattr(args, name)}")
     if args.model_config:
@@ -322,6 +330,12 @@ def main(argv: list[str] | None = None) -> None:
                                                    ["--model", str(work / name)], extra)
                      for name in finetunes}
         run_group(continued, work, args.parallel, args.threads)
+    # 4c) dream-tiny: Dream starts from a trained AR model, so from the finished ar-tiny
+    if args.dream_steps and "ar-tiny" in final:
+        dream = train_command(work / DREAM, train_path, "dream", args.dream_steps, args.dream_batch_size,
+                              args.dream_lr, args.seed + 1, ["--model", str(final["ar-tiny"])], extra)
+        run_stages({DREAM: dream}, work, threads=args.threads)
+        final[DREAM] = work / DREAM
     # 5) export
     sizes = {name: export(path, name) for name, path in final.items() if (path / "model.safetensors").is_file()}
     print("exported:", ", ".join(f"{n} ({s / 1e6:.1f} MB)" for n, s in sizes.items()))
