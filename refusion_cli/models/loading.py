@@ -92,7 +92,7 @@ def resolve_source(name_or_path: str) -> tuple[str, bool]:
         if not (path / "config.json").is_file():
             raise UserError(
                 f"the embedded model '{name_or_path}' is not built in this checkout ({path} is missing)",
-                hint="rebuild the embedded models with `make models` (see README, 'Embedded models')",
+                hint="rebuild the embedded models with `make models` (see docs/training.md, 'The embedded models')",
             )
         return str(path), True
     if path.exists():

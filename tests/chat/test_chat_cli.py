@@ -32,8 +32,8 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 # The held-out problem asked of the embedded model (index into evals/synthetic/test.jsonl):
 # one that refusion-tiny answers correctly.
-# refusion-tiny answers about two thirds of the held-out problems with ReFusion decoding (README,
-# "Embedded models"); with chat's default settings it answers 13 of the first 20 (problems 0-3, 6-9,
+# refusion-tiny answers about two thirds of the held-out problems with ReFusion decoding (docs/training.md,
+# "The embedded models"); with chat's default settings it answers 13 of the first 20 (problems 0-3, 6-9,
 # 11-13, 15 and 16: measured, not assumed), problem 7 among them.
 EMBEDDED_QUESTION_INDEX = 7
 EMBEDDED_MISSING = not (embedded_path("refusion-tiny") / "config.json").is_file()

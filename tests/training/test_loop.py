@@ -37,7 +37,7 @@ from tests.training.training_helpers import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-# README's FSDP config ("Several GPUs or nodes"), at 2 processes and without bf16
+# docs/training.md's FSDP config ("Several GPUs or nodes"), at 2 processes and without bf16
 README_FSDP_CONFIG = """\
 compute_environment: LOCAL_MACHINE
 distributed_type: FSDP
@@ -265,7 +265,7 @@ def test_the_readme_fsdp_config_on_cpu_stops_before_training_unsharded(setup, tm
 
 
 @pytest.mark.parametrize(("environ", "distributed", "refused"), [
-    ({"ACCELERATE_USE_FSDP": "true"}, "FSDP", None),  # the README's FSDP config on GPUs
+    ({"ACCELERATE_USE_FSDP": "true"}, "FSDP", None),  # docs/training.md's FSDP config on GPUs
     ({"ACCELERATE_USE_FSDP": "true"}, "MULTI_CPU", "FSDP"),  # the same on CPU
     ({"ACCELERATE_USE_FSDP": "true"}, "NO", "FSDP"),  # one CPU process
     ({"ACCELERATE_USE_DEEPSPEED": "true"}, "DEEPSPEED", None),
