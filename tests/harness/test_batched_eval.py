@@ -45,3 +45,20 @@ def test_a_bad_batch_size_is_refused(value):
         batch_size_value(value)
     with pytest.raises(UserError, match="--batch-size must be a whole number >= 1"):
         EvalOptions(tasks=["synthetic"], decoders=["ar"], output=None, batch_size=0)
+
+
+def test_a_batched_run_resumes_from_its_journal(tmp_path):
+    def ar_run(name):
+        options = EvalOptions(tasks=["synthetic"], decoders=["ar"], output=tmp_path / name,
+                              overrides=["gen_length=24"], limit=7, device="cpu", batch_size=3)
+        return run_eval(options)
+
+    [whole] = ar_run("whole")
+    journal = tmp_path / "cut" / "samples" / "synthetic" / "ar__ar-tiny.jsonl"
+    ar_run("cut")
+    lines = journal.read_text().splitlines(keepends=True)
+    journal.write_text("".join(lines[:4]))  # interrupted after 4 of 7 samples
+    [resumed] = ar_run("cut")
+    assert (resumed.resumed, resumed.decoded, resumed.samples) == (4, 3, 7)
+    assert compare(tmp_path / "whole", tmp_path / "cut") == ["same: synthetic/ar__ar-tiny.jsonl (7 and 7 samples)"]
+    assert (resumed.accuracy, resumed.tokens, resumed.forwards) == (whole.accuracy, whole.tokens, whole.forwards)
