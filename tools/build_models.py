@@ -245,8 +245,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="JSON overrides of the 'tiny' Qwen3 config")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--only", nargs="*", default=None, help="fine-tunes to run (default: all three)")
-    parser.add_argument("--dream-steps", type=int, default=1000,
-                        help=f"steps of {DREAM}, the finished ar-tiny fine-tuned with the dream objective (0: none)")
+    parser.add_argument("--dream-steps", type=int, default=0,
+                        help=f"steps of {DREAM}, the finished ar-tiny fine-tuned with the dream objective (0: none; "
+                             "1,000 steps of 64 on a 2-core CPU gave a model that answered 0 of 16 held-out "
+                             "problems, so it is not built by default)")
     parser.add_argument("--dream-batch-size", type=int, default=64)
     parser.add_argument("--dream-lr", type=float, default=1e-3)
     parser.add_argument("--parallel", action="store_true",
