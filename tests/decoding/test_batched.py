@@ -78,7 +78,8 @@ def test_refusion_rows_decode_as_alone_over_the_reference_sweep(models):
                                      {"causal_first": True, "causal_fix": True},
                                      {"causal_first": True, "kv_reuse": False}])
 def test_refusion_ablations_batch_as_alone(models, options):
-    for seed, (k, b, n, ts, tt) in itertools.product(MODEL_SEEDS, CONFIGS[:5]):
+    # two of the model seeds: the full sweep runs the paper's decoder over all three
+    for seed, (k, b, n, ts, tt) in itertools.product(MODEL_SEEDS[:2], CONFIGS[:5]):
         model, prompts = models[seed], prompts_for(seed)
         config = ReFusionConfig(gen_length=n, slot_size=k, block_size=b, slot_threshold=ts, token_threshold=tt)
         eos = eos_ids_for([decode_refusion(model, p, config, mask_token_id=MASK_ID, eos_token_id=None,
