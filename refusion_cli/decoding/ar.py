@@ -13,7 +13,7 @@ import torch
 
 from refusion_cli.decoding.cache import Lane, Lanes, LaneStep, drive
 from refusion_cli.decoding.config import ConfigError
-from refusion_cli.decoding.refusion import Prompt, Prompts, check_batch_size, check_ids, is_batch, prompt_tensor
+from refusion_cli.decoding.refusion import Prompt, Prompts, batch_prompts
 from refusion_cli.decoding.stats import BatchClock, DecodeResult, DecodeStats, EosIds, eos_ids
 
 
@@ -42,15 +42,10 @@ def decode_ar(
     all) decode at once, each exactly as alone (same tokens, one forward per token)."""
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ConfigError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
-    batch = is_batch(prompt_ids)
-    check_batch_size(batch_size)
-    device = next(model.parameters()).device
-    prompts = [prompt_tensor(p, device) for p in (prompt_ids if batch else [prompt_ids])]
-    for prompt in prompts:
-        check_ids(model, prompt, prompt.numel() + max_new_tokens, eos_token_id=eos_token_id)
+    batch, prompts = batch_prompts(model, prompt_ids, batch_size, max_new_tokens, eos_token_id=eos_token_id)
     stops = set(eos_ids(eos_token_id))
     lanes = Lanes(model)
-    clock = BatchClock(device)
+    clock = BatchClock(prompts[0].device)
 
     def start(index: int) -> LaneStep[DecodeResult]:
         stats = DecodeStats()

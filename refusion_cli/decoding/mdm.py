@@ -32,8 +32,8 @@ from transformers import DynamicCache
 
 from refusion_cli.decoding.cache import additive_mask, drive
 from refusion_cli.decoding.config import ConfigError, check_non_negative, check_positive, check_probability
-from refusion_cli.decoding.refusion import (Generators, Prompt, Prompts, check_batch_size, check_ids, is_batch,
-                                            prompt_tensor, row_generators)
+from refusion_cli.decoding.refusion import (Generators, Prompt, Prompts, batch_prompts, row_callback,
+                                            row_generators)
 from refusion_cli.decoding.stats import (BatchClock, DecodeResult, DecodeStats, EosIds, cache_argument, count_call,
                                          cut_after_eos, timed_call, wide_float)
 
@@ -309,20 +309,14 @@ def decode_canvases(
     place goes to the next prompt. ``on_step(step)``, or ``on_step(prompt_index, step)`` for a batch;
     ``generator``: one, shared (drawn by the rows in turn), or one per prompt.
     """
-    batch = is_batch(prompt_ids)
-    check_batch_size(batch_size)
-    device = next(model.parameters()).device
-    prompts = [prompt_tensor(p, device) for p in (prompt_ids if batch else [prompt_ids])]
-    for prompt in prompts:
-        check_ids(model, prompt, prompt.numel() + gen_length, mask_token_id=mask_token_id, eos_token_id=eos_token_id)
+    batch, prompts = batch_prompts(model, prompt_ids, batch_size, gen_length, mask_token_id=mask_token_id,
+                                   eos_token_id=eos_token_id)
     generators = row_generators(generator, len(prompts))
-    clock = BatchClock(device)
+    clock = BatchClock(prompts[0].device)
 
     def start(index: int) -> CanvasStep[DecodeResult]:
-        report = None
-        if on_step is not None:  # the callback's time is kept out of every row's latency
-            callback = functools.partial(on_step, index) if batch else on_step
-            report = functools.partial(report_to, clock, callback)
+        callback = row_callback(on_step, index, batch)  # its time is kept out of every row's latency
+        report = None if callback is None else functools.partial(report_to, clock, callback)
         canvas = Canvas(prompts[index], gen_length, mask_token_id=mask_token_id, eos_token_id=eos_token_id,
                         report=report)
         return program(canvas, generators[index])

@@ -43,8 +43,9 @@ ones, so the two combine.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
-from typing import Callable, Sequence, overload
+from typing import Any, Callable, Sequence, overload
 
 import torch
 
@@ -121,6 +122,26 @@ def row_generators(generator: Generators, count: int) -> list[torch.Generator | 
 def check_batch_size(batch_size: int | None) -> None:
     if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
         raise UserError(f"batch_size must be a positive integer or None, got {batch_size!r}")
+
+
+def batch_prompts(model: torch.nn.Module, prompt_ids: Prompt | Prompts, batch_size: int | None,
+                  response_length: int, **special: EosIds) -> tuple[bool, list[torch.Tensor]]:
+    """Whether ``prompt_ids`` is a batch, and its prompts as 1-D tensors on the model's device, each
+    checked (``check_ids``) for ``response_length`` more tokens; ``batch_size`` is checked too."""
+    batch = is_batch(prompt_ids)
+    check_batch_size(batch_size)
+    device = next(model.parameters()).device
+    prompts = [prompt_tensor(p, device) for p in (prompt_ids if batch else [prompt_ids])]
+    for prompt in prompts:
+        check_ids(model, prompt, prompt.numel() + response_length, **special)
+    return batch, prompts
+
+
+def row_callback(on_step: Callable[..., None] | None, index: int, batch: bool) -> Callable[[Any], None] | None:
+    """The caller's ``on_step`` as one row sees it: ``on_step(index, record)`` in a batch, else ``on_step(record)``."""
+    if on_step is None or not batch:
+        return on_step
+    return functools.partial(on_step, index)
 
 
 def check_ids(model: torch.nn.Module, prompt: torch.Tensor, total_length: int, **special: EosIds) -> None:
@@ -304,13 +325,9 @@ def decode_refusion(
     one generator per prompt to draw each row's noise as its own decode would.
     ``kv_reuse=False``, ``causal_fix=True`` and ``causal_first=True`` are ablations (see the module
     docstring); the last two combine."""
-    batch = is_batch(prompt_ids)
-    check_batch_size(batch_size)
-    device = next(model.parameters()).device
-    prompts = [prompt_tensor(p, device) for p in (prompt_ids if batch else [prompt_ids])]
-    for prompt in prompts:
-        check_ids(model, prompt, prompt.numel() + config.padded_length,
-                  mask_token_id=mask_token_id, eos_token_id=eos_token_id)
+    batch, prompts = batch_prompts(model, prompt_ids, batch_size, config.padded_length,
+                                   mask_token_id=mask_token_id, eos_token_id=eos_token_id)
+    device = prompts[0].device
     generators = row_generators(generator, len(prompts))
     stop_ids = eos_ids(eos_token_id)
     stops = torch.tensor(stop_ids, dtype=torch.long, device=device) if stop_ids else None  # made once per decode
@@ -320,12 +337,8 @@ def decode_refusion(
     def start(index: int) -> LaneStep[DecodeResult]:
         stats = DecodeStats()
         ctx = lanes.open(index, stats, prompts[index])
-        if on_step is None:
-            report = None
-        elif batch:
-            report = lambda step: clock.report(stats, lambda record: on_step(index, record), step)  # noqa: E731
-        else:
-            report = lambda step: clock.report(stats, on_step, step)  # noqa: E731
+        callback = row_callback(on_step, index, batch)
+        report = None if callback is None else functools.partial(clock.report, stats, callback)
         return decode_lane(ctx, stats, prompts[index].numel(), config, mask_token_id, stops, eos_token_id,
                            generators[index], causal_fix, causal_first, report)
 

@@ -35,7 +35,7 @@ class DecodeStats:
     tokens: int = 0  # response tokens up to and including EOS
     seconds: float = 0.0  # wall time of the decode call
     positions: int = 0  # token positions the model computed (rows x input length, summed over calls)
-    forward_seconds: float | None = 0.0  # wall time inside model calls; None on a GPU (see counted_forward)
+    forward_seconds: float | None = 0.0  # wall time inside model calls; None on a GPU (see timed_call)
     callback_seconds: float = 0.0  # wall time spent in the caller's on_step (not part of ``seconds``)
 
     @property
@@ -108,30 +108,13 @@ def synchronize(device: torch.device) -> None:
         torch.mps.synchronize()
 
 
-class Timer:
-    """Context manager measuring wall time, synchronising the device at both ends."""
-
-    def __init__(self, device: torch.device):
-        self.device = device
-        self.seconds = 0.0
-
-    def __enter__(self) -> "Timer":
-        synchronize(self.device)
-        self._start = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        synchronize(self.device)
-        self.seconds = time.perf_counter() - self._start
-
-
 class BatchClock:
     """The wall clock of one batched decode call: each row's latency, less every callback's time.
 
     Started (device synchronised) on creation; :meth:`report` hands a record to the caller's
     callback and keeps its time out of every later latency; :meth:`latency` is the time since the
-    start (device synchronised), less the callback time so far. With one row this is
-    :class:`Timer`'s ``seconds`` less the callback time, the rule of a single decode.
+    start (device synchronised), less the callback time so far. With one row this is the rule of a
+    single decode: the wall time of the call, synchronised at both ends, less the callback time.
     """
 
     def __init__(self, device: torch.device):
@@ -182,21 +165,11 @@ def report_step(stats: DecodeStats, on_step: Callable[[Any], None] | None, recor
     stats.callback_seconds += time.perf_counter() - start
 
 
-def counted_forward(model: torch.nn.Module, stats: DecodeStats, **inputs: torch.Tensor | object):
-    """Call ``model(**inputs)`` and record it in ``stats``: one forward, its positions, its time.
-
-    The time inside the call is measured on the CPU only, where a call returns when its work is
-    done. On a GPU it would take a synchronisation before and after every call, which stalls the
-    queue inside the timed decode; there ``forward_seconds`` is None and only the whole decode is
-    timed (synchronised at both ends).
-    """
-    out, seconds = timed_call(model, **inputs)
-    count_call(stats, inputs["input_ids"].numel(), seconds)
-    return out
-
-
 def timed_call(model: torch.nn.Module, **inputs: torch.Tensor | object) -> tuple[Any, float | None]:
-    """``model(**inputs)`` and its wall time, measured on the CPU only (None elsewhere, see counted_forward)."""
+    """``model(**inputs)`` and its wall time, measured on the CPU only, where a call returns when its work
+    is done. On a GPU it would take a synchronisation before and after every call, which stalls the queue
+    inside the timed decode; there the time is None (and ``forward_seconds`` with it, see
+    :func:`count_call`) and only the whole decode is timed, synchronised at both ends."""
     start = time.perf_counter()
     out = model(**inputs)
     return out, (time.perf_counter() - start if inputs["input_ids"].device.type == "cpu" else None)

@@ -196,8 +196,9 @@ def test_model_calls_off_the_cpu_are_counted_without_a_synchronisation_each(monk
     monkeypatch.setattr(torch.cuda, "synchronize", no_sync)
     seen = []
     stats = stats_module.DecodeStats()
-    out = stats_module.counted_forward(lambda **inputs: seen.append(inputs) or "logits", stats,
-                                       input_ids=torch.empty(2, 5, dtype=torch.long, device="meta"))
+    input_ids = torch.empty(2, 5, dtype=torch.long, device="meta")
+    out, seconds = stats_module.timed_call(lambda **inputs: seen.append(inputs) or "logits", input_ids=input_ids)
+    stats_module.count_call(stats, input_ids.numel(), seconds)
     assert (out, len(seen), stats.forwards, stats.positions, stats.forward_seconds) == ("logits", 1, 1, 10, None)
 
 
