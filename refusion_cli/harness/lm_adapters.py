@@ -396,11 +396,8 @@ class DecoderLM(TemplateLM):
         config = prepared[0].config
         generators = [torch.Generator(device=self._device).manual_seed(self.seed) for _ in prepared]
         prompts = [request.prompt_ids for request in prepared]
-        results = run_decoder(self.decoder, self.model, prompts if len(prompts) > 1 else prompts[0], config,
-                              mask_token_id=self.loaded.mask_token_id, eos_token_id=self.loaded.stop_token_ids,
-                              generator=generators if len(prompts) > 1 else generators[0])
-        if len(prompts) == 1:
-            results = [results]
+        results = run_decoder(self.decoder, self.model, prompts, config, mask_token_id=self.loaded.mask_token_id,
+                              eos_token_id=self.loaded.stop_token_ids, generator=generators)
         share = batch_stats(results).seconds / len(results) if len(results) > 1 else None
         return [SampleRecord(text=cut_at_stop(self.tok_decode(result.tokens), request.until),
                              prompt_tokens=len(request.prompt_ids), stats=result.stats, prompt_cut=request.cut,
