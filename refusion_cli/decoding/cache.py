@@ -10,12 +10,15 @@ and the earlier new tokens of its own group. One group is plain causal attention
 lay independent rows side by side (ReFusion's parallel completion step).
 
 Tokens fed by a call are provisional: ``commit(lane, n)`` keeps the first ``n`` of them, and the
-next call drops whatever was not committed: the cache keeps, per row, only its lane's committed
-entries (a gather over the cache's sequence dimension), and rows of closed lanes leave the batch.
-With one lane this is a crop of the cache, and the call is the single-row call of a batch of one.
+next call drops whatever was not committed: the cache keeps, per row, its lane's committed entries
+(a gather over the cache's sequence dimension, made only when the longest row holds an uncommitted
+entry or a row leaves; shorter rows keep unused entries, masked out). With one lane this is a crop
+of the cache, and the call is the single-row call of a batch of one.
 
 Rows are left-padded to the longest input of the call; padding is masked out for every real
-token, and pad positions see only themselves.
+token, and pad positions see only themselves. A lane's first call (its prompt, far longer than a
+decoding step) runs in a call of its own beside the rows already decoding, and its K/V then joins
+the cache, so those rows are not padded to the prompt's length.
 """
 
 from __future__ import annotations
@@ -120,31 +123,51 @@ class Lanes:
             state.pending_positions = torch.cat([state.pending_positions, fed.positions[:n]])
 
     def forward(self, feeds: dict[int, Feed]) -> dict[int, torch.Tensor]:
-        """One model call, counted for every lane: each open lane feeds its tokens after its committed ones.
+        """One round of model calls, one call counted for every lane: each open lane feeds its tokens
+        after its committed ones.
 
         Returns each lane's float logits [Q, V] of its new tokens (the model computes no others when
         it can), [1 + Q, V] with ``context_logits``. Tokens fed by an earlier call and not committed
-        are dropped first.
+        are dropped first. Lanes opened since the last round have no rows in the cache yet: with
+        ``reuse`` they run their first call (their prompt) in a call of their own, so the rows already
+        decoding are not padded to a prompt's length; their K/V then joins the cache.
         """
-        for lane in feeds:
-            self.lanes[lane].fed = None
-        self._keep_committed(list(feeds))
         if set(feeds) != set(self.lanes):
             raise RuntimeError("every open lane feeds every call")
-        inputs = [self._row_input(self.lanes[lane], feeds[lane]) for lane in self.rows]
-        width = max(ids.numel() for ids, _, _ in inputs)  # Q: the longest input of the call
         for lane, feed in feeds.items():
+            self.lanes[lane].fed = None
             if feed.context_logits and not self.lanes[lane].pending_ids.numel():
                 raise RuntimeError("context_logits asked for a committed token whose K/V is already cached")
-        n_new = max(feed.ids.numel() + feed.context_logits for feed in feeds.values())
+        self._keep_committed()
+        joining = [lane for lane in feeds if lane not in self.rows]
+        if not self.reuse or not self.rows:
+            self.rows += joining
+            joining = []
+        results, width = self._call(self.rows, feeds, self.cache, self.columns)
+        if self.reuse:
+            self.columns += width
+        if joining:
+            fresh = DynamicCache(config=self.model.config)
+            joined, width = self._call(joining, feeds, fresh, 0)
+            results.update(joined)
+            self._join(fresh, joining, width)
+        return results
+
+    def _call(self, rows: list[int], feeds: dict[int, Feed], cache: DynamicCache | None,
+              columns: int) -> tuple[dict[int, torch.Tensor], int]:
+        """One model call for the lanes of ``rows``, the rows of ``cache`` (``columns`` entries each);
+        returns each lane's logits and the call's width (the entries it adds to every row)."""
+        inputs = [self._row_input(self.lanes[lane], feeds[lane]) for lane in rows]
+        width = max(ids.numel() for ids, _, _ in inputs)  # Q: the longest input of the call
+        n_new = max(feeds[lane].ids.numel() + feeds[lane].context_logits for lane in rows)
         input_ids = torch.zeros(len(inputs), width, dtype=torch.long, device=self.device)  # [B, Q]
         position_ids = torch.zeros_like(input_ids)  # [B, Q]
-        allowed = torch.zeros(len(inputs), width, self.columns + width, dtype=torch.bool, device=self.device)
-        allowed[:, :, self.columns:] = torch.eye(width, dtype=torch.bool, device=self.device)  # pads see themselves
-        for row, (lane, (ids, positions, among)) in enumerate(zip(self.rows, inputs)):
+        allowed = torch.zeros(len(inputs), width, columns + width, dtype=torch.bool, device=self.device)
+        allowed[:, :, columns:] = torch.eye(width, dtype=torch.bool, device=self.device)  # pads see themselves
+        for row, (lane, (ids, positions, among)) in enumerate(zip(rows, inputs)):
             pad = width - ids.numel()
             input_ids[row, pad:], position_ids[row, pad:] = ids, positions
-            allowed[row, pad:, self.columns + pad:] = among
+            allowed[row, pad:, columns + pad:] = among
             allowed[row, pad:, self.lanes[lane].committed] = True
         mask = additive_mask(allowed, self.dtype)  # [B, 1, Q, columns + Q]
         out, seconds = timed_call(
@@ -153,23 +176,33 @@ class Lanes:
             position_ids=position_ids,
             attention_mask={kind: mask for kind in self.layer_types},
             use_cache=self.reuse,
-            **cache_argument(self.model, self.cache),
+            **cache_argument(self.model, cache),
             **last_logits(self.model, n_new),
         )
         logits = out.logits[:, -n_new:]
         results = {}
-        for row, (lane, (ids, _, _)) in enumerate(zip(self.rows, inputs)):
+        for row, (lane, (ids, _, _)) in enumerate(zip(rows, inputs)):
             state, feed = self.lanes[lane], feeds[lane]
             count_call(state.stats, ids.numel(), seconds)
             new = feed.ids.numel()
             results[lane] = float_logits(logits[row, n_new - new - feed.context_logits:])
-            state.fed, state.fed_column = feed, self.columns + width - new
+            state.fed, state.fed_column = feed, columns + width - new
             if self.reuse:  # the pending tokens' K/V is in the cache now, followed by the fed tokens'
                 state.committed.extend(range(state.fed_column - state.pending_ids.numel(), state.fed_column))
                 state.pending_ids, state.pending_positions = state.pending_ids[:0], state.pending_positions[:0]
-        if self.reuse:
-            self.columns += width
-        return results
+        return results, width
+
+    def _join(self, fresh: DynamicCache, joining: list[int], columns: int) -> None:
+        """Append the rows of ``fresh`` (the ``joining`` lanes' first call, ``columns`` entries each)
+        below the cache's rows; the shorter side gets unused entries, masked out."""
+        width = max(columns, self.columns)
+        for layer, new in zip(self.cache.layers, fresh.layers):
+            if getattr(new, "keys", None) is None or new.keys.numel() == 0:
+                continue  # a layer the model never wrote (no K/V yet)
+            layer.keys = torch.cat([_pad_columns(layer.keys, width), _pad_columns(new.keys, width)])
+            layer.values = torch.cat([_pad_columns(layer.values, width), _pad_columns(new.values, width)])
+        self.rows += joining
+        self.columns = width
 
     def _row_input(self, state: _Lane, feed: Feed) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """A lane's pending + new tokens, their positions and what they see among themselves [Q, Q]."""
@@ -180,21 +213,27 @@ class Lanes:
         among[n_pending:, :n_pending] = True  # new tokens see every pending committed token
         return torch.cat([state.pending_ids, feed.ids]), torch.cat([state.pending_positions, feed.positions]), among
 
-    def _keep_committed(self, feeding: list[int]) -> None:
-        """Drop from the cache every entry its row's lane did not commit, and the rows of closed lanes;
-        lanes opened since the last call get a row, appended in the order of ``feeding``."""
+    def _keep_committed(self) -> None:
+        """Drop the rows of closed lanes, and the cache entries their row's lane did not commit.
+
+        A row shorter than the longest keeps unused entries (masked out) after its own; the cache is
+        rewritten only when a row leaves or the longest row has an uncommitted entry. With one lane
+        this is a crop of the cache."""
+        rows = [lane for lane in self.rows if lane in self.lanes]
+        kept = [self.lanes[lane].committed for lane in rows]
+        width = max((len(columns) for columns in kept), default=0)
+        unchanged = rows == self.rows and width == self.columns
         old_rows = {lane: row for row, lane in enumerate(self.rows)}
-        rows = [lane for lane in self.rows if lane in self.lanes] + [lane for lane in feeding if lane not in old_rows]
-        unchanged = rows == self.rows and all(self.lanes[lane].committed == list(range(self.columns)) for lane in rows)
         self.rows = rows
         if not self.reuse or unchanged:
             return
-        kept = [self.lanes[lane].committed for lane in rows]
-        width = max(len(columns) for columns in kept)
+        if not rows:
+            self.cache, self.columns = DynamicCache(config=self.model.config), 0
+            return
         index = torch.zeros(len(rows), width, dtype=torch.long, device=self.device)  # [B, width] columns kept
         for row, columns in enumerate(kept):
             index[row, : len(columns)] = torch.tensor(columns, dtype=torch.long)
-        source = torch.tensor([old_rows.get(lane, 0) for lane in rows], device=self.device)  # [B] old row of each row
+        source = torch.tensor([old_rows[lane] for lane in rows], device=self.device)  # [B] old row of each row
         for layer in self.cache.layers:
             if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
                 continue  # a layer the model never wrote (no K/V yet)
@@ -205,6 +244,12 @@ class Lanes:
         for lane, columns in zip(rows, kept):
             self.lanes[lane].committed = list(range(len(columns)))
         self.columns = width
+
+
+def _pad_columns(states: torch.Tensor, width: int) -> torch.Tensor:
+    """K or V [B, H, N, D] with unused (zero) entries appended up to ``width`` columns."""
+    missing = width - states.shape[2]
+    return states if missing == 0 else torch.nn.functional.pad(states, (0, 0, 0, missing))
 
 
 class Lane:

@@ -135,6 +135,9 @@ def test_finished_rows_leave_the_batch_and_waiting_prompts_take_their_place(mode
         assert sum(rows) == sum(result.stats.forwards for result in batched) == sum(len(r.tokens) for r in alone)
         if batch_size == 2:  # refilled: never more calls than decoding the rows two by two in lockstep
             assert len(calls) < sum(r.stats.forwards for r in alone)
+        # a prompt's first call runs beside the rows already decoding (one token each), which are not
+        # padded to its length: only first calls are wider than one token, and each prompt has one
+        assert sum(call.shape[0] for call in calls if call.shape[1] > 1) == len(prompts)
         calls.clear()
 
 
