@@ -8,6 +8,7 @@ import os
 import pytest
 
 from tools.build_models import parse_args as build_args
+from tools.batch_headroom import main as headroom_main
 from tools.overhead import main as overhead_main
 
 TINY = ["--gen-length", "8", "--repeats", "1", "--hidden", "32", "--layers", "1"]
@@ -57,3 +58,31 @@ def test_build_refuses_a_work_folder_that_is_a_file(tmp_path, capsys):
     assert f"--work {work} is a file, not a directory" in usage_error(lambda: build_args(["--work", str(work)]),
                                                                         capsys)
     assert work.read_text() == "keep"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--limit", "0"], "--limit must be at least 1, got 0"),
+    (["--repeats", "-1"], "--repeats must be at least 1, got -1"),
+    (["--threads", "0"], "--threads must be from 1 to this machine's"),
+])
+def test_batch_headroom_refuses_impossible_settings(args, message, capsys):
+    assert message in usage_error(lambda: headroom_main(args), capsys)
+
+
+def test_batch_headroom_counts_the_fed_tokens_of_batch_1(capsys):
+    headroom_main(["--decoder", "ar", "--limit", "2", "--gen-length", "4", "--repeats", "1", "--threads", "1"])
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("| ar |")).split(" | ")
+    calls, fed = int(row[3]), int(row[4])
+    # AR: one call per token; the first call of each prompt feeds the whole prompt, the next three one token
+    assert calls == 2 * 4 and fed == 2 * 3 + sum(prompt_lengths(2))
+    assert row[-1].endswith("× |") and "| 16 |" in out
+
+
+def prompt_lengths(limit: int) -> list[int]:
+    """Token counts of the first ``limit`` synthetic prompts in ar-tiny's chat template."""
+    from refusion_cli.bench.prompts import load_prompts
+    from refusion_cli.models.chat import user_prompt_ids
+    from refusion_cli.models.loading import load_model
+    tokenizer = load_model("ar-tiny", device="cpu", require_mask=False).tokenizer
+    return [len(user_prompt_ids(tokenizer, prompt.text)) for prompt in load_prompts(limit=limit)]
