@@ -1,8 +1,9 @@
 """The accuracy/speed frontier of a ``--sweep`` run: its points, their Pareto fronts, ``frontier.csv``.
 
-A frontier point is a decoder's usual row or one of its sweep rows (:func:`is_frontier_entry`;
-batch 1, the KV cache reused, no ablation) with an accuracy. Points are grouped by decoder and
-response length; a point is on its group's front when no other point of the group is at least as
+A frontier point is a decoder's usual row, one of its sweep rows or the row of a ReFusion decoding
+variant (``causal_fix``, ``causal_first``) (:func:`is_frontier_entry`; batch 1, the KV cache reused)
+with an accuracy. Points are grouped by decoder (each variant a group of its own, named by its row
+label) and response length; a point is on its group's front when no other point of the group is at least as
 accurate and as fast and better on one of the two. Speed is TPS (batch 1, ``on_front``) or
 tokens per forward (``on_front_tpf``): the two fronts may hold different points, and each plot
 draws its own.
@@ -23,7 +24,7 @@ FRONTIER_CSV = "frontier.csv"
 
 @dataclass(frozen=True)
 class FrontierPoint:
-    decoder: str  # refusion, ar, llada, dream
+    decoder: str  # refusion, ar, llada, dream, or a variant's row label ("refusion (causal fix)")
     setting: str  # what its parallelism settings make it do (sweep.setting_label), e.g. "k=8 b=16 τ=0.9/0.9"
     label: str  # the row's label in bench.csv
     gen_length: int
@@ -38,8 +39,16 @@ FRONTIER_FIELDS = [f.name for f in fields(FrontierPoint)]
 
 
 def is_frontier_entry(entry: BenchEntry) -> bool:
-    """A decoder's usual row or a sweep row (batch 1, the KV cache reused): not an ablation or batch row."""
-    return entry.label == entry.decoder or is_sweep_entry(entry)
+    """A decoder's usual row, a sweep row or a decoding variant's row, at batch 1 with the KV cache reused
+    (not the recompute ablation, not a batch row)."""
+    if entry.batch_size != 1 or not entry.kv_reuse:
+        return False
+    return entry.label == entry.decoder or is_sweep_entry(entry) or entry.causal_fix or entry.causal_first
+
+
+def point_group(entry: BenchEntry) -> str:
+    """The group of an entry's point: its decoder, or a variant's row label (a front of its own)."""
+    return entry.label if entry.causal_fix or entry.causal_first else entry.decoder
 
 
 def is_sweep_entry(entry: BenchEntry) -> bool:
@@ -56,7 +65,7 @@ def on_pareto_front(points: Sequence[tuple[float, float]]) -> list[bool]:
 
 def frontier_points(entries: Sequence[BenchEntry], rows: Sequence[BenchRow]) -> list[FrontierPoint]:
     """The frontier points of ``rows`` (the first ``len(rows)`` of the planned ``entries``), in row order."""
-    points = [FrontierPoint(entry.decoder, setting_label(entry.decoder, entry.config), row.decoder, row.gen_length,
+    points = [FrontierPoint(point_group(entry), setting_label(entry.decoder, entry.config), row.decoder, row.gen_length,
                             row.tps, row.tpf, row.accuracy)
               for entry, row in zip(entries, rows) if is_frontier_entry(entry) and row.accuracy is not None]
     flagged: dict[int, FrontierPoint] = {}
