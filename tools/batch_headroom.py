@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import statistics
 import time
 
@@ -31,6 +30,7 @@ from refusion_cli.decoding.config import TOOLKIT_PRESETS, ARConfig
 from refusion_cli.decoding.registry import decoder_spec, run_decoder
 from refusion_cli.models.chat import user_prompt_ids
 from refusion_cli.models.loading import load_model
+from tools import set_threads
 
 GRID_ROWS = (1, 4, 16)
 GRID_TOKENS = (1, 8, 32, 128)
@@ -72,10 +72,7 @@ def main(argv: list[str] | None = None) -> None:
     for name in ("limit", "gen_length", "repeats"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
-    cpus = os.cpu_count() or 1
-    if not 1 <= args.threads <= cpus:
-        parser.error(f"--threads must be from 1 to this machine's {cpus} CPU threads, got {args.threads}")
-    torch.set_num_threads(args.threads)
+    set_threads(parser, args.threads)
     prompts = load_prompts(limit=args.limit)
     print(f"# Batching headroom on this machine ({args.threads} threads, {args.limit} prompts, "
           f"gen length {args.gen_length})\n")

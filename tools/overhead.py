@@ -11,7 +11,6 @@ decoder's own overhead.
 from __future__ import annotations
 
 import argparse
-import os
 
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
@@ -20,6 +19,7 @@ from refusion_cli.decoding.ar import decode_ar
 from refusion_cli.decoding.config import ReFusionConfig
 from refusion_cli.decoding.refusion import decode_refusion
 from refusion_cli.decoding.stats import DecodeStats
+from tools import set_threads
 
 
 def tiny_model(vocab: int, hidden: int, layers: int, seed: int) -> Qwen3ForCausalLM:
@@ -64,10 +64,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--gen-length must be at most {MAX_POSITIONS - PROMPT_LENGTH} (the model's {MAX_POSITIONS} "
                      f"positions less the {PROMPT_LENGTH}-token prompt), got {args.gen_length}")
     if args.threads is not None:
-        cpus = os.cpu_count() or 1
-        if not 1 <= args.threads <= cpus:  # torch refuses 0 or less and crashes far above the CPU count
-            parser.error(f"--threads must be from 1 to this machine's {cpus} CPU threads, got {args.threads}")
-        torch.set_num_threads(args.threads)
+        set_threads(parser, args.threads)
     model = tiny_model(args.vocab, args.hidden, args.layers, seed=0)
     mask_id = args.vocab - 1
     prompt = torch.randint(0, args.vocab - 2, (PROMPT_LENGTH,), generator=torch.Generator().manual_seed(0))
