@@ -197,8 +197,8 @@ class Lanes:
         below the cache's rows; the shorter side gets unused entries, masked out."""
         width = max(columns, self.columns)
         for layer, new in zip(self.cache.layers, fresh.layers):
-            if getattr(new, "keys", None) is None or new.keys.numel() == 0:
-                continue  # a layer the model never wrote (no K/V yet)
+            if not _written(new):
+                continue
             layer.keys = torch.cat([_pad_columns(layer.keys, width), _pad_columns(new.keys, width)])
             layer.values = torch.cat([_pad_columns(layer.values, width), _pad_columns(new.values, width)])
         self.rows += joining
@@ -235,8 +235,8 @@ class Lanes:
             index[row, : len(columns)] = torch.tensor(columns, dtype=torch.long)
         source = torch.tensor([old_rows[lane] for lane in rows], device=self.device)  # [B] old row of each row
         for layer in self.cache.layers:
-            if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
-                continue  # a layer the model never wrote (no K/V yet)
+            if not _written(layer):
+                continue
             heads, dim = layer.keys.shape[1], layer.keys.shape[3]
             gather = index[:, None, :, None].expand(-1, heads, -1, dim)
             layer.keys = layer.keys.index_select(0, source).gather(2, gather)
@@ -244,6 +244,11 @@ class Lanes:
         for lane, columns in zip(rows, kept):
             self.lanes[lane].committed = list(range(len(columns)))
         self.columns = width
+
+
+def _written(layer: Any) -> bool:
+    """Whether a cache layer holds K/V (a layer the model never wrote has none yet)."""
+    return getattr(layer, "keys", None) is not None and layer.keys.numel() > 0
 
 
 def _pad_columns(states: torch.Tensor, width: int) -> torch.Tensor:
