@@ -39,16 +39,19 @@ FRONTIER_FIELDS = [f.name for f in fields(FrontierPoint)]
 
 
 def is_frontier_entry(entry: BenchEntry) -> bool:
-    """A decoder's usual row, a sweep row or a decoding variant's row, at batch 1 with the KV cache reused
-    (not the recompute ablation, not a batch row)."""
-    if entry.batch_size != 1 or not entry.kv_reuse:
-        return False
-    return entry.label == entry.decoder or is_sweep_entry(entry) or entry.causal_fix or entry.causal_first
+    """A decoder's usual row, a sweep row or a decoding variant's row (all at batch 1 with the KV cache
+    reused), not the recompute ablation or a batch row."""
+    return entry.label == entry.decoder or is_sweep_entry(entry) or is_variant_entry(entry)
+
+
+def is_variant_entry(entry: BenchEntry) -> bool:
+    """A row of one of ReFusion's decoding variants (``causal_fix``, ``causal_first``, or both)."""
+    return entry.causal_fix or entry.causal_first
 
 
 def point_group(entry: BenchEntry) -> str:
     """The group of an entry's point: its decoder, or a variant's row label (a front of its own)."""
-    return entry.label if entry.causal_fix or entry.causal_first else entry.decoder
+    return entry.label if is_variant_entry(entry) else entry.decoder
 
 
 def is_sweep_entry(entry: BenchEntry) -> bool:
