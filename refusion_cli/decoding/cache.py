@@ -222,11 +222,11 @@ class Lanes:
         rows = [lane for lane in self.rows if lane in self.lanes]
         kept = [self.lanes[lane].committed for lane in rows]
         width = max((len(columns) for columns in kept), default=0)
-        unchanged = rows == self.rows and width == self.columns
+        if not self.reuse or (rows == self.rows and width == self.columns):
+            self.rows = rows
+            return
         old_rows = {lane: row for row, lane in enumerate(self.rows)}
         self.rows = rows
-        if not self.reuse or unchanged:
-            return
         if not rows:
             self.cache, self.columns = DynamicCache(config=self.model.config), 0
             return
