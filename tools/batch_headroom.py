@@ -8,7 +8,8 @@ cheapest cost per token on this machine. For each decoder this decodes the promp
 its embedded model (``synthetic_tiny`` for ReFusion), counts the tokens its calls fed, times the
 model on inputs of [rows, tokens] without a cache over a small grid, and prints:
 
-- the batch-1 wall time, its calls and the tokens each call fed on average;
+- the batch-1 wall time (the median of ``--decodes`` timed decodes of all prompts), its calls and the
+  tokens each call fed on average;
 - the floor: those tokens at the model's cheapest cost per token (the grid's minimum);
 - the headroom: batch-1 wall time ÷ floor, an upper bound on batching's throughput gain that
   leaves out attention to the cache, padding and every cost outside the model.
@@ -68,14 +69,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gen-length", type=int, default=192)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=20, help="timings per grid point")
+    parser.add_argument("--decodes", type=int, default=3, help="timed batch-1 decodes of all prompts (median)")
     args = parser.parse_args(argv)
-    for name in ("limit", "gen_length", "repeats"):
+    for name in ("limit", "gen_length", "repeats", "decodes"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     set_threads(parser, args.threads)
     prompts = load_prompts(limit=args.limit)
     print(f"# Batching headroom on this machine ({args.threads} threads, {args.limit} prompts, "
-          f"gen length {args.gen_length})\n")
+          f"gen length {args.gen_length}, batch-1 seconds: median of {args.decodes} decodes)\n")
     print("| decoder | model | batch-1 seconds | calls | tokens fed | tokens per call | "
           "cost per token at batch 1 (µs) | cheapest cost per token (µs) | floor seconds | headroom |")
     print("|---|---|---|---|---|---|---|---|---|---|")
@@ -90,9 +92,12 @@ def main(argv: list[str] | None = None) -> None:
                                eos_token_id=loaded.stop_token_ids, batch_size=1)
 
         decode(ids[:1])  # warm-up
-        start = time.perf_counter()
-        results = decode(ids)
-        wall = time.perf_counter() - start
+        walls = []
+        for _ in range(args.decodes):
+            start = time.perf_counter()
+            results = decode(ids)
+            walls.append(time.perf_counter() - start)
+        wall = statistics.median(walls)
         calls = sum(result.stats.forwards for result in results)
         fed = sum(result.stats.positions for result in results)
         costs = cost_per_token(loaded.model, loaded.model.get_input_embeddings().num_embeddings, args.repeats)

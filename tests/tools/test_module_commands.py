@@ -63,6 +63,7 @@ def test_build_refuses_a_work_folder_that_is_a_file(tmp_path, capsys):
 @pytest.mark.parametrize("args, message", [
     (["--limit", "0"], "--limit must be at least 1, got 0"),
     (["--repeats", "-1"], "--repeats must be at least 1, got -1"),
+    (["--decodes", "0"], "--decodes must be at least 1, got 0"),
     (["--threads", "0"], "--threads must be from 1 to this machine's"),
 ])
 def test_batch_headroom_refuses_impossible_settings(args, message, capsys):
@@ -70,7 +71,8 @@ def test_batch_headroom_refuses_impossible_settings(args, message, capsys):
 
 
 def test_batch_headroom_counts_the_fed_tokens_of_batch_1(capsys):
-    headroom_main(["--decoder", "ar", "--limit", "2", "--gen-length", "4", "--repeats", "1", "--threads", "1"])
+    headroom_main(["--decoder", "ar", "--limit", "2", "--gen-length", "4", "--repeats", "1", "--decodes", "1",
+                   "--threads", "1"])
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if line.startswith("| ar |")).split(" | ")
     calls, fed = int(row[3]), int(row[4])
