@@ -1,12 +1,13 @@
 """Accuracy and tokens per forward of ReFusion and its causal ablations on the synthetic test split.
 
-    python -m tools.causal_ablations --limit 200
+    python -m tools.causal_ablations --limit 200 [--model CHECKPOINT]
 
-Decodes the first ``--limit`` problems of evals/synthetic/test.jsonl with the embedded
-``refusion-tiny`` and the ``synthetic_tiny`` preset (``gen_length`` 192), greedy, four ways: the
-paper's decoder, ``causal_fix``, ``causal_first`` and both; prints a Markdown table (correct
-answers, mean tokens per forward as ``refusion bench`` counts it, tokens and forwards in all, slots
-started with the causal head's token) and, for each ablation, the answers it turns right or wrong.
+Decodes the first ``--limit`` problems of evals/synthetic/test.jsonl with ``--model`` (the embedded
+``refusion-tiny`` by default, or any ReFusion checkpoint directory) and the ``synthetic_tiny``
+preset (``gen_length`` 192), greedy, four ways: the paper's decoder, ``causal_fix``,
+``causal_first`` and both; prints a Markdown table (correct answers, mean tokens per forward as
+``refusion bench`` counts it, tokens and forwards in all, slots started with the causal head's
+token) and, for each ablation, the answers it turns right or wrong.
 A batch decodes every row as alone, so ``--batch-size`` changes the time taken, never the figures.
 """
 
@@ -18,8 +19,10 @@ from pathlib import Path
 
 import torch
 
+from refusion_cli.cli.output import fail
 from refusion_cli.decoding import decode_refusion
 from refusion_cli.decoding.config import TOOLKIT_PRESETS
+from refusion_cli.errors import UserError
 from refusion_cli.models.chat import user_prompt_ids
 from refusion_cli.models.loading import load_model
 from refusion_cli.tasks.synthetic import is_correct, read_jsonl
@@ -39,16 +42,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gen-length", type=int, default=192)
     parser.add_argument("--batch-size", type=int, default=16, help="prompts decoded together")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--model", default="refusion-tiny", help="embedded name or checkpoint directory")
     args = parser.parse_args(argv)
     for option in ("limit", "gen_length", "batch_size", "threads"):
         if getattr(args, option) < 1:
             parser.error(f"--{option.replace('_', '-')} must be at least 1")
     torch.set_num_threads(args.threads)
-    loaded = load_model("refusion-tiny", "cpu")
+    try:
+        loaded = load_model(args.model, "cpu")
+    except UserError as exc:
+        fail(str(exc), exc.hint)
     problems = read_jsonl(TEST_SPLIT)[: args.limit]
     prompts = [user_prompt_ids(loaded.tokenizer, problem["question"]) for problem in problems]
     config = dataclasses.replace(TOOLKIT_PRESETS["synthetic_tiny"], gen_length=args.gen_length)
-    print(f"{len(problems)} problems of {TEST_SPLIT.name}, refusion-tiny, synthetic_tiny with gen_length "
+    print(f"{len(problems)} problems of {TEST_SPLIT.name}, {args.model}, synthetic_tiny with gen_length "
           f"{config.gen_length}\n")
     print("| decoder | correct | accuracy | tokens / forward | tokens | forwards | causal-first slots |")
     print("|---|---|---|---|---|---|---|")

@@ -9,6 +9,7 @@ import pytest
 
 from tools.build_models import parse_args as build_args
 from tools.batch_headroom import main as headroom_main
+from tools.causal_ablations import main as ablations_main
 from tools.overhead import main as overhead_main
 
 TINY = ["--gen-length", "8", "--repeats", "1", "--hidden", "32", "--layers", "1"]
@@ -79,6 +80,12 @@ def test_batch_headroom_counts_the_fed_tokens_of_batch_1(capsys):
     # AR: one call per token; the first call of each prompt feeds the whole prompt, the next three one token
     assert calls == 2 * 4 and fed == 2 * 3 + sum(prompt_lengths(2))
     assert row[-1].endswith("× |") and "| 16 |" in out
+
+
+def test_causal_ablations_names_a_missing_checkpoint(tmp_path, capsys):
+    missing = tmp_path / "no-model"
+    assert f"no such checkpoint directory: '{missing}'" in usage_error(
+        lambda: ablations_main(["--limit", "1", "--model", str(missing)]), capsys)
 
 
 def prompt_lengths(limit: int) -> list[int]:
