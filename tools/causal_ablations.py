@@ -17,8 +17,6 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-import torch
-
 from refusion_cli.cli.output import fail
 from refusion_cli.decoding import decode_refusion
 from refusion_cli.decoding.config import TOOLKIT_PRESETS
@@ -26,6 +24,7 @@ from refusion_cli.errors import UserError
 from refusion_cli.models.chat import user_prompt_ids
 from refusion_cli.models.loading import load_model
 from refusion_cli.tasks.synthetic import is_correct, read_jsonl
+from tools import set_threads
 
 VARIANTS = {  # name -> decode_refusion options
     "default": {},
@@ -44,10 +43,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--model", default="refusion-tiny", help="embedded name or checkpoint directory")
     args = parser.parse_args(argv)
-    for option in ("limit", "gen_length", "batch_size", "threads"):
+    for option in ("limit", "gen_length", "batch_size"):
         if getattr(args, option) < 1:
             parser.error(f"--{option.replace('_', '-')} must be at least 1")
-    torch.set_num_threads(args.threads)
+    set_threads(parser, args.threads)
     try:
         loaded = load_model(args.model, "cpu")
     except UserError as exc:

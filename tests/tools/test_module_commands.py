@@ -82,6 +82,14 @@ def test_batch_headroom_counts_the_fed_tokens_of_batch_1(capsys):
     assert row[-1].endswith("× |") and "| 16 |" in out
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--threads", "0"], "--threads must be from 1 to this machine's"),
+    (["--threads", str(10 * (os.cpu_count() or 1))], "--threads must be from 1 to this machine's"),
+])
+def test_causal_ablations_refuses_impossible_thread_counts(args, message, capsys):
+    assert message in usage_error(lambda: ablations_main(["--limit", "1", *args]), capsys)
+
+
 def test_causal_ablations_names_a_missing_checkpoint(tmp_path, capsys):
     missing = tmp_path / "no-model"
     assert f"no such checkpoint directory: '{missing}'" in usage_error(
