@@ -4,8 +4,8 @@
 
 Decodes the first ``--limit`` problems of evals/synthetic/test.jsonl with ``--model`` (the embedded
 ``refusion-tiny`` by default, or any ReFusion checkpoint directory) and the ``synthetic_tiny``
-preset (``gen_length`` 192), greedy, four ways: the paper's decoder, ``causal_fix``,
-``causal_first`` and both; prints a Markdown table (correct answers, mean tokens per forward as
+preset (``gen_length`` 192), greedy, six ways: the paper's decoder, ``causal_fix``,
+``causal_first``, both, ``recheck``, and all three; prints a Markdown table (correct answers, mean tokens per forward as
 ``refusion bench`` counts it, tokens and forwards in all, slots started with the causal head's
 token) and, for each ablation, the answers it turns right or wrong.
 A batch decodes every row as alone, so ``--batch-size`` changes the time taken, never the figures.
@@ -31,6 +31,8 @@ VARIANTS = {  # name -> decode_refusion options
     "causal_fix": {"causal_fix": True},
     "causal_first": {"causal_first": True},
     "both": {"causal_fix": True, "causal_first": True},
+    "recheck": {"recheck": True},
+    "all three": {"causal_fix": True, "causal_first": True, "recheck": True},
 }
 TEST_SPLIT = Path(__file__).resolve().parent.parent / "evals" / "synthetic" / "test.jsonl"
 

@@ -1,7 +1,7 @@
 """The accuracy/speed frontier of a ``--sweep`` run: its points, their Pareto fronts, ``frontier.csv``.
 
 A frontier point is a decoder's usual row, one of its sweep rows or the row of a ReFusion decoding
-variant (``causal_fix``, ``causal_first``) (:func:`is_frontier_entry`; batch 1, the KV cache reused)
+variant (``causal_fix``, ``causal_first``, ``recheck``) (:func:`is_frontier_entry`; batch 1, the KV cache reused)
 with an accuracy. Points are grouped by decoder (each variant a group of its own, named by its row
 label) and response length; a point is on its group's front when no other point of the group is at least as
 accurate and as fast and better on one of the two. Speed is TPS (batch 1, ``on_front``) or
@@ -45,8 +45,8 @@ def is_frontier_entry(entry: BenchEntry) -> bool:
 
 
 def is_variant_entry(entry: BenchEntry) -> bool:
-    """A row of one of ReFusion's decoding variants (``causal_fix``, ``causal_first``, or both)."""
-    return entry.causal_fix or entry.causal_first
+    """A row of one of ReFusion's decoding variants (``causal_fix``, ``causal_first``, ``recheck``, or a mix)."""
+    return entry.causal_fix or entry.causal_first or entry.recheck
 
 
 def point_group(entry: BenchEntry) -> str:

@@ -7,8 +7,9 @@ Contract:
   ``build_config``, checkpoint paths) before any model loads,
   and returns the rows to measure: one per decoder and response length, plus "refusion
   (recompute)" (``kv_reuse=False``, the paper's ablation) after each ReFusion row, and "refusion
-  (causal fix)" (``causal_fix=True``), "refusion (causal first)" (``causal_first=True``) and, when
-  both are asked for, "refusion (causal fix + first)" (this toolkit's ablations); with ``sweep``, a
+  (causal fix)" (``causal_fix=True``), "refusion (causal first)" (``causal_first=True``), "refusion
+  (recheck)" (``recheck=True``) and, when asked for together, "refusion (causal fix + first)" and
+  "refusion (causal fix + first + recheck)" (this toolkit's ablations); with ``sweep``, a
   row per point of the decoder's grid (:mod:`refusion_cli.bench.sweep`) after its usual rows. AR's
   rows come first, so every later row knows AR's TPS at its length (the speed-up column).
 - :func:`run_bench` measures the entries in that order and yields one :class:`BenchRow` as soon as
@@ -63,6 +64,8 @@ RECOMPUTE = " (recompute)"  # label suffix of the kv_reuse=False ablation
 CAUSAL_FIX = " (causal fix)"  # label suffix of the causal_fix=True ablation (this toolkit's, not the paper's)
 CAUSAL_FIRST = " (causal first)"  # label suffix of the causal_first=True ablation (this toolkit's)
 CAUSAL_BOTH = " (causal fix + first)"  # label suffix of the two together
+RECHECK = " (recheck)"  # label suffix of the recheck=True ablation (this toolkit's)
+ALL_THREE = " (causal fix + first + recheck)"  # label suffix of the three together
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,7 @@ class BenchSettings:
     ablation: bool = True  # also time ReFusion with kv_reuse=False
     causal_fix: bool = False  # also time ReFusion with causal_fix=True
     causal_first: bool = False  # also time ReFusion with causal_first=True (and both, with causal_fix)
+    recheck: bool = False  # also time ReFusion with recheck=True (and all three, with causal_fix and causal_first)
     sweep: bool = False  # also time each decoder over its grid of parallelism settings (bench/sweep.py)
     warmup: int = 1  # untimed decodes before each row
     repeats: int = 1  # timed decodes of every prompt
@@ -104,9 +108,10 @@ class BenchSettings:
             if stray:
                 raise UserError(f"{option} names {', '.join(stray)}, which is not among the decoders benchmarked "
                                 f"({', '.join(self.decoders)})")
-        if (self.preset is not None or self.causal_fix or self.causal_first) and "refusion" not in self.decoders:
+        if (self.preset is not None or self.causal_fix or self.causal_first or self.recheck) \
+                and "refusion" not in self.decoders:
             option = ("--preset" if self.preset is not None else "--causal-fix" if self.causal_fix
-                      else "--causal-first")
+                      else "--causal-first" if self.causal_first else "--recheck")
             raise UserError(f"{option} applies to the refusion decoder, which is not among the decoders benchmarked "
                             f"({', '.join(self.decoders)})", hint=f"add refusion to --decoder, or leave {option} out")
         if self.sweep:
@@ -137,6 +142,7 @@ class BenchEntry:
     kv_reuse: bool = True
     causal_fix: bool = False
     causal_first: bool = False
+    recheck: bool = False
     batch_size: int = 1  # prompts decoded together (refill: a finished row's place goes to the next prompt)
 
     def as_dict(self) -> dict[str, Any]:
@@ -245,6 +251,12 @@ def plan_entries(settings: BenchSettings) -> list[BenchEntry]:
             if decoder == "refusion" and settings.causal_fix and settings.causal_first:
                 entries.append(BenchEntry(decoder + CAUSAL_BOTH, decoder, models[decoder], length, config,
                                           causal_fix=True, causal_first=True))
+            if decoder == "refusion" and settings.recheck:
+                entries.append(BenchEntry(decoder + RECHECK, decoder, models[decoder], length, config,
+                                          recheck=True))
+            if decoder == "refusion" and settings.causal_fix and settings.causal_first and settings.recheck:
+                entries.append(BenchEntry(decoder + ALL_THREE, decoder, models[decoder], length, config,
+                                          causal_fix=True, causal_first=True, recheck=True))
             if settings.sweep:
                 entries += [BenchEntry(label, decoder, models[decoder], length, point)
                             for label, point in sweep_configs(decoder, config)]
@@ -369,7 +381,7 @@ def measure_entry(
         return run_decoder(entry.decoder, loaded.model, prompt_ids[index], entry.config,
                            mask_token_id=loaded.mask_token_id, eos_token_id=loaded.stop_token_ids,
                            generator=generator, kv_reuse=entry.kv_reuse, causal_fix=entry.causal_fix,
-                           causal_first=entry.causal_first)
+                           causal_first=entry.causal_first, recheck=entry.recheck)
 
     if entry.batch_size > 1:
         return measure_batched(entry, loaded, prompt_ids, prompts, settings, on_sample)
@@ -403,7 +415,7 @@ def measure_batched(
         return run_decoder(entry.decoder, loaded.model, [prompt_ids[i] for i in indices], entry.config,
                            mask_token_id=loaded.mask_token_id, eos_token_id=loaded.stop_token_ids,
                            generator=generators, kv_reuse=entry.kv_reuse, causal_fix=entry.causal_fix,
-                           causal_first=entry.causal_first,
+                           causal_first=entry.causal_first, recheck=entry.recheck,
                            batch_size=entry.batch_size)
 
     if settings.warmup:

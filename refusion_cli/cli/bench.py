@@ -122,6 +122,10 @@ def bench(
                                                "with the causal head's token, not its draft (this toolkit's "
                                                "ablation; with --causal-fix a row with both too)",
                                                rich_help_panel=RUN)] = False,
+    recheck: Annotated[bool, typer.Option("--recheck", help="also time ReFusion with recheck=True: the completion "
+                                          "step's rows are verified again together before they are committed "
+                                          "(this toolkit's ablation; with --causal-fix and --causal-first a row "
+                                          "with all three too)", rich_help_panel=RUN)] = False,
     sweep: Annotated[bool, typer.Option("--sweep", help="also time each decoder over a grid of its parallelism "
                                         "settings, a row each (refusion: k, b, τ_slot/τ_token; llada, dream: steps "
                                         "and threshold with cache), and write frontier.csv, frontier_tps.png and "
@@ -165,7 +169,7 @@ def bench(
         sizes, values.gen_lengths = values.gen_lengths, []
     batch_sizes = tuple(parse_lengths(sizes, "--batch-size")) or (1,)
     settings = bench_settings(values, preset, batch_sizes=batch_sizes, ablation=ablation, causal_fix=causal_fix,
-                              causal_first=causal_first,
+                              causal_first=causal_first, recheck=recheck,
                               sweep=sweep, warmup=warmup,
                               repeats=repeats, seed=seed, device=device, dtype=dtype,
                               trust_remote_code=trust_remote_code)

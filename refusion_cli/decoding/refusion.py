@@ -34,11 +34,23 @@ the rows' K/V before they are committed.
 
 ``causal_first=True`` is another ablation of this toolkit: the pass that computes a committed token's
 K/V also gives the causal head's prediction for the position after it. The decoder keeps that token
-(argmax; for the first response position, that of the last prompt token, from the first call), and
-a chosen slot whose left neighbour is committed starts with it instead of its draft; the slot is still
-chosen by its draft's score, and the rest of it is verified against the new first token as usual. It
-costs no forward. It fixes the slot's first token and ``causal_fix`` the completion step's forced
-ones, so the two combine.
+and its probability (argmax; for the first response position, that of the last prompt token, from
+the first call), and a chosen slot whose left neighbour is committed starts with it instead of its
+draft when the causal head is at least as sure of its token as the draft head of the draft's
+(probability against probability); the slot is still chosen by its draft's score, and the rest of
+it is verified against its first token as usual. It costs no forward. It fixes the slot's first
+token and ``causal_fix`` the completion step's forced ones, so the two combine. (Taking the causal
+token unconditionally fails on a model whose causal head never learned some positions: ReFusion's
+objective never trains the first token of a slot autoregressively, and with slots cut from the
+response start every 32nd position starts a slot whatever its size.)
+
+``recheck=True`` is a third ablation of this toolkit. The completion step's rows do not see each
+other, so a row is verified without the row to its left, which is committed beside it. With
+``recheck`` the rows, once completed, are verified again in one causal pass in position order (as
+the global verification: the first token of a slot as drafted, the first row whole); the rows up
+to the first one with a failing token are committed with that pass's K/V (through an EOS among the
+accepted tokens, as on the fast path), and the rest go back to the plan. It costs one forward per
+completion step of more than one row. It combines with the other two.
 """
 
 from __future__ import annotations
@@ -190,21 +202,22 @@ def next_token_probs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor
 
 def plan_slots(ctx: Lane, slots: list[int], slot_pos: torch.Tensor, config: ReFusionConfig,
                mask_token_id: int, generator: torch.Generator | None, context_next: bool = False
-               ) -> LaneStep[tuple[list[int], torch.Tensor, torch.Tensor | None]]:
-    """1) Draft every position of the masked ``slots``; return the chosen ones, all drafts [S, k] and,
-    with ``context_next``, the causal head's token after the last committed one (a 0-d tensor; else None)."""
+               ) -> LaneStep[tuple[list[int], torch.Tensor, torch.Tensor, torch.Tensor | None]]:
+    """1) Draft every position of the masked ``slots``; return the chosen ones, all drafts [S, k], their
+    first tokens' probabilities [S] and, with ``context_next``, the causal head's logits after the last
+    committed token ([V]; else None)."""
     k = config.slot_size
     positions = slot_pos[slots].flatten()  # [S*k]
     masks = torch.full_like(positions, mask_token_id)
     logits = yield from ctx.forward(masks, positions, context_logits=context_next)  # [(1+)S*k, V]
-    next_token = logits[0].argmax() if context_next else None
+    next_logits = logits[0] if context_next else None
     logits = logits[1:] if context_next else logits  # [S*k, V], read unshifted
     drafts = gumbel_argmax(logits, config.temperature, generator)  # [S*k]
     first_prob = token_probs(logits, drafts).view(-1, k)[:, 0]  # [S]
     chosen = (first_prob > config.slot_threshold).nonzero().flatten().tolist()
     if not chosen:
         chosen = [int(first_prob.argmax())]
-    return chosen, drafts.view(-1, k), next_token
+    return chosen, drafts.view(-1, k), first_prob, next_logits
 
 
 def verify_drafts(ctx: Lane, drafts: torch.Tensor, positions: torch.Tensor,
@@ -287,7 +300,7 @@ def complete_slots(ctx: Lane, rows: torch.Tensor, positions: torch.Tensor, accep
 @overload
 def decode_refusion(model: torch.nn.Module, prompt_ids: Prompts, config: ReFusionConfig, *, mask_token_id: int,
                     eos_token_id: EosIds, generator: Generators = None, kv_reuse: bool = True,
-                    causal_fix: bool = False, causal_first: bool = False,
+                    causal_fix: bool = False, causal_first: bool = False, recheck: bool = False,
                     on_step: Callable[[int, StepTrace], None] | None = None,
                     batch_size: int | None = None) -> list[DecodeResult]: ...
 
@@ -295,7 +308,7 @@ def decode_refusion(model: torch.nn.Module, prompt_ids: Prompts, config: ReFusio
 @overload
 def decode_refusion(model: torch.nn.Module, prompt_ids: Prompt, config: ReFusionConfig, *, mask_token_id: int,
                     eos_token_id: EosIds, generator: torch.Generator | None = None, kv_reuse: bool = True,
-                    causal_fix: bool = False, causal_first: bool = False,
+                    causal_fix: bool = False, causal_first: bool = False, recheck: bool = False,
                     on_step: Callable[[StepTrace], None] | None = None,
                     batch_size: int | None = None) -> DecodeResult: ...
 
@@ -312,6 +325,7 @@ def decode_refusion(
     kv_reuse: bool = True,
     causal_fix: bool = False,
     causal_first: bool = False,
+    recheck: bool = False,
     on_step: Callable[..., None] | None = None,
     batch_size: int | None = None,
 ) -> DecodeResult | list[DecodeResult]:
@@ -323,8 +337,8 @@ def decode_refusion(
     decode (same tokens, same forwards as alone), and when one finishes the next prompt takes its
     row. With ``temperature`` > 0 a shared ``generator`` is drawn from by the rows in turn; give
     one generator per prompt to draw each row's noise as its own decode would.
-    ``kv_reuse=False``, ``causal_fix=True`` and ``causal_first=True`` are ablations (see the module
-    docstring); the last two combine."""
+    ``kv_reuse=False``, ``causal_fix=True``, ``causal_first=True`` and ``recheck=True`` are ablations
+    (see the module docstring); the last three combine."""
     batch, prompts = batch_prompts(model, prompt_ids, batch_size, config.padded_length,
                                    mask_token_id=mask_token_id, eos_token_id=eos_token_id)
     device = prompts[0].device
@@ -340,7 +354,7 @@ def decode_refusion(
         callback = row_callback(on_step, index, batch)
         report = None if callback is None else functools.partial(clock.report, stats, callback)
         return decode_lane(ctx, stats, prompts[index].numel(), config, mask_token_id, stops, eos_token_id,
-                           generators[index], causal_fix, causal_first, report)
+                           generators[index], causal_fix, causal_first, recheck, report)
 
     results = drive(lanes, start, len(prompts), batch_size, clock)
     return results if batch else results[0]
@@ -348,7 +362,7 @@ def decode_refusion(
 
 def decode_lane(ctx: Lane, stats: DecodeStats, n_prompt: int, config: ReFusionConfig, mask_token_id: int,
                 stops: torch.Tensor | None, eos_token_id: EosIds, generator: torch.Generator | None,
-                causal_fix: bool, causal_first: bool,
+                causal_fix: bool, causal_first: bool, recheck: bool,
                 report: Callable[[StepTrace], None] | None) -> LaneStep[DecodeResult]:
     """One prompt's decode as a lane program (see cache.drive); returns its result, ``seconds`` unset."""
     device, k = ctx.lanes.device, config.slot_size
@@ -358,30 +372,32 @@ def decode_lane(ctx: Lane, stats: DecodeStats, n_prompt: int, config: ReFusionCo
     slot_pos = torch.arange(n_prompt, n_prompt + n_slots * k, device=device).view(n_slots, k)
     trace: list[StepTrace] = []
     response = torch.full((n_slots * k,), -1, dtype=torch.long, device=device)  # by offset; -1 = not committed
-    # causal_first: the causal head's token for each offset, from the pass that computed the K/V of
-    # the token before it (offset 0: the last prompt token); -1 = that token is not committed
+    # causal_first: the causal head's token for each offset and its probability, from the pass that
+    # computed the K/V of the token before it (offset 0: the last prompt token); -1 = not committed
     causal_next = torch.full((n_slots * k + 1,), -1, dtype=torch.long, device=device)
+    causal_prob = torch.zeros((n_slots * k + 1,), dtype=wide_float(device), device=device)
     for block, first_slot in enumerate(range(0, n_slots, slots_per_block)):
         masked = list(range(first_slot, min(first_slot + slots_per_block, n_slots)))
         ended = False
         while masked:
             # 1) plan
             context_next = causal_first and not trace  # the first call computes the prompt's K/V
-            chosen_idx, drafts, prompt_next = yield from plan_slots(ctx, masked, slot_pos, config, mask_token_id,
-                                                                    generator, context_next)
-            if prompt_next is not None:
-                causal_next[0] = prompt_next
+            chosen_idx, drafts, first_prob, prompt_logits = yield from plan_slots(
+                ctx, masked, slot_pos, config, mask_token_id, generator, context_next)
+            if prompt_logits is not None:
+                remember_causal(causal_next, causal_prob, torch.zeros(1, dtype=torch.long, device=device),
+                                prompt_logits[None])
             chosen = [masked[i] for i in chosen_idx]
             rows, positions = drafts[chosen_idx], slot_pos[chosen]  # [R, k]
-            if causal_first:  # a slot whose left neighbour is committed starts with the causal head's token
-                heads = causal_next[positions[:, 0] - n_prompt]  # [R], -1: left neighbour still masked
-                from_causal = heads >= 0
+            if causal_first:  # after a committed neighbour, the surer of the causal head's token and the draft
+                starts = positions[:, 0] - n_prompt
+                heads = causal_next[starts]  # [R], -1: left neighbour still masked
+                from_causal = (heads >= 0) & (causal_prob[starts] >= first_prob[chosen_idx].to(causal_prob.dtype))
                 rows[:, 0] = torch.where(from_causal, heads, rows[:, 0])
             # 2) verify
             accepted, pass_logits = yield from verify_drafts(ctx, rows, positions, config.token_threshold)
-            prefix = int(accepted.flatten().long().cumprod(0).sum())
+            prefix, eos_at = accepted_prefix(accepted, rows, stops)
             flat = rows.flatten()
-            eos_at = _first_eos(flat[:prefix], stops)
             if eos_at is not None or prefix >= k:
                 n_commit = eos_at + 1 if eos_at is not None else prefix // k * k
                 path, rounds = "fast", 0
@@ -396,13 +412,20 @@ def decode_lane(ctx: Lane, stats: DecodeStats, n_prompt: int, config: ReFusionCo
                 eos_at = _first_eos(flat, stops)
                 n_commit = eos_at + 1 if eos_at is not None else flat.numel()
                 path = "completion"
+                if recheck and rows.shape[0] > 1:  # verify the rows again, each seeing those to its left
+                    again, pass_logits = yield from verify_drafts(ctx, rows, positions[: rows.shape[0]],
+                                                                  config.token_threshold)
+                    again[0] = True  # the first row saw its whole context already
+                    kept, eos_at = accepted_prefix(again, rows, stops)
+                    n_commit = eos_at + 1 if eos_at is not None else kept // k * k
             # 4) commit: the first n_commit fed tokens, with the K/V just computed
             ctx.commit(n_commit)
             done = chosen[: -(-n_commit // k)]
             offsets = (slot_pos[done].flatten()[:n_commit] - n_prompt)
             response[offsets] = flat[:n_commit]
             if causal_first:
-                causal_next[offsets + 1] = pass_logits.reshape(-1, pass_logits.shape[-1])[:n_commit].argmax(-1)
+                remember_causal(causal_next, causal_prob, offsets + 1,
+                                pass_logits.reshape(-1, pass_logits.shape[-1])[:n_commit])
                 kinds[:, 0] = torch.where(from_causal[: kinds.shape[0]], CAUSAL_FIRST, kinds[:, 0])
             masked = [s for s in masked if s not in done]
             if eos_at is not None:  # nothing right of the EOS slot is decoded any more
@@ -419,6 +442,21 @@ def decode_lane(ctx: Lane, stats: DecodeStats, n_prompt: int, config: ReFusionCo
     tokens = cut_after_eos([t for t in response.tolist() if t >= 0], eos_token_id)
     stats.tokens = len(tokens)
     return DecodeResult(tokens=tokens, stats=stats, trace=trace)
+
+
+def accepted_prefix(accepted: torch.Tensor, rows: torch.Tensor, stops: torch.Tensor | None) -> tuple[int, int | None]:
+    """The length of the accepted prefix of ``rows`` [R, k] (flags ``accepted``, not yet cumulative) read
+    in order, and the index of the first EOS inside it (None: none)."""
+    prefix = int(accepted.flatten().long().cumprod(0).sum())
+    return prefix, _first_eos(rows.flatten()[:prefix], stops)
+
+
+def remember_causal(tokens: torch.Tensor, probs: torch.Tensor, offsets: torch.Tensor, logits: torch.Tensor) -> None:
+    """causal_first: store the causal head's token and its probability for each of ``offsets`` from the
+    ``logits`` [N, V] of the tokens before them."""
+    best = logits.argmax(-1)
+    tokens[offsets] = best
+    probs[offsets] = token_probs(logits, best).to(probs.dtype)
 
 
 def _first_eos(tokens: torch.Tensor, stops: torch.Tensor | None) -> int | None:

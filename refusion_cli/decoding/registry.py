@@ -134,14 +134,14 @@ def default_model(decoder: str) -> str:
 def run_decoder(decoder: str, model: torch.nn.Module, prompt_ids: Prompts, config: Any, *,
                 mask_token_id: int | None, eos_token_id: EosIds, generator: Generators = None,
                 on_step: Callable[[int, Any], None] | None = None, kv_reuse: bool = True, causal_fix: bool = False,
-                causal_first: bool = False, batch_size: int | None = None) -> list[DecodeResult]: ...
+                causal_first: bool = False, recheck: bool = False, batch_size: int | None = None) -> list[DecodeResult]: ...
 
 
 @overload
 def run_decoder(decoder: str, model: torch.nn.Module, prompt_ids: Prompt, config: Any, *,
                 mask_token_id: int | None, eos_token_id: EosIds, generator: torch.Generator | None = None,
                 on_step: Callable[[Any], None] | None = None, kv_reuse: bool = True, causal_fix: bool = False,
-                causal_first: bool = False, batch_size: int | None = None) -> DecodeResult: ...
+                causal_first: bool = False, recheck: bool = False, batch_size: int | None = None) -> DecodeResult: ...
 
 
 def run_decoder(
@@ -157,11 +157,12 @@ def run_decoder(
     kv_reuse: bool = True,
     causal_fix: bool = False,
     causal_first: bool = False,
+    recheck: bool = False,
     batch_size: int | None = None,
 ) -> DecodeResult | list[DecodeResult]:
     """Decode one prompt with the named decoder, or a batch (a list of prompts: one result per prompt,
-    in order, ``on_step(prompt_index, record)``); ``kv_reuse``, ``causal_fix`` and ``causal_first``
-    are ReFusion's ablations.
+    in order, ``on_step(prompt_index, record)``); ``kv_reuse``, ``causal_fix``, ``causal_first`` and
+    ``recheck`` are ReFusion's ablations.
 
     Every decoder decodes ``batch_size`` rows (None: all) in shared model calls, each row exactly as
     alone; a row's ``seconds`` is its latency from the start of the call."""
@@ -176,7 +177,8 @@ def run_decoder(
     if decoder == "refusion":
         return decode_refusion(model, prompt_ids, config, mask_token_id=mask_token_id, eos_token_id=eos_token_id,
                                generator=generator, kv_reuse=kv_reuse, causal_fix=causal_fix,
-                               causal_first=causal_first, on_step=on_step, batch_size=batch_size)
+                               causal_first=causal_first, recheck=recheck, on_step=on_step,
+                               batch_size=batch_size)
     decode = decode_llada if decoder == "llada" else decode_dream
     return decode(model, prompt_ids, config, mask_token_id=mask_token_id, eos_token_id=eos_token_id,
                   generator=generator, on_step=on_step, batch_size=batch_size)

@@ -86,6 +86,7 @@ def test_a_bad_option_leaves_the_previous_run_untouched(args, message, tmp_path,
     (["--decoder", "ar", "--gen-length", "16", "--preset", "gsm8k"], "error: --preset applies to the refusion decoder, "
      "which is not among the decoders given (ar) (hint: add refusion to --decoder, or leave --preset out)"),
     (["--decoder", "ar", "--gen-length", "16", "--causal-fix"], "error: --causal-fix applies to the refusion decoder"),
+    (["--decoder", "ar", "--gen-length", "16", "--recheck"], "error: --recheck applies to the refusion decoder"),
     (["--decoder", "ar", "--gen-length", "16", "--output", ""], "error: Invalid value for '--output' / '-o': the path "
      "is empty (use '.' for the working directory)"),
 ])

@@ -1,7 +1,7 @@
 """`refusion bench --sweep`: each decoder over a grid of its parallelism settings, and the frontier files.
 
-Through the real entry point, in-process, on the embedded models: AR, ReFusion (and its causal_fix
-variant) and LLaDA, 2 prompts, gen_length 32, no warm-up. One sweep (module fixture) serves the file and frontier tests.
+Through the real entry point, in-process, on the embedded models: AR, ReFusion (and its causal_fix and recheck
+variants) and LLaDA, 2 prompts, gen_length 32, no warm-up. One sweep (module fixture) serves the file and frontier tests.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def run_quietly(args: list[str], interrupt_after_rows: int | None = None) -> int
 @pytest.fixture(scope="module")
 def sweep_run(tmp_path_factory) -> Path:
     output = tmp_path_factory.mktemp("sweep") / "out"
-    assert run_quietly(["--sweep", "--decoder", "ar", "refusion", "llada", "--causal-fix", *COMMON,
+    assert run_quietly(["--sweep", "--decoder", "ar", "refusion", "llada", "--causal-fix", "--recheck", *COMMON,
                         "-o", str(output)]) == 0
     return output
 
@@ -73,11 +73,12 @@ def test_frontier_csv_flags_each_decoders_pareto_front(sweep_run):
     rows = read_csv(sweep_run / "bench.csv")
     assert [p["label"] for p in points] == [r["decoder"] for r in rows]  # --no-ablation: every row is a point
     assert [p["setting"] for p in points if p["decoder"] == "ar"] == ["greedy"]
-    # the causal_fix variant is a point of its own group, at the usual row's setting
-    variant = [p for p in points if p["decoder"] == "refusion (causal fix)"]
+    # each variant (causal_fix, recheck) is a point of its own group, at the usual row's setting
     refusion = next(p for p in points if p["label"] == "refusion")
-    assert [p["label"] for p in variant] == ["refusion (causal fix)"] and variant[0]["setting"] == refusion["setting"]
-    for decoder in ("ar", "refusion", "llada", "refusion (causal fix)"):
+    for label in ("refusion (causal fix)", "refusion (recheck)"):
+        variant = [p for p in points if p["decoder"] == label]
+        assert [p["label"] for p in variant] == [label] and variant[0]["setting"] == refusion["setting"]
+    for decoder in ("ar", "refusion", "llada", "refusion (causal fix)", "refusion (recheck)"):
         mine = [p for p in points if p["decoder"] == decoder]
         for speed, flag in (("tps", "on_front"), ("tpf", "on_front_tpf")):
             pairs = [(float(p[speed]), float(p["accuracy"])) for p in mine]

@@ -9,9 +9,17 @@ that, so its tokens must equal those of the cached decoder.
 other (plain causal over commit order): that is what ``kv_reuse=False`` computes.
 
 ``causal_first=True``: every committed token also remembers the causal head's argmax for the next
-position, from the pass that committed it (the last prompt token: from the first pass); a chosen
-slot whose left neighbour is committed starts with that token. ``causal_firsts`` counts such slots,
-``replaced_firsts`` those where it differs from the draft.
+position and its probability, from the pass that committed it (the last prompt token: from the
+first pass); a chosen slot whose left neighbour is committed starts with that token when that
+probability is at least the draft's first-token probability. ``causal_firsts`` counts such slots,
+``replaced_firsts`` those where it differs from the draft, ``kept_drafts`` the slots after a
+committed neighbour that keep the draft because it is the surer one.
+
+``recheck=True``: after a completion step of more than one row, the rows are run again as one row
+in position order; the first row is kept whole, every later token must pass its check (a slot's
+first token as drafted), and the whole slots up to the first failure are committed (through the
+EOS if one is in the accepted tokens, as on the fast path), with the K/V of that pass (they see
+each other).
 """
 
 from __future__ import annotations
@@ -33,6 +41,8 @@ class ReferenceReFusion:
         self.context_logits: torch.Tensor | None = None  # the last pass's logits at the committed tokens
         self.causal_firsts = 0
         self.replaced_firsts = 0
+        self.kept_drafts = 0
+        self.rechecked_away = 0  # completed slots the recheck sent back to the plan
 
     def _commit_rows(self, rows: list[list[tuple[int, int]]], together: bool) -> None:
         """Commit rows of (token, position); a row sees what was committed before plus its own earlier tokens."""
@@ -79,7 +89,8 @@ class ReferenceReFusion:
         return out
 
     def decode(self, gen_length: int, slot_size: int, block_size: int | None, slot_threshold: float,
-               token_threshold: float, causal_fix: bool = False, causal_first: bool = False) -> list[int]:
+               token_threshold: float, causal_fix: bool = False, causal_first: bool = False,
+               recheck: bool = False) -> list[int]:
         k = slot_size
         n_slots = (gen_length + k - 1) // k
         block_slots = (block_size // k) if block_size is not None else max(1, n_slots // 2)
@@ -91,11 +102,16 @@ class ReferenceReFusion:
         def ar_prob(logits: torch.Tensor, j: int, token: int) -> float:
             return float(torch.softmax(logits[j - 1], -1)[token])
 
-        predicted: dict[int, int] = {}  # position -> causal head's token, from the pass committing position - 1
+        # position -> (causal head's token, its probability), from the pass committing position - 1
+        predicted: dict[int, tuple[int, float]] = {}
+
+        def prediction(token_logits: torch.Tensor) -> tuple[int, float]:
+            token = int(token_logits.argmax())
+            return token, float(torch.softmax(token_logits, -1)[token])
 
         def remember(row: list[tuple[int, int]], logits: torch.Tensor) -> None:
             for (_, position), token_logits in zip(row, logits):
-                predicted[position + 1] = int(token_logits.argmax())
+                predicted[position + 1] = prediction(token_logits)
 
         for block_start in range(0, n_slots, block_slots):
             masked = list(range(block_start, min(block_start + block_slots, n_slots)))
@@ -105,7 +121,7 @@ class ReferenceReFusion:
                 plan_row = [(self.mask_id, p) for s in masked for p in slot_positions(s)]
                 logits = self.run([plan_row])[0]
                 if P not in predicted:  # the first pass computes the prompt
-                    predicted[P] = int(self.context_logits[P - 1].argmax())
+                    predicted[P] = prediction(self.context_logits[P - 1])
                 drafts, first_probs = {}, {}
                 for n, s in enumerate(masked):
                     piece = logits[n * k:(n + 1) * k]
@@ -118,9 +134,13 @@ class ReferenceReFusion:
                 for s in chosen:
                     start = slot_positions(s)[0]
                     if causal_first and start in predicted:
+                        token, prob = predicted[start]
+                        if prob < first_probs[s]:
+                            self.kept_drafts += 1
+                            continue
                         self.causal_firsts += 1
-                        self.replaced_firsts += predicted[start] != drafts[s][0]
-                        drafts[s] = [predicted[start]] + drafts[s][1:]
+                        self.replaced_firsts += token != drafts[s][0]
+                        drafts[s] = [token] + drafts[s][1:]
                 # verify
                 concat = [(drafts[s][i], slot_positions(s)[i]) for s in chosen for i in range(k)]
                 logits = self.run([concat])[0]
@@ -139,17 +159,30 @@ class ReferenceReFusion:
                 else:
                     rows, row_logits = self._complete(chosen, drafts, logits, slot_positions, k, token_threshold,
                                                       causal_fix)
-                    done = chosen[: len(rows)]
                     flat = [t for row in rows for t in row]
-                    eos_at = next((j for j, (t, _) in enumerate(flat) if t == self.eos_id), None)
-                    keep = eos_at + 1 if eos_at is not None else len(flat)
-                    cut_rows, left = [], keep
-                    for row in rows:
-                        cut_rows.append(row[:left])
-                        left -= len(cut_rows[-1])
-                    self._commit_rows([r for r in cut_rows if r], together=self.siblings_visible)
-                    for row, row_logit in zip(cut_rows, row_logits):
-                        remember(row, row_logit)
+                    if recheck and len(rows) > 1:
+                        logits = self.run([flat])[0]
+                        kept = k
+                        while kept < len(flat) and (kept % k == 0 or
+                                                    ar_prob(logits, kept, flat[kept][0]) > token_threshold):
+                            kept += 1
+                        eos_at = next((j for j in range(kept) if flat[j][0] == self.eos_id), None)
+                        n_commit = eos_at + 1 if eos_at is not None else kept // k * k
+                        self.rechecked_away += len(rows) - (n_commit + k - 1) // k
+                        self._commit_rows([flat[:n_commit]], together=True)
+                        remember(flat[:n_commit], logits)
+                        done = chosen[: (n_commit + k - 1) // k]
+                    else:
+                        done = chosen[: len(rows)]
+                        eos_at = next((j for j, (t, _) in enumerate(flat) if t == self.eos_id), None)
+                        keep = eos_at + 1 if eos_at is not None else len(flat)
+                        cut_rows, left = [], keep
+                        for row in rows:
+                            cut_rows.append(row[:left])
+                            left -= len(cut_rows[-1])
+                        self._commit_rows([r for r in cut_rows if r], together=self.siblings_visible)
+                        for row, row_logit in zip(cut_rows, row_logits):
+                            remember(row, row_logit)
                 masked = [s for s in masked if s not in done]
                 if eos_at is not None:
                     ended = True

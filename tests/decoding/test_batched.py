@@ -76,7 +76,8 @@ def test_refusion_rows_decode_as_alone_over_the_reference_sweep(models):
 
 @pytest.mark.parametrize("options", [{"kv_reuse": False}, {"causal_fix": True}, {"causal_first": True},
                                      {"causal_first": True, "causal_fix": True},
-                                     {"causal_first": True, "kv_reuse": False}])
+                                     {"causal_first": True, "kv_reuse": False}, {"recheck": True},
+                                     {"recheck": True, "causal_fix": True, "causal_first": True}])
 def test_refusion_ablations_batch_as_alone(models, options):
     # two of the model seeds: the full sweep runs the paper's decoder over all three
     for seed, (k, b, n, ts, tt) in itertools.product(MODEL_SEEDS[:2], CONFIGS[:5]):

@@ -107,9 +107,9 @@ def test_causal_fix_in_the_last_round_recomputes_the_rows():
 def test_causal_first_takes_the_causal_token_after_a_committed_neighbour():
     truth = truth_of(8)
     config = ReFusionConfig(gen_length=8, slot_size=4, block_size=8, slot_threshold=0.9, token_threshold=0.9)
-    # the plan drafts 13 where slot 0 starts (call 0) and where slot 1 starts (call 2, after slot 0 is committed);
-    # slot 1 scores 0.5 in the first plan, so it waits for the second
-    wrong, plan = {0: {0: 13}, 2: {4: 13}}, {4: 0.5}
+    # the plan drafts 13 where slot 0 starts (call 0, probability 0.95) and where slot 1 starts (call 2, after
+    # slot 0 is committed; 0.5, so it waits for the second plan); the causal head is surer of the truth (0.99)
+    wrong, plan = {0: {0: 13}, 2: {4: 13}}, {0: 0.95, 4: 0.5}
     faithful = run(ScriptedModel(3, truth, plan=plan, wrong=wrong), config)
     assert faithful.tokens == [13, *truth[1:4], 13, *truth[5:]]  # the draft's first tokens, as the paper commits
     assert [step.kinds[0] for step in faithful.trace] == ["first", "first"]
@@ -120,6 +120,18 @@ def test_causal_first_takes_the_causal_token_after_a_committed_neighbour():
     assert [step.kinds for step in fixed.trace] == [["causal-first", "verified", "verified", "verified"]] * 2
     assert fixed.stats.forwards == faithful.stats.forwards == 4  # plan + verify per slot: no extra pass
     assert model.calls[1][0] == truth[:4] and model.calls[3][0] == truth[4:]  # verified after the causal token
+
+
+def test_causal_first_keeps_a_draft_that_is_surer_than_the_causal_head():
+    truth = truth_of(8)
+    config = ReFusionConfig(gen_length=8, slot_size=4, block_size=4, slot_threshold=0.9, token_threshold=0.9)
+    # one slot per block: slot 1 is planned (call 2) after slot 0 is committed, and drafts 13 with 0.99; the
+    # causal head gives the truth at offset 4 only 0.6, so the draft stays; slot 0 takes the causal token
+    # (0.99 against the draft's 0.95)
+    model = ScriptedModel(3, truth, plan={0: 0.95}, ar={4: 0.6}, wrong={2: {4: 13}})
+    result = decode_refusion(model, PROMPT, config, mask_token_id=MASK, eos_token_id=EOS, causal_first=True)
+    assert result.tokens == [*truth[:4], 13, *truth[5:]]
+    assert [step.kinds[0] for step in result.trace] == ["causal-first", "first"]
 
 
 def test_causal_first_keeps_the_draft_where_the_left_neighbour_is_masked():

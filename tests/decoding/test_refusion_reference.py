@@ -98,8 +98,9 @@ def test_causal_fix_ablation_matches_reference_token_for_token(models):
 @pytest.mark.parametrize("causal_fix", [False, True])
 def test_causal_first_ablation_matches_reference_token_for_token(models, causal_fix):
     """causal_first=True: a chosen slot whose left neighbour is committed starts with the causal head's
-    token from the pass that committed that neighbour; alone and with causal_fix, in the same forwards."""
-    taken = replaced = 0
+    token from the pass that committed that neighbour when it is at least as sure of it as the draft head of
+    the draft; alone and with causal_fix, in the same forwards."""
+    taken = replaced = kept = 0
     for seed, (k, b, n, ts, tt), use_eos in itertools.product(MODEL_SEEDS, CONFIGS, [False, True]):
         model, prompt = models[seed], list(range(2, 2 + 1 + 4 * seed))  # 1, 5 and 9 tokens
         config = ReFusionConfig(gen_length=n, slot_size=k, block_size=b, slot_threshold=ts, token_threshold=tt)
@@ -116,4 +117,26 @@ def test_causal_first_ablation_matches_reference_token_for_token(models, causal_
             assert "forced" not in kinds
         taken += kinds.count("causal-first")
         replaced += reference.replaced_firsts
+        kept += reference.kept_drafts
     assert taken > 0 and replaced > 0  # slots started with the causal token, and it differed from the draft
+    assert kept > 0  # and slots after a committed neighbour kept a draft that was the surer one
+
+
+@pytest.mark.parametrize("options", [{}, {"causal_fix": True, "causal_first": True}])
+def test_recheck_ablation_matches_reference_token_for_token(models, options):
+    """recheck=True: the completed rows are verified again together and only those up to the first failing
+    token are committed; alone and with the other two ablations, in the same forwards."""
+    sent_back = 0
+    for seed, (k, b, n, ts, tt), use_eos in itertools.product(MODEL_SEEDS, CONFIGS, [False, True]):
+        model, prompt = models[seed], list(range(2, 2 + 1 + 4 * seed))
+        config = ReFusionConfig(gen_length=n, slot_size=k, block_size=b, slot_threshold=ts, token_threshold=tt)
+        eos_id = eos_inside(model, prompt, config) if use_eos else None
+        result = decode_refusion(model, prompt, config, mask_token_id=MASK_ID, eos_token_id=eos_id, recheck=True,
+                                 **options)
+        reference = ReferenceReFusion(model, prompt, mask_id=MASK_ID, eos_id=eos_id)
+        expected = reference.decode(config.gen_length, config.slot_size, config.block_size, config.slot_threshold,
+                                    config.token_threshold, recheck=True, **options)
+        assert result.tokens == expected, (seed, k, b, n, ts, tt, eos_id)
+        assert result.stats.forwards == reference.forwards
+        sent_back += reference.rechecked_away
+    assert sent_back > 0  # the sweep went through rows the recheck returned to the plan
