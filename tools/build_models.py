@@ -11,7 +11,9 @@
               with ``--continue-steps N`` each is then trained N more steps (a second warmup + cosine
               schedule, a new data order) into <work>/<name>-cont, the same for all three
 4c) dream     ``dream-tiny``: the finished ar-tiny fine-tuned with the dream objective (shifted masked
-              diffusion, bidirectional), as Dream starts from a trained AR model (``--dream-steps``)
+              diffusion, bidirectional), as Dream starts from a trained AR model; a chain of schedules
+              (``--dream-stage``, each stage continuing the last, a new data order each); only when
+              ``--only`` names it (it is not shipped yet)
 5) export     the fine-tuned models into refusion_cli/assets/<name>/ (safetensors), and the
               model card with loss curves into results/models/
 
@@ -38,6 +40,9 @@ REPO = Path(__file__).resolve().parents[1]
 FINETUNES = {"ar-tiny": "ar", "mdm-tiny": "llada", "refusion-tiny": "refusion"}
 DREAM = "dream-tiny"  # the Dream baseline: the finished ar-tiny fine-tuned with the dream objective, as Dream starts from an AR model
 OBJECTIVE_OF = {**FINETUNES, DREAM: "dream"}
+# dream-tiny's schedules, each continuing the last (steps, global batch, lr, warmup ratio): the recipe found on
+# a 2-core CPU, one stage per session (results/models/logs/dream-tiny-attempt/README.md)
+DREAM_STAGES = ((1000, 64, 1e-3, 0.05), (800, 128, 5e-4, 0.02), (2000, 128, 3e-4, 0.01))
 EXPORT_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
                 "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 
@@ -82,11 +87,16 @@ def run_group(stages: dict[str, list[str]], work: Path, parallel: bool, threads:
 
 
 def train_command(output: Path, data: Path, objective: str, steps: int, batch: int, lr: float, seed: int,
-                  source: list[str], extra: list[str] | None = None) -> list[str]:
+                  source: list[str], extra: list[str] | None = None, warmup: float = 0.05) -> list[str]:
     return [sys.executable, "-m", "refusion_cli", "train", "--data", str(data), "--output", str(output),
             *source, "--objective", objective, "--steps", str(steps), "--batch-size", str(batch),
             "--lr", str(lr), "--max-length", "256", "--save-every", "200",
-            "--seed", str(seed), "--warmup-ratio", "0.05", *(extra or [])]
+            "--seed", str(seed), "--warmup-ratio", str(warmup), *(extra or [])]
+
+
+def dream_stage_names(count: int) -> list[str]:
+    """The work folders of dream-tiny's stages: dream-tiny-1, dream-tiny-2, ... (the last one is exported)."""
+    return [f"{DREAM}-{i}" for i in range(1, count + 1)]
 
 
 def export(source: Path, name: str) -> int:
@@ -114,24 +124,25 @@ def write_card(work: Path, results: Path, settings: dict) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = {name: read_log(work / name / "loss_log.jsonl") for name in ("base-tiny", *FINETUNES, DREAM)
-            if (work / name / "loss_log.jsonl").is_file()}
-    continued = {name: read_log(work / f"{name}-cont" / "loss_log.jsonl") for name in FINETUNES
-                 if (work / f"{name}-cont" / "loss_log.jsonl").is_file()}
+    chains = {model: [run for run in runs if (work / run / "loss_log.jsonl").is_file()]
+              for model, runs in model_runs(len(settings.get("dream_stage") or DREAM_STAGES)).items()}
+    chains = {model: runs for model, runs in chains.items() if runs}
     results.mkdir(parents=True, exist_ok=True)
     figure, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for name, log in runs.items():
-        axis = axes[0] if name == "base-tiny" else axes[1]
-        offset = log[-1]["step"]
-        log = log + [dict(r, step=r["step"] + offset) for r in continued.get(name, [])]
-        steps = [r["step"] for r in log]
+    for model, runs in chains.items():
+        axis = axes[0] if model == "base-tiny" else axes[1]
+        log: list[dict] = []
+        for run in runs:
+            offset = log[-1]["step"] if log else 0
+            if offset:
+                axis.axvline(offset, color="grey", linestyle=":", linewidth=1)
+            log += [dict(r, step=r["step"] + offset) for r in read_log(work / run / "loss_log.jsonl")]
         window = 20
         smooth = [sum(r["loss"] for r in log[max(0, i - window + 1):i + 1]) / len(log[max(0, i - window + 1):i + 1])
                   for i in range(len(log))]
-        axis.plot(steps, smooth, label=f"{name} ({OBJECTIVE_OF.get(name, 'ar')} objective)")
-        if name in continued:
-            axis.axvline(offset, color="grey", linestyle=":", linewidth=1)
-    for axis, title in zip(axes, ("AR pretraining from scratch", "fine-tuning from base-tiny (dotted: second schedule)")):
+        start = " from ar-tiny" if model == DREAM else ""
+        axis.plot([r["step"] for r in log], smooth, label=f"{model} ({OBJECTIVE_OF.get(model, 'ar')} objective{start})")
+    for axis, title in zip(axes, ("AR pretraining from scratch", "fine-tuning (dotted: the next schedule)")):
         axis.set_title(title)
         axis.set_xlabel("optimizer step")
         axis.set_ylabel("training loss (20-step mean)")
@@ -141,19 +152,10 @@ def write_card(work: Path, results: Path, settings: dict) -> None:
     figure.tight_layout()
     figure.savefig(results / "loss_curves.png", dpi=120)
     rows = []
-    stages = [(name, log) for name, log in runs.items()] + [(f"{name}-cont", log) for name, log in continued.items()]
-    for name, log in stages:
-        last = log[-20:]
-        tokens = sum(r["tokens"] for r in log)
-        seconds = sum(r["seconds"] for r in log)
-        size = (work / name / "model.safetensors").stat().st_size / 1e6 if (work / name / "model.safetensors").exists() else 0
-        objective = OBJECTIVE_OF.get(name.removesuffix("-cont"), "ar")
-        state = json.loads((work / name / "trainer_state.json").read_text())
-        where = state.get("device", "cpu (not recorded)")
-        rows.append(f"| {name} | {objective} | {log[-1]['step']} | {state['run']['batch_size']} | {tokens:,} | "
-                    f"{where} | {seconds / 60:.1f} | "
-                    f"{sum(r['loss'] for r in last) / len(last):.4f} | {size:.1f} |")
-        keep_records(work / name, results / "logs" / name)
+    for model, runs in chains.items():
+        for run in runs:
+            rows.append(card_row(work / run, OBJECTIVE_OF.get(model, "ar")))
+            keep_records(work / run, results / "logs" / run)
     config = json.loads((work / "base-tiny" / "config.json").read_text())
     from safetensors import safe_open
 
@@ -203,6 +205,25 @@ parts are weighted by 1/p).
     (results / "README.md").write_text(text)
 
 
+def model_runs(dream_stages: int) -> dict[str, list[str]]:
+    """Each model's training runs (work folders), in order: a fine-tune, then its continuation."""
+    return {"base-tiny": ["base-tiny"], **{name: [name, f"{name}-cont"] for name in FINETUNES},
+            DREAM: dream_stage_names(dream_stages)}
+
+
+def card_row(run: Path, objective: str) -> str:
+    """One run's row of the model card's table, from its step log and trainer state."""
+    log = read_log(run / "loss_log.jsonl")
+    last = log[-20:]
+    tokens = sum(r["tokens"] for r in log)
+    seconds = sum(r["seconds"] for r in log)
+    size = (run / "model.safetensors").stat().st_size / 1e6 if (run / "model.safetensors").exists() else 0
+    state = json.loads((run / "trainer_state.json").read_text())
+    where = state.get("device", "cpu (not recorded)")
+    return (f"| {run.name} | {objective} | {log[-1]['step']} | {state['run']['batch_size']} | {tokens:,} | "
+            f"{where} | {seconds / 60:.1f} | {sum(r['loss'] for r in last) / len(last):.4f} | {size:.1f} |")
+
+
 def keep_records(run: Path, target: Path) -> None:
     """Copy a run's raw records next to the card: the step log gzipped (no name or time in the header,
     so a rebuild from the same log writes the same bytes) and the trainer state."""
@@ -244,13 +265,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model-config", default='{"intermediate_size": 512}',
                         help="JSON overrides of the 'tiny' Qwen3 config")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--only", nargs="*", default=None, help="fine-tunes to run (default: all three)")
-    parser.add_argument("--dream-steps", type=int, default=0,
-                        help=f"steps of {DREAM}, the finished ar-tiny fine-tuned with the dream objective (0: none; "
-                             "1,000 steps of 64 on a 2-core CPU gave a model that answered 0 of 16 held-out "
-                             "problems, so it is not built by default)")
-    parser.add_argument("--dream-batch-size", type=int, default=64)
-    parser.add_argument("--dream-lr", type=float, default=1e-3)
+    parser.add_argument("--only", nargs="*", default=None,
+                        help=f"models to train (default: the three fine-tunes); {DREAM}, the Dream baseline (not "
+                             "shipped: not yet good enough), is trained only when named, and starts from ar-tiny, so "
+                             "it needs ar-tiny among them")
+    parser.add_argument("--dream-stage", nargs=4, action="append", default=None,
+                        metavar=("STEPS", "BATCH", "LR", "WARMUP"),
+                        help=f"one schedule of {DREAM}, continuing the one before; repeat for a chain (default: "
+                             + ", ".join(f"{s} {b} {lr:g} {w:g}" for s, b, lr, w in DREAM_STAGES) + ")")
     parser.add_argument("--parallel", action="store_true",
                         help="run the three fine-tunes side by side, --threads (default 1) each: the way to share "
                              "one GPU; on 2 CPU cores it was measured slower than one after the other with "
@@ -264,7 +286,7 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
     """Refuse impossible values before the data, the tokenizer and the first training stage are built (a bad
     --steps or --lr would otherwise fail only inside a training subprocess, after minutes)."""
     at_least = {"n_train": 1, "base_steps": 1, "finetune_steps": 1, "batch_size": 1, "base_stop_at": 0,
-                "continue_steps": 0, "finetune_batch_size": 0, "num_workers": 0, "dream_steps": 0, "dream_batch_size": 1}
+                "continue_steps": 0, "finetune_batch_size": 0, "num_workers": 0}
     for name, low in at_least.items():
         if getattr(args, name) < low:
             parser.error(f"--{name.replace('_', '-')} must be at least {low}, got {getattr(args, name)}")
@@ -272,9 +294,11 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         parser.error(f"--threads must be at least 1, got {args.threads}")
     if args.base_stop_at > args.base_steps:
         parser.error(f"--base-stop-at ({args.base_stop_at}) is past the end of --base-steps ({args.base_steps})")
-    for name in ("base_lr", "finetune_lr", "dream_lr"):
+    for name in ("base_lr", "finetune_lr"):
         if not 0 < getattr(args, name) < math.inf:
             parser.error(f"--{name.replace('_', '-')} must be a positive number, got {getattr(args, name)}")
+    args.dream_stage = [dream_stage(parser, stage) for stage in args.dream_stage] if args.dream_stage \
+        else list(DREAM_STAGES)
     if args.model_config:
         try:
             overrides = json.loads(args.model_config)
@@ -282,11 +306,26 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
             parser.error(f"--model-config is not valid JSON: {exc.msg} (column {exc.colno})")
         if not isinstance(overrides, dict):
             parser.error("--model-config must be a JSON object of Qwen3Config fields")
-    unknown = sorted(set(args.only or ()) - set(FINETUNES))
+    unknown = sorted(set(args.only or ()) - {*FINETUNES, DREAM})
     if unknown:
-        parser.error(f"--only: unknown fine-tune(s) {', '.join(unknown)}; choose from {', '.join(FINETUNES)}")
+        parser.error(f"--only: unknown model(s) {', '.join(unknown)}; choose from {', '.join((*FINETUNES, DREAM))}")
+    if args.only is not None and DREAM in args.only and "ar-tiny" not in args.only:
+        parser.error(f"--only: {DREAM} starts from ar-tiny; add ar-tiny")
     if args.work.exists() and not args.work.is_dir():
         parser.error(f"--work {args.work} is a file, not a directory")
+
+
+def dream_stage(parser: argparse.ArgumentParser, values: list[str]) -> tuple[int, int, float, float]:
+    """One ``--dream-stage STEPS BATCH LR WARMUP``, checked: whole steps and batch >= 1, lr > 0, warmup in [0, 1)."""
+    shown = " ".join(values)
+    try:
+        steps, batch, lr, warmup = int(values[0]), int(values[1]), float(values[2]), float(values[3])
+    except ValueError:
+        parser.error(f"--dream-stage {shown}: expected STEPS BATCH LR WARMUP, e.g. 800 128 5e-4 0.02")
+    if steps < 1 or batch < 1 or not 0 < lr < math.inf or not 0 <= warmup < 1:
+        parser.error(f"--dream-stage {shown}: steps and batch must be at least 1, lr a positive number and "
+                     "warmup from 0 to below 1")
+    return steps, batch, lr, warmup
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -332,12 +371,16 @@ def main(argv: list[str] | None = None) -> None:
                                                    ["--model", str(work / name)], extra)
                      for name in finetunes}
         run_group(continued, work, args.parallel, args.threads)
-    # 4c) dream-tiny: Dream starts from a trained AR model, so from the finished ar-tiny
-    if args.dream_steps and "ar-tiny" in final:
-        dream = train_command(work / DREAM, train_path, "dream", args.dream_steps, args.dream_batch_size,
-                              args.dream_lr, args.seed + 1, ["--model", str(final["ar-tiny"])], extra)
-        run_stages({DREAM: dream}, work, threads=args.threads)
-        final[DREAM] = work / DREAM
+    # 4c) dream-tiny: Dream starts from a trained AR model, so from the finished ar-tiny; one stage after the other
+    if args.only is not None and DREAM in args.only:
+        start = final["ar-tiny"]
+        for i, (name, (steps, size, lr, warmup)) in enumerate(zip(dream_stage_names(len(args.dream_stage)),
+                                                                    args.dream_stage)):
+            stage = train_command(work / name, train_path, "dream", steps, size, lr, args.seed + 1 + i,
+                                  ["--model", str(start)], extra, warmup=warmup)
+            run_stages({name: stage}, work, threads=args.threads)
+            start = work / name
+        final[DREAM] = start
     # 5) export
     sizes = {name: export(path, name) for name, path in final.items() if (path / "model.safetensors").is_file()}
     print("exported:", ", ".join(f"{n} ({s / 1e6:.1f} MB)" for n, s in sizes.items()))

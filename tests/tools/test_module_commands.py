@@ -45,8 +45,13 @@ def test_overhead_refuses_impossible_settings(args, message, capsys):
     (["--model-config", "{oops"], "--model-config is not valid JSON: Expecting property name enclosed in double "
                                   "quotes (column 2)"),
     (["--model-config", "[1]"], "--model-config must be a JSON object of Qwen3Config fields"),
-    (["--only", "ar-tiny", "gpt-tiny"], "--only: unknown fine-tune(s) gpt-tiny; choose from ar-tiny, mdm-tiny, "
-                                        "refusion-tiny"),  # ran nothing, then wrote the model card
+    (["--only", "ar-tiny", "gpt-tiny"], "--only: unknown model(s) gpt-tiny; choose from ar-tiny, mdm-tiny, "
+                                        "refusion-tiny, dream-tiny"),  # ran nothing, then wrote the model card
+    (["--only", "dream-tiny"], "--only: dream-tiny starts from ar-tiny; add ar-tiny"),
+    (["--dream-stage", "10", "0", "1e-3", "0.1"], "--dream-stage 10 0 1e-3 0.1: steps and batch must be at least 1, "
+                                                  "lr a positive number and warmup from 0 to below 1"),
+    (["--dream-stage", "10", "64", "1e-3", "1"], "--dream-stage 10 64 1e-3 1: steps and batch must be at least 1"),
+    (["--dream-stage", "10", "a", "1e-3", "0.1"], "--dream-stage 10 a 1e-3 0.1: expected STEPS BATCH LR WARMUP"),
 ])
 def test_build_refuses_impossible_settings_before_building_anything(args, message, tmp_path, capsys):
     assert message in usage_error(lambda: build_args(["--work", str(tmp_path / "work"), *args]), capsys)
