@@ -1,9 +1,9 @@
 """The accuracy/speed frontier of a ``--sweep`` run: its points, their Pareto fronts, ``frontier.csv``.
 
-A frontier point is a decoder's usual row, one of its sweep rows or the row of a ReFusion decoding
-variant (``causal_fix``, ``causal_first``, ``recheck``) (:func:`is_frontier_entry`; batch 1, the KV cache reused)
-with an accuracy. Points are grouped by decoder (each variant a group of its own, named by its row
-label) and response length; a point is on its group's front when no other point of the group is at least as
+A frontier point is a decoder's usual row or one of its sweep rows, or the same for a ReFusion
+decoding variant (``causal_fix``, ``causal_first``, ``recheck``) (:func:`is_frontier_entry`; batch 1,
+the KV cache reused), with an accuracy. Points are grouped by decoder (each variant a group of its
+own, e.g. "refusion (recheck)") and response length; a point is on its group's front when no other point of the group is at least as
 accurate and as fast and better on one of the two. Speed is TPS (batch 1, ``on_front``) or
 tokens per forward (``on_front_tpf``): the two fronts may hold different points, and each plot
 draws its own.
@@ -16,15 +16,15 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from refusion_cli.bench.runner import BenchEntry, BenchRow
-from refusion_cli.bench.sweep import setting_label, sweep_label
+from refusion_cli.bench.runner import BenchEntry, BenchRow, variant_name
+from refusion_cli.bench.sweep import setting_label
 
 FRONTIER_CSV = "frontier.csv"
 
 
 @dataclass(frozen=True)
 class FrontierPoint:
-    decoder: str  # refusion, ar, llada, dream, or a variant's row label ("refusion (causal fix)")
+    decoder: str  # refusion, ar, llada, dream, or refusion and a variant ("refusion (causal fix)")
     setting: str  # what its parallelism settings make it do (sweep.setting_label), e.g. "k=8 b=16 τ=0.9/0.9"
     label: str  # the row's label in bench.csv
     gen_length: int
@@ -50,13 +50,13 @@ def is_variant_entry(entry: BenchEntry) -> bool:
 
 
 def point_group(entry: BenchEntry) -> str:
-    """The group of an entry's point: its decoder, or a variant's row label (a front of its own)."""
-    return entry.label if is_variant_entry(entry) else entry.decoder
+    """The group of an entry's point: its decoder, or its decoder and variant (a front of its own)."""
+    return variant_name(entry)
 
 
 def is_sweep_entry(entry: BenchEntry) -> bool:
-    """A row --sweep adds: labelled with its decoder and setting (sweep.sweep_label)."""
-    return entry.label == sweep_label(entry.decoder, entry.config)
+    """A row --sweep adds: labelled with its decoder (and variant) and setting, e.g. "llada steps=64"."""
+    return entry.label == f"{variant_name(entry)} {setting_label(entry.decoder, entry.config)}"
 
 
 def on_pareto_front(points: Sequence[tuple[float, float]]) -> list[bool]:

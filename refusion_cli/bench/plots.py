@@ -119,7 +119,7 @@ def sweep_frontier_figure(points: Sequence[FrontierPoint], speed: str):
     if not points:
         return None
     lengths = sorted({point.gen_length for point in points})
-    figure, panels = _figure(6.5 * len(lengths) + 1.5, 4.5, columns=len(lengths))
+    figure, panels = _figure(8 * len(lengths) + 3.5, 6, columns=len(lengths))
     decoders = list(dict.fromkeys(point.decoder for point in points))
     for axes, length in zip(panels, lengths):
         here = [point for point in points if point.gen_length == length]
@@ -141,8 +141,7 @@ def sweep_frontier_figure(points: Sequence[FrontierPoint], speed: str):
         axes.set_ylim(-5, 105)
         axes.set_xlabel(SPEED_AXES[speed])
         axes.set_ylabel("accuracy (%)")
-        axes.set_title(f"Accuracy against {'TPS' if speed == 'tps' else 'tokens per forward'}, gen_length {length}: "
-                       f"each setting, each decoder's front", fontsize=9)
+        axes.set_title(f"gen_length {length}: every setting; lines: each decoder's front", fontsize=9)
         axes.grid(alpha=0.3)
     legend = {}  # label -> handle, over every panel (a decoder may miss a length)
     for axes in panels:

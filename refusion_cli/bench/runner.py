@@ -10,7 +10,8 @@ Contract:
   (causal fix)" (``causal_fix=True``), "refusion (causal first)" (``causal_first=True``), "refusion
   (recheck)" (``recheck=True``) and, when asked for together, "refusion (causal fix + first)" and
   "refusion (causal fix + first + recheck)" (this toolkit's ablations); with ``sweep``, a
-  row per point of the decoder's grid (:mod:`refusion_cli.bench.sweep`) after its usual rows. AR's
+  row per point of the decoder's grid (:mod:`refusion_cli.bench.sweep`) after its usual rows, then
+  the same grid for each variant ("refusion (recheck) k=4 b=16 τ=0.6/0.2"). AR's
   rows come first, so every later row knows AR's TPS at its length (the speed-up column).
 - :func:`run_bench` measures the entries in that order and yields one :class:`BenchRow` as soon as
   each is done; ``on_sample`` sees every measured decode as it finishes. One model is held at a
@@ -42,7 +43,7 @@ import torch
 
 from refusion_cli.bench.machine import Machine, PeakMemory, describe_machine
 from refusion_cli.bench.prompts import BenchPrompt
-from refusion_cli.bench.sweep import check_swept_overrides, sweep_configs
+from refusion_cli.bench.sweep import check_swept_overrides, setting_label, sweep_configs
 from refusion_cli.decoding.registry import check_decoder_fits, decoder_spec, default_model, run_decoder
 from refusion_cli.decoding.spec import DecoderChoice, preset_config
 from refusion_cli.decoding.stats import DecodeResult, batch_stats, mean_tps, run_tps
@@ -61,11 +62,11 @@ from refusion_cli.tasks.synthetic import is_correct
 DEFAULT_DECODERS = ("refusion", "ar", "llada")
 DEFAULT_GEN_LENGTH = 256
 RECOMPUTE = " (recompute)"  # label suffix of the kv_reuse=False ablation
-CAUSAL_FIX = " (causal fix)"  # label suffix of the causal_fix=True ablation (this toolkit's, not the paper's)
-CAUSAL_FIRST = " (causal first)"  # label suffix of the causal_first=True ablation (this toolkit's)
-CAUSAL_BOTH = " (causal fix + first)"  # label suffix of the two together
-RECHECK = " (recheck)"  # label suffix of the recheck=True ablation (this toolkit's)
-ALL_THREE = " (causal fix + first + recheck)"  # label suffix of the three together
+# ReFusion's decoding variants (this toolkit's ablations, not the paper's decoder), in row order:
+# (causal_fix, causal_first, recheck) -> the label suffix of their rows
+VARIANTS = {(True, False, False): " (causal fix)", (False, True, False): " (causal first)",
+            (True, True, False): " (causal fix + first)", (False, False, True): " (recheck)",
+            (True, True, True): " (causal fix + first + recheck)"}
 
 
 @dataclass(frozen=True)
@@ -242,25 +243,35 @@ def plan_entries(settings: BenchSettings) -> list[BenchEntry]:
             if decoder == "refusion" and settings.ablation:
                 entries.append(BenchEntry(decoder + RECOMPUTE, decoder, models[decoder], length, config,
                                           kv_reuse=False))
-            if decoder == "refusion" and settings.causal_fix:
-                entries.append(BenchEntry(decoder + CAUSAL_FIX, decoder, models[decoder], length, config,
-                                          causal_fix=True))
-            if decoder == "refusion" and settings.causal_first:
-                entries.append(BenchEntry(decoder + CAUSAL_FIRST, decoder, models[decoder], length, config,
-                                          causal_first=True))
-            if decoder == "refusion" and settings.causal_fix and settings.causal_first:
-                entries.append(BenchEntry(decoder + CAUSAL_BOTH, decoder, models[decoder], length, config,
-                                          causal_fix=True, causal_first=True))
-            if decoder == "refusion" and settings.recheck:
-                entries.append(BenchEntry(decoder + RECHECK, decoder, models[decoder], length, config,
-                                          recheck=True))
-            if decoder == "refusion" and settings.causal_fix and settings.causal_first and settings.recheck:
-                entries.append(BenchEntry(decoder + ALL_THREE, decoder, models[decoder], length, config,
-                                          causal_fix=True, causal_first=True, recheck=True))
-            if settings.sweep:
-                entries += [BenchEntry(label, decoder, models[decoder], length, point)
-                            for label, point in sweep_configs(decoder, config)]
+            variants = asked_variants(settings) if decoder == "refusion" else []
+            entries += [BenchEntry(decoder + VARIANTS[flags], decoder, models[decoder], length, config,
+                                   **variant_options(flags)) for flags in variants]
+            if settings.sweep:  # the decoder's grid, then each variant's
+                for flags in [(False, False, False), *variants]:
+                    name = decoder + VARIANTS.get(flags, "")
+                    entries += [BenchEntry(f"{name} {setting_label(decoder, point)}", decoder, models[decoder],
+                                           length, point, **variant_options(flags))
+                                for point in sweep_configs(decoder, config)]
     return entries
+
+
+def asked_variants(settings: BenchSettings) -> list[tuple[bool, bool, bool]]:
+    """The ReFusion variants a run measures, as (causal_fix, causal_first, recheck), in row order: each one
+    asked for, causal fix + first when both are, all three when all are."""
+    fix, first, again = settings.causal_fix, settings.causal_first, settings.recheck
+    wanted = {(True, False, False): fix, (False, True, False): first, (True, True, False): fix and first,
+              (False, False, True): again, (True, True, True): fix and first and again}
+    return [flags for flags in VARIANTS if wanted[flags]]
+
+
+def variant_options(flags: tuple[bool, bool, bool]) -> dict[str, bool]:
+    return dict(zip(("causal_fix", "causal_first", "recheck"), flags))
+
+
+def variant_name(entry: BenchEntry) -> str:
+    """The entry's decoder, and its variant if it is one: "refusion", "refusion (recheck)", "ar", ..."""
+    flags = (entry.causal_fix, entry.causal_first, entry.recheck)
+    return entry.decoder + (VARIANTS[flags] if any(flags) else "")
 
 
 def batch_suffix(size: int) -> str:

@@ -116,14 +116,9 @@ def setting_label(decoder: str, config: Any) -> str:
     return "greedy"
 
 
-def sweep_label(decoder: str, config: Any) -> str:
-    """The row label of a sweep point: the decoder's name and its setting, e.g. ``llada steps=64``."""
-    return f"{decoder} {setting_label(decoder, config)}"
-
-
-def sweep_configs(decoder: str, base: Any) -> list[tuple[str, Any]]:
-    """(row label, config) of each grid point on ``base`` (the usual row's config), in grid order,
-    without the points whose setting is the usual row's or an earlier point's."""
+def sweep_configs(decoder: str, base: Any) -> list[Any]:
+    """The config of each grid point on ``base`` (the usual row's config), in grid order, without the
+    points whose setting (:func:`setting_label`) is the usual row's or an earlier point's."""
     seen = {setting_label(decoder, base)}
     points = []
     for point in SWEEP_GRIDS[decoder]:
@@ -134,5 +129,5 @@ def sweep_configs(decoder: str, base: Any) -> list[tuple[str, Any]]:
         setting = setting_label(decoder, config)
         if setting not in seen:
             seen.add(setting)
-            points.append((sweep_label(decoder, config), config))
+            points.append(config)
     return points

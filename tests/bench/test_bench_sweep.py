@@ -15,7 +15,7 @@ import pytest
 
 from refusion_cli.bench.frontier import on_pareto_front
 from refusion_cli.bench.runner import BenchSettings, plan_entries
-from refusion_cli.bench.sweep import SWEEP_GRIDS, sweep_configs
+from refusion_cli.bench.sweep import SWEEP_GRIDS, setting_label, sweep_configs
 from refusion_cli.decoding.dream import DreamConfig
 from tests.bench.test_bench_bad_input import error_line, run_bench_cli
 from tests.bench.test_bench_cli import read_csv
@@ -48,8 +48,8 @@ def sweep_run(tmp_path_factory) -> Path:
 
 def test_a_sweep_row_is_what_a_run_with_that_setting_measures(sweep_run, tmp_path):
     alone = tmp_path / "alone"
-    assert run_quietly(["--decoder", "refusion", "llada", "--set", *REFUSION_POINT, *LLADA_POINT, *COMMON,
-                        "-o", str(alone)]) == 0
+    assert run_quietly(["--decoder", "refusion", "llada", "--set", *REFUSION_POINT, *LLADA_POINT, "--recheck",
+                        *COMMON, "-o", str(alone)]) == 0
 
     def decodes(folder: Path, label: str) -> list[tuple[str, ...]]:
         return [(s["prompt"], s["output"], s["tokens"], s["forwards"], s["correct"])
@@ -58,7 +58,8 @@ def test_a_sweep_row_is_what_a_run_with_that_setting_measures(sweep_run, tmp_pat
     def row(folder: Path, label: str) -> dict[str, str]:
         return next(r for r in read_csv(folder / "bench.csv") if r["decoder"] == label)
 
-    for swept, single in (("refusion k=4 b=16 τ=0.6/0.2", "refusion"), ("llada τ=0.7 cache", "llada")):
+    for swept, single in (("refusion k=4 b=16 τ=0.6/0.2", "refusion"), ("llada τ=0.7 cache", "llada"),
+                          ("refusion (recheck) k=4 b=16 τ=0.6/0.2", "refusion (recheck)")):
         assert decodes(sweep_run, swept) == decodes(alone, single) and len(decodes(alone, single)) == 2
         for column in ("accuracy", "tokens", "forwards", "tpf", "config"):
             assert row(sweep_run, swept)[column] == row(alone, single)[column], column
@@ -73,11 +74,12 @@ def test_frontier_csv_flags_each_decoders_pareto_front(sweep_run):
     rows = read_csv(sweep_run / "bench.csv")
     assert [p["label"] for p in points] == [r["decoder"] for r in rows]  # --no-ablation: every row is a point
     assert [p["setting"] for p in points if p["decoder"] == "ar"] == ["greedy"]
-    # each variant (causal_fix, recheck) is a point of its own group, at the usual row's setting
-    refusion = next(p for p in points if p["label"] == "refusion")
-    for label in ("refusion (causal fix)", "refusion (recheck)"):
-        variant = [p for p in points if p["decoder"] == label]
-        assert [p["label"] for p in variant] == [label] and variant[0]["setting"] == refusion["setting"]
+    # each variant (causal_fix, recheck) is a group of its own: its row at the usual setting, then the same grid
+    grid = [p["setting"] for p in points if p["decoder"] == "refusion"]
+    for name in ("refusion (causal fix)", "refusion (recheck)"):
+        variant = [p for p in points if p["decoder"] == name]
+        assert [p["setting"] for p in variant] == grid and len(grid) > 1
+        assert [p["label"] for p in variant] == [name] + [f"{name} {setting}" for setting in grid[1:]]
     for decoder in ("ar", "refusion", "llada", "refusion (causal fix)", "refusion (recheck)"):
         mine = [p for p in points if p["decoder"] == decoder]
         for speed, flag in (("tps", "on_front"), ("tpf", "on_front_tpf")):
@@ -104,7 +106,8 @@ def test_the_two_frontier_plots_are_written_in_place_of_frontier_png(sweep_run):
 
 def test_the_plan_is_deterministic_with_unique_labels_and_the_fixed_settings_under_the_grid():
     settings = BenchSettings(decoders=("llada", "refusion", "ar"), gen_lengths=(32, 64), sweep=True, device="cpu",
-                             batch_sizes=(1, 2), overrides={"llada": {"block_length": "16"}})
+                             batch_sizes=(1, 2), overrides={"llada": {"block_length": "16"}}, causal_fix=True,
+                             recheck=True)
     entries = plan_entries(settings)
     assert entries == plan_entries(settings)
     for length in (32, 64):
@@ -116,6 +119,9 @@ def test_the_plan_is_deterministic_with_unique_labels_and_the_fixed_settings_und
             "llada", "llada (batch 2)", f"llada steps={length // 2}", f"llada steps={length // 4}",
             f"llada steps={length // 8}", "llada τ=0.9 cache", "llada τ=0.7 cache", "llada τ=0.5 cache"]
         assert {entry.config.block_length for entry in llada} == {16}  # --set of an unswept key: every row
+    for name in ("refusion (causal fix)", "refusion (recheck)"):  # each variant: the decoder's grid again
+        assert [e.config for e in entries if e.label.startswith(name + " ")] == \
+            [e.config for e in entries if e.label.startswith("refusion k=")]
     refusion = [entry.config for entry in entries if entry.gen_length == 64 and entry.label.startswith("refusion k=")]
     assert {config.slot_size for config in refusion} == {4, 8, 16}
     assert {(config.slot_threshold, config.token_threshold) for config in refusion} == {
@@ -124,8 +130,8 @@ def test_the_plan_is_deterministic_with_unique_labels_and_the_fixed_settings_und
     assert len(refusion) == len(SWEEP_GRIDS["refusion"]) - 1
     assert "refusion k=8 b=32 τ=0.9/0.9" not in [entry.label for entry in entries if entry.gen_length == 64]
     dream = sweep_configs("dream", DreamConfig(gen_length=64, steps=64))
-    assert [label for label, _ in dream] == ["dream steps=32", "dream steps=16", "dream steps=8", "dream τ=0.9 cache",
-                                             "dream τ=0.7 cache", "dream τ=0.5 cache"]
+    assert [setting_label("dream", config) for config in dream] == [
+        "steps=32", "steps=16", "steps=8", "τ=0.9 cache", "τ=0.7 cache", "τ=0.5 cache"]
 
 
 @pytest.mark.parametrize("args, message", [
