@@ -244,11 +244,11 @@ def plan_entries(settings: BenchSettings) -> list[BenchEntry]:
                 entries.append(BenchEntry(decoder + RECOMPUTE, decoder, models[decoder], length, config,
                                           kv_reuse=False))
             variants = asked_variants(settings) if decoder == "refusion" else []
-            entries += [BenchEntry(decoder + VARIANTS[flags], decoder, models[decoder], length, config,
+            entries += [BenchEntry(variant_label(decoder, flags), decoder, models[decoder], length, config,
                                    **variant_options(flags)) for flags in variants]
             if settings.sweep:  # the decoder's grid, then each variant's
                 for flags in [(False, False, False), *variants]:
-                    name = decoder + VARIANTS.get(flags, "")
+                    name = variant_label(decoder, flags)
                     entries += [BenchEntry(f"{name} {setting_label(decoder, point)}", decoder, models[decoder],
                                            length, point, **variant_options(flags))
                                 for point in sweep_configs(decoder, config)]
@@ -268,10 +268,14 @@ def variant_options(flags: tuple[bool, bool, bool]) -> dict[str, bool]:
     return dict(zip(("causal_fix", "causal_first", "recheck"), flags))
 
 
+def variant_label(decoder: str, flags: tuple[bool, bool, bool]) -> str:
+    """The decoder, and the variant ``flags`` make of it if any: "refusion", "refusion (recheck)", "ar", ..."""
+    return decoder + (VARIANTS[flags] if any(flags) else "")
+
+
 def variant_name(entry: BenchEntry) -> str:
-    """The entry's decoder, and its variant if it is one: "refusion", "refusion (recheck)", "ar", ..."""
-    flags = (entry.causal_fix, entry.causal_first, entry.recheck)
-    return entry.decoder + (VARIANTS[flags] if any(flags) else "")
+    """The entry's decoder, and its variant if it is one (:func:`variant_label`)."""
+    return variant_label(entry.decoder, (entry.causal_fix, entry.causal_first, entry.recheck))
 
 
 def batch_suffix(size: int) -> str:

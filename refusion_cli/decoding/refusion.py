@@ -396,10 +396,9 @@ def decode_lane(ctx: Lane, stats: DecodeStats, n_prompt: int, config: ReFusionCo
                 rows[:, 0] = torch.where(from_causal, heads, rows[:, 0])
             # 2) verify
             accepted, pass_logits = yield from verify_drafts(ctx, rows, positions, config.token_threshold)
-            prefix, eos_at = accepted_prefix(accepted, rows, stops)
+            prefix, eos_at, n_commit = accepted_prefix(accepted, rows, stops, k)
             flat = rows.flatten()
             if eos_at is not None or prefix >= k:
-                n_commit = eos_at + 1 if eos_at is not None else prefix // k * k
                 path, rounds = "fast", 0
                 kinds = torch.full_like(rows, VERIFIED)
                 kinds[:, 0] = FIRST
@@ -409,15 +408,15 @@ def decode_lane(ctx: Lane, stats: DecodeStats, n_prompt: int, config: ReFusionCo
                                                                              accepted.long().cumprod(-1).bool(),
                                                                              config, mask_token_id, stops, causal_fix)
                 flat = rows.flatten()
-                eos_at = _first_eos(flat, stops)
-                n_commit = eos_at + 1 if eos_at is not None else flat.numel()
                 path = "completion"
                 if recheck and rows.shape[0] > 1:  # verify the rows again, each seeing those to its left
                     again, pass_logits = yield from verify_drafts(ctx, rows, positions[: rows.shape[0]],
                                                                   config.token_threshold)
                     again[0] = True  # the first row saw its whole context already
-                    kept, eos_at = accepted_prefix(again, rows, stops)
-                    n_commit = eos_at + 1 if eos_at is not None else kept // k * k
+                    _, eos_at, n_commit = accepted_prefix(again, rows, stops, k)
+                else:
+                    eos_at = _first_eos(flat, stops)
+                    n_commit = eos_at + 1 if eos_at is not None else flat.numel()
             # 4) commit: the first n_commit fed tokens, with the K/V just computed
             ctx.commit(n_commit)
             done = chosen[: -(-n_commit // k)]
@@ -444,11 +443,14 @@ def decode_lane(ctx: Lane, stats: DecodeStats, n_prompt: int, config: ReFusionCo
     return DecodeResult(tokens=tokens, stats=stats, trace=trace)
 
 
-def accepted_prefix(accepted: torch.Tensor, rows: torch.Tensor, stops: torch.Tensor | None) -> tuple[int, int | None]:
-    """The length of the accepted prefix of ``rows`` [R, k] (flags ``accepted``, not yet cumulative) read
-    in order, and the index of the first EOS inside it (None: none)."""
+def accepted_prefix(accepted: torch.Tensor, rows: torch.Tensor, stops: torch.Tensor | None,
+                    k: int) -> tuple[int, int | None, int]:
+    """Of ``rows`` [R, k] read in order with flags ``accepted`` (not yet cumulative): the length of the
+    accepted prefix, the index of the first EOS inside it (None: none) and how many tokens to commit
+    (through that EOS, else the whole slots of the prefix)."""
     prefix = int(accepted.flatten().long().cumprod(0).sum())
-    return prefix, _first_eos(rows.flatten()[:prefix], stops)
+    eos_at = _first_eos(rows.flatten()[:prefix], stops)
+    return prefix, eos_at, eos_at + 1 if eos_at is not None else prefix // k * k
 
 
 def remember_causal(tokens: torch.Tensor, probs: torch.Tensor, offsets: torch.Tensor, logits: torch.Tensor) -> None:
