@@ -19,9 +19,10 @@ venv: $(VENV)/.installed
 test: venv
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
 
-# The main job on the embedded models: ReFusion, AR and LLaDA decoding of the synthetic task, side by side.
+# The main job on the embedded models: ReFusion (the paper's decoder and the toolkit's variants), AR and LLaDA
+# decoding of the synthetic task, side by side.
 demo: venv
-	HF_HUB_OFFLINE=1 $(VENV)/bin/refusion eval --task synthetic --decoder refusion ar llada --limit 20 --output results/demo
+	HF_HUB_OFFLINE=1 $(VENV)/bin/refusion eval --task synthetic --decoder refusion ar llada --causal-fix --causal-first --recheck --limit 20 --output results/demo
 
 # Rebuild the embedded tiny models with the recipe they were built with: the three fine-tunes side
 # by side on one GPU (about 7 minutes of fine-tuning each on an H200); see results/models/README.md.

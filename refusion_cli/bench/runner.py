@@ -45,8 +45,9 @@ from refusion_cli.bench.machine import Machine, PeakMemory, describe_machine
 from refusion_cli.bench.prompts import BenchPrompt
 from refusion_cli.bench.sweep import check_swept_overrides, setting_label, sweep_configs
 from refusion_cli.decoding.registry import check_decoder_fits, decoder_spec, default_model, run_decoder
-from refusion_cli.decoding.spec import DecoderChoice, preset_config
+from refusion_cli.decoding.spec import DecoderChoice, preset_config, require_refusion
 from refusion_cli.decoding.stats import DecodeResult, batch_stats, mean_tps, run_tps
+from refusion_cli.decoding.variants import asked_variants, first_option, variant_label, variant_options
 from refusion_cli.errors import UserError
 from refusion_cli.models.chat import require_chat_template, user_prompt_ids
 from refusion_cli.models.loading import (
@@ -62,11 +63,6 @@ from refusion_cli.tasks.synthetic import is_correct
 DEFAULT_DECODERS = ("refusion", "ar", "llada")
 DEFAULT_GEN_LENGTH = 256
 RECOMPUTE = " (recompute)"  # label suffix of the kv_reuse=False ablation
-# ReFusion's decoding variants (this toolkit's ablations, not the paper's decoder), in row order:
-# (causal_fix, causal_first, recheck) -> the label suffix of their rows
-VARIANTS = {(True, False, False): " (causal fix)", (False, True, False): " (causal first)",
-            (True, True, False): " (causal fix + first)", (False, False, True): " (recheck)",
-            (True, True, True): " (causal fix + first + recheck)"}
 
 
 @dataclass(frozen=True)
@@ -109,12 +105,10 @@ class BenchSettings:
             if stray:
                 raise UserError(f"{option} names {', '.join(stray)}, which is not among the decoders benchmarked "
                                 f"({', '.join(self.decoders)})")
-        if (self.preset is not None or self.causal_fix or self.causal_first or self.recheck) \
-                and "refusion" not in self.decoders:
-            option = ("--preset" if self.preset is not None else "--causal-fix" if self.causal_fix
-                      else "--causal-first" if self.causal_first else "--recheck")
-            raise UserError(f"{option} applies to the refusion decoder, which is not among the decoders benchmarked "
-                            f"({', '.join(self.decoders)})", hint=f"add refusion to --decoder, or leave {option} out")
+        option = "--preset" if self.preset is not None else first_option(self.causal_fix, self.causal_first,
+                                                                          self.recheck)
+        if option is not None:
+            require_refusion(option, self.decoders, "benchmarked")
         if self.sweep:
             check_swept_overrides(self.overrides)
         if self.preset is not None:
@@ -243,7 +237,8 @@ def plan_entries(settings: BenchSettings) -> list[BenchEntry]:
             if decoder == "refusion" and settings.ablation:
                 entries.append(BenchEntry(decoder + RECOMPUTE, decoder, models[decoder], length, config,
                                           kv_reuse=False))
-            variants = asked_variants(settings) if decoder == "refusion" else []
+            variants = (asked_variants(settings.causal_fix, settings.causal_first, settings.recheck)
+                        if decoder == "refusion" else [])
             entries += [BenchEntry(variant_label(decoder, flags), decoder, models[decoder], length, config,
                                    **variant_options(flags)) for flags in variants]
             if settings.sweep:  # the decoder's grid, then each variant's
@@ -253,24 +248,6 @@ def plan_entries(settings: BenchSettings) -> list[BenchEntry]:
                                            length, point, **variant_options(flags))
                                 for point in sweep_configs(decoder, config)]
     return entries
-
-
-def asked_variants(settings: BenchSettings) -> list[tuple[bool, bool, bool]]:
-    """The ReFusion variants a run measures, as (causal_fix, causal_first, recheck), in row order: each one
-    asked for, causal fix + first when both are, all three when all are."""
-    fix, first, again = settings.causal_fix, settings.causal_first, settings.recheck
-    wanted = {(True, False, False): fix, (False, True, False): first, (True, True, False): fix and first,
-              (False, False, True): again, (True, True, True): fix and first and again}
-    return [flags for flags in VARIANTS if wanted[flags]]
-
-
-def variant_options(flags: tuple[bool, bool, bool]) -> dict[str, bool]:
-    return dict(zip(("causal_fix", "causal_first", "recheck"), flags))
-
-
-def variant_label(decoder: str, flags: tuple[bool, bool, bool]) -> str:
-    """The decoder, and the variant ``flags`` make of it if any: "refusion", "refusion (recheck)", "ar", ..."""
-    return decoder + (VARIANTS[flags] if any(flags) else "")
 
 
 def variant_name(entry: BenchEntry) -> str:

@@ -67,8 +67,8 @@ from refusion_cli.bench.runner import (
     plan_entries,
     run_bench,
 )
-from refusion_cli.cli.options import (PATH_OPTION, MultiValues, option_values, route_stray_values, seed_value,
-                                      split_commas, text_value)
+from refusion_cli.cli.options import (PATH_OPTION, VARIANT_HELP, MultiValues, option_values, route_stray_values,
+                                      seed_value, split_commas, text_value)
 from refusion_cli.cli.output import console, print_table, quiet_library_output
 from refusion_cli.decoding.registry import DECODERS
 from refusion_cli.decoding.spec import parse_decoder_options
@@ -113,19 +113,11 @@ def bench(
     ablation: Annotated[bool, typer.Option("--ablation/--no-ablation", help="also time ReFusion recomputing the "
                                            "KV cache (kv_reuse=False), the paper's ablation",
                                            rich_help_panel=RUN)] = True,
-    causal_fix: Annotated[bool, typer.Option("--causal-fix", help="also time ReFusion with causal_fix=True: the "
-                                             "causal head's token where the completion step would force a "
-                                             "rejected draft (this toolkit's ablation, not the paper's decoder)",
+    causal_fix: Annotated[bool, typer.Option("--causal-fix", help=VARIANT_HELP["causal_fix"],
                                              rich_help_panel=RUN)] = False,
-    causal_first: Annotated[bool, typer.Option("--causal-first", help="also time ReFusion with "
-                                               "causal_first=True: a chosen slot after a committed token starts "
-                                               "with the causal head's token, not its draft (this toolkit's "
-                                               "ablation; with --causal-fix a row with both too)",
+    causal_first: Annotated[bool, typer.Option("--causal-first", help=VARIANT_HELP["causal_first"],
                                                rich_help_panel=RUN)] = False,
-    recheck: Annotated[bool, typer.Option("--recheck", help="also time ReFusion with recheck=True: the completion "
-                                          "step's rows are verified again together before they are committed "
-                                          "(this toolkit's ablation; with --causal-fix and --causal-first a row "
-                                          "with all three too)", rich_help_panel=RUN)] = False,
+    recheck: Annotated[bool, typer.Option("--recheck", help=VARIANT_HELP["recheck"], rich_help_panel=RUN)] = False,
     sweep: Annotated[bool, typer.Option("--sweep", help="also time each decoder over a grid of its parallelism "
                                         "settings, a row each (refusion: k, b, τ_slot/τ_token; llada, dream: steps "
                                         "and threshold with cache), and write frontier.csv, frontier_tps.png and "

@@ -22,7 +22,8 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from refusion_cli.cli.options import PATH_OPTION, MultiValues, route_stray_values, seed_value, split_commas, text_value
+from refusion_cli.cli.options import (PATH_OPTION, VARIANT_HELP, MultiValues, route_stray_values, seed_value,
+                                      split_commas, text_value)
 from refusion_cli.cli.output import console, debug_enabled, print_table
 from refusion_cli.distributed import leave_process_group
 
@@ -57,6 +58,11 @@ def evaluate(
     batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="requests decoded together (every "
                                             "answer is the one of batch 1; above 1 the TPS column is throughput)",
                                             rich_help_panel=HOW)] = 1,
+    causal_fix: Annotated[bool, typer.Option("--causal-fix", help=VARIANT_HELP["causal_fix"],
+                                             rich_help_panel=HOW)] = False,
+    causal_first: Annotated[bool, typer.Option("--causal-first", help=VARIANT_HELP["causal_first"],
+                                               rich_help_panel=HOW)] = False,
+    recheck: Annotated[bool, typer.Option("--recheck", help=VARIANT_HELP["recheck"], rich_help_panel=HOW)] = False,
     seed: Annotated[int, typer.Option("--seed", parser=seed_value, help="per-request generator seed and lm-eval's "
                                       "task seed", rich_help_panel=HOW)] = 0,
     device: Annotated[str | None, typer.Option("--device", parser=text_value, help="cpu, cuda, cuda:1 ... "
@@ -99,7 +105,8 @@ def evaluate(
         tasks=values.tasks, decoders=values.decoders, output=run_dir, models=values.models, overrides=values.overrides,
         preset=preset, limit=limit, data_dir=data_dir, data_files=list(data_file or []), download=download,
         confirm_run_unsafe_code=confirm_run_unsafe_code, device=device, dtype=dtype, seed=seed,
-        trust_remote_code=trust_remote_code, batch_size=batch_size,
+        trust_remote_code=trust_remote_code, batch_size=batch_size, causal_fix=causal_fix, causal_first=causal_first,
+        recheck=recheck,
     )
     main_process = int(os.environ.get("RANK", "0")) == 0
     planning = io.StringIO()  # datasets' "Generating test split" bars and the like, for eval.log

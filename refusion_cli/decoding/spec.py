@@ -59,6 +59,13 @@ def select_decoders(names: Sequence[str]) -> list[str]:
     return chosen
 
 
+def require_refusion(option: str, decoders: Sequence[str], where: str = "given") -> None:
+    """An option of the ReFusion decoder alone (``--preset``, a variant's) needs it among the decoders."""
+    if PRESET_DECODER not in decoders:
+        raise UserError(f"{option} applies to the {PRESET_DECODER} decoder, which is not among the decoders {where} "
+                        f"({', '.join(decoders)})", hint=f"add {PRESET_DECODER} to --decoder, or leave {option} out")
+
+
 def preset_config(name: str) -> Any:
     """A ReFusion preset by name (the registry entry's presets: the paper's and the toolkit's)."""
     presets = decoder_spec(PRESET_DECODER).presets
@@ -150,9 +157,7 @@ def parse_decoder_options(decoders: Sequence[str], models: Sequence[str] = (), s
     """The decoders, checkpoints, ``--set`` values and preset of one command line, checked."""
     chosen = select_decoders(split_values(decoders))
     if preset is not None:
-        if PRESET_DECODER not in chosen:
-            raise UserError(f"--preset applies to the {PRESET_DECODER} decoder, which is not among the decoders "
-                            f"given ({', '.join(chosen)})", hint=f"add {PRESET_DECODER} to --decoder, or leave --preset out")
+        require_refusion("--preset", chosen)
         preset_config(preset)
     checkpoints = parse_models(models, chosen)
     overrides = parse_overrides(sets, chosen)
@@ -161,4 +166,4 @@ def parse_decoder_options(decoders: Sequence[str], models: Sequence[str] = (), s
 
 
 __all__ = ["DecoderChoice", "parse_assignments", "parse_decoder_options", "parse_models", "parse_overrides",
-           "preset_config", "select_decoders", "split_values"]
+           "preset_config", "require_refusion", "select_decoders", "split_values"]

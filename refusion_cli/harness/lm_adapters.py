@@ -6,7 +6,9 @@ discovery). Contract of every adapter:
 - ``model_args`` (``pretrained=refusion-tiny,slot_size=8,token_threshold=0.4``) hold adapter
   options (``ADAPTER_OPTIONS``: where the model comes from and how it runs) and decoder options
   (the fields of the decoder's config dataclass, via ``registry.build_config``, starting from
-  ``preset=<paper task>`` for ReFusion). Any other key is an error, never ignored.
+  ``preset=<paper task>`` for ReFusion); the ReFusion adapter also takes ``causal_fix``, ``causal_first``
+  and ``recheck`` (this toolkit's decoding variants, ``decoding.variants``). Any other key is an error,
+  never ignored.
 - ``generate_until`` decodes ``batch_size`` requests at a time (default 1, the paper's setting) with
   ``registry.run_decoder``; every request gets the answer it gets alone (the decoders batch row for
   row), a batch of more than one is timed as a whole (``SampleRecord.wall_share``). ``max_gen_toks`` becomes the config's ``gen_length``; the response is
@@ -49,6 +51,7 @@ from refusion_cli.decoding.config import ConfigError, config_fields
 from refusion_cli.decoding.registry import check_decoder_fits, decoder_spec, default_model, run_decoder
 from refusion_cli.decoding.spec import PRESET_DECODER, DecoderChoice
 from refusion_cli.decoding.stats import DecodeStats, batch_stats, float_logits
+from refusion_cli.decoding.variants import FLAGS, variant_options
 from refusion_cli.errors import UserError
 from refusion_cli.models.loading import LoadedModel, load_model, parse_device
 
@@ -63,6 +66,8 @@ ADAPTER_OPTIONS: dict[str, str] = {
     "enable_thinking": "passed to the chat template (Qwen3 templates read it)",
     "batch_size": "requests decoded together (default 1, the paper's setting; every answer is the one of batch 1)",
     "max_batch_size": "lm-eval's automatic batch search: not supported, leave unset",
+    **{flag: f"refusion only: decode with {flag}=True, one of this toolkit's decoding variants (default false)"
+       for flag in FLAGS},
 }
 SAMPLING_KEYS = frozenset({"do_sample", "temperature", "top_p", "top_k"})  # accepted when they ask for greedy decoding
 
@@ -233,6 +238,9 @@ class DecoderLM(TemplateLM):
         batch_size: int | str | None = None,
         max_batch_size: int | str | None = None,
         config: Any | None = None,
+        causal_fix: bool | str = False,
+        causal_first: bool | str = False,
+        recheck: bool | str = False,
         **decoder_options: Any,
     ) -> None:
         super().__init__()
@@ -247,6 +255,11 @@ class DecoderLM(TemplateLM):
             raise ConfigError(f"the {self.decoder} adapter takes a {spec.config_class.__name__} as config")
         self.config = config if config is not None else decoder_config(self.decoder, preset, decoder_options)
         self.seed = int(seed)
+        variant = tuple(_as_bool(flag, value) for flag, value in zip(FLAGS, (causal_fix, causal_first, recheck)))
+        if any(variant) and self.decoder != PRESET_DECODER:
+            given = next(flag for flag, on in zip(FLAGS, variant) if on)
+            raise ConfigError(f"{given} applies to the {PRESET_DECODER} adapter only, not {self.decoder}")
+        self.variant = variant_options(variant)  # decode_refusion's variant flags (all False: the paper's decoder)
         self.chat_template_args: dict[str, Any] = {}
         if enable_thinking is not None:
             self.chat_template_args["enable_thinking"] = _as_bool("enable_thinking", enable_thinking)
@@ -397,7 +410,7 @@ class DecoderLM(TemplateLM):
         generators = [torch.Generator(device=self._device).manual_seed(self.seed) for _ in prepared]
         prompts = [request.prompt_ids for request in prepared]
         results = run_decoder(self.decoder, self.model, prompts, config, mask_token_id=self.loaded.mask_token_id,
-                              eos_token_id=self.loaded.stop_token_ids, generator=generators)
+                              eos_token_id=self.loaded.stop_token_ids, generator=generators, **self.variant)
         share = batch_stats(results).seconds / len(results) if len(results) > 1 else None
         return [SampleRecord(text=cut_at_stop(self.tok_decode(result.tokens), request.until),
                              prompt_tokens=len(request.prompt_ids), stats=result.stats, prompt_cut=request.cut,

@@ -4,7 +4,9 @@ Contract of :func:`run_eval`:
 
 1) plan      every (benchmark, decoder) config is built first (the ReFusion preset of the suite
              manifest or ``preset``, the benchmark's response budget, then ``--set`` overrides,
-             parsed and validated by ``decoding.spec``); the benchmarks' task YAMLs are rendered
+             parsed and validated by ``decoding.spec``; with ``causal_fix`` / ``causal_first`` /
+             ``recheck``, ReFusion's variants of ``decoding.variants`` are runs of their own after the
+             paper's decoder); the benchmarks' task YAMLs are rendered
              and their local data checked (present, not empty, JSON lines; with ``download``, the
              missing files are fetched from the hub first, see ``download``), as are ``--device``,
              ``--dtype``, ``--output`` and ``--data-dir``; then the lm-eval tasks are built over
@@ -46,8 +48,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from refusion_cli.decoding.registry import decoder_spec
-from refusion_cli.decoding.spec import DecoderChoice, parse_assignments, parse_decoder_options
+from refusion_cli.decoding.spec import (PRESET_DECODER, DecoderChoice, parse_assignments, parse_decoder_options,
+                                        require_refusion)
 from refusion_cli.decoding.stats import mean_tps, run_tps
+from refusion_cli.decoding.variants import PAPER, Variant, asked_variants, first_option, variant_label, variant_options
 from refusion_cli.errors import UserError
 from refusion_cli.harness.download import download_missing
 from refusion_cli.harness.journal import JournalObserver, SampleJournal, journal_files, read_records
@@ -79,6 +83,9 @@ class EvalOptions:
     seed: int = 0
     trust_remote_code: bool = False
     batch_size: int = 1  # requests decoded together; every answer is the one of batch 1
+    causal_fix: bool = False  # also evaluate ReFusion with causal_fix=True (decoding.variants)
+    causal_first: bool = False  # also evaluate ReFusion with causal_first=True (and both, with causal_fix)
+    recheck: bool = False  # also evaluate ReFusion with recheck=True (and all three, with the other two)
 
     def __post_init__(self) -> None:
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
@@ -135,9 +142,10 @@ class SilentObserver:
 class DecoderRun:
     decoder: str
     model: str
-    label: str  # "decoder:model", the summary row
+    label: str  # "decoder:model" ("refusion (recheck):model" for a variant), the summary row
     file_label: str  # the label as a file name
     choice: DecoderChoice  # the decoder options as given (preset, --set)
+    variant: Variant = PAPER  # ReFusion's decoding variant (decoding.variants)
 
     def config(self, benchmark: Benchmark) -> Any:
         """The decoder config for one benchmark: the ``--preset`` or the benchmark's own ReFusion preset, the
@@ -153,18 +161,20 @@ def default_output(tasks: list[str], today: dt.date | None = None) -> Path:
     return Path("results") / f"{(today or dt.date.today()).isoformat()}-{re.sub(r'[^A-Za-z0-9_.+-]', '_', name)}"
 
 
-def decoder_runs(choices: list[DecoderChoice]) -> list[DecoderRun]:
+def decoder_runs(choices: list[DecoderChoice], variants: list[Variant] | None = None) -> list[DecoderRun]:
     """The summary row label of each decoder and its checkpoint (``decoder:model``); a local folder named
-    like an embedded model keeps its path, so the two never share a label."""
+    like an embedded model keeps its path, so the two never share a label. ReFusion's ``variants`` follow
+    its own row, each a row of its own ("refusion (recheck):model")."""
     runs = []
     for choice in choices:
         model = choice.model
         short = model if is_embedded(model) else Path(model.rstrip("/")).name or model
         if short in EMBEDDED and not is_embedded(model):
             short = model.rstrip("/") if "/" in model.rstrip("/") else f"./{short}"
-        label = f"{choice.decoder}:{short}"
-        runs.append(DecoderRun(choice.decoder, model, label, re.sub(r"[^A-Za-z0-9_.-]", "_", label.replace(":", "__")),
-                               choice))
+        for variant in [PAPER, *(variants or [])] if choice.decoder == PRESET_DECODER else [PAPER]:
+            label = f"{variant_label(choice.decoder, variant)}:{short}"
+            runs.append(DecoderRun(choice.decoder, model, label,
+                                   re.sub(r"[^A-Za-z0-9_.-]", "_", label.replace(":", "__")), choice, variant))
     return runs
 
 
@@ -196,13 +206,15 @@ def placement(model: Any) -> tuple[str, str]:
 
 
 def config_hash(decoder: str, config: Any, fingerprint: str, seed: int, chat_template: bool,
-                where: tuple[str, str], metric: str, stop_token_ids: tuple[int, ...] = (), batch_size: int = 1) -> str:
+                where: tuple[str, str], metric: str, stop_token_ids: tuple[int, ...] = (), batch_size: int = 1,
+                variant: Variant = PAPER) -> str:
     """What a journaled sample is reused under: decoder settings, model files, seed, template, device
     and dtype (another dtype decodes other tokens; another device measures other timings), and the
     metric its stored score is (another metric must score it again), the decoder's revision past
     the first (a decoder whose tokens changed decodes again; revision 1 keeps the hashes it always had),
     and the EOS ids when a response ends at several (one EOS keeps the hashes it always had), and a batch
-    size above 1 (the answers are the same, the timings are not: a batch is timed as a whole)."""
+    size above 1 (the answers are the same, the timings are not: a batch is timed as a whole), and ReFusion's
+    decoding variant when it is not the paper's decoder."""
     material = {"decoder": decoder, "config": dataclasses.asdict(config), "model": fingerprint, "seed": seed,
                 "chat_template": chat_template, "device": where[0], "dtype": where[1], "metric": metric}
     revision = decoder_spec(decoder).revision
@@ -212,6 +224,8 @@ def config_hash(decoder: str, config: Any, fingerprint: str, seed: int, chat_tem
         material["stop_token_ids"] = list(stop_token_ids)
     if batch_size > 1:
         material["batch_size"] = batch_size
+    if any(variant):
+        material["variant"] = variant_options(variant)
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -289,7 +303,11 @@ def plan_eval(options: EvalOptions, suite: Suite | None = None,
     the fields a task reads stops the run here, not after the benchmarks before it)."""
     suite = suite or load_suite()
     benchmarks = suite.select(options.tasks)
-    runs = decoder_runs(parse_decoder_options(options.decoders, options.models, options.overrides, options.preset))
+    choices = parse_decoder_options(options.decoders, options.models, options.overrides, options.preset)
+    flags = (options.causal_fix, options.causal_first, options.recheck)
+    if (option := first_option(*flags)) is not None:
+        require_refusion(option, [choice.decoder for choice in choices])
+    runs = decoder_runs(choices, asked_variants(*flags))
     for run in runs:
         check_model_fits(run.decoder, run.model, options.trust_remote_code)
     if options.limit is not None and options.limit < 0:
@@ -305,7 +323,7 @@ def plan_eval(options: EvalOptions, suite: Suite | None = None,
     if options.download and int(os.environ.get("WORLD_SIZE", "1")) > 1:  # each process would fetch the same files
         raise UserError("--download fetches the data in one process, not under accelerate launch or torchrun",
                         hint="fetch it first with the same refusion eval command and --download --limit 0, then launch")
-    configs = {(b.name, run.decoder): run.config(b) for b in benchmarks for run in runs}
+    configs = {(b.name, run.label): run.config(b) for b in benchmarks for run in runs}
     sandbox = None
     if any(b.code for b in benchmarks) and options.limit != 0:  # with --limit 0 no code runs
         from refusion_cli.harness.code_tasks import require_confirmation, sandbox_line
@@ -357,7 +375,7 @@ def run_eval(options: EvalOptions, observer: EvalObserver | None = None, suite: 
         task_dict = plan.tasks[benchmark.name]
         scorer = TaskScorer(task_dict["tasks"], benchmark.metric, benchmark.metric_filter)
         for run in plan.runs:
-            config = plan.configs[(benchmark.name, run.decoder)]
+            config = plan.configs[(benchmark.name, run.label)]
             if run.model not in loaded:
                 loaded[run.model] = load_model(run.model, device, options.dtype,
                                                trust_remote_code=options.trust_remote_code,
@@ -367,9 +385,10 @@ def run_eval(options: EvalOptions, observer: EvalObserver | None = None, suite: 
             where = placement(loaded[run.model].model)
             digest = config_hash(run.decoder, config, model_fingerprint(run.model), options.seed,
                                  benchmark.chat_template, where, benchmark.metric_key,
-                                 loaded[run.model].stop_token_ids, options.batch_size)
+                                 loaded[run.model].stop_token_ids, options.batch_size, run.variant)
             adapter = ADAPTERS[run.decoder](pretrained=loaded[run.model], config=config, seed=options.seed,
-                                            device=device, batch_size=options.batch_size)
+                                            device=device, batch_size=options.batch_size,
+                                            **(variant_options(run.variant) if any(run.variant) else {}))
             adapter.warmed_up = (run.model, run.decoder) in warmed  # once per model and decoder, not per task
             journal = SampleJournal(options.output / "samples" / benchmark.name, benchmark=benchmark.name,
                                     decoder=run.decoder, model=run.model, label=run.file_label, config_hash=digest,

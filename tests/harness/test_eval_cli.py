@@ -323,6 +323,8 @@ def run_cli(capsys, monkeypatch, *args: str) -> tuple[int, str, str]:
     (["--task", "synthetic", "--set", "token_threshold=1.5"], "token_threshold must be in [0, 1]"),
     (["--task", "synthetic", "--decoder", "ar", "--set", "refusion.slot_size=8"], "'refusion' is not a selected decoder"),
     (["--task", "synthetic", "--preset", "nope"], "unknown ReFusion preset 'nope'"),
+    (["--task", "synthetic", "--decoder", "ar", "--recheck"],
+     "--recheck applies to the refusion decoder, which is not among the decoders given (ar)"),
     (["--task", "humaneval", "--decoder", "ar"], "--confirm-run-unsafe-code"),
     (["--task", "synthetic", "--decoder", "ar", "--model", "/no/such/checkpoint"], "no such checkpoint directory"),
     (["--task", "synthetic", "--decoder", "dream"], "the dream decoder has no embedded model"),
