@@ -147,7 +147,7 @@ class ChatApp:
 
     def run_interactive(self) -> None:
         self.notice(Text.assemble(("refusion chat", "bold"), f" · model {self.session.model_name}"
-                                  f" · decoder {self.session.decoder}"))
+                                  f" · decoder {self.session.label}"))
         if self.session.system is not None:
             self.notice(Text(f"system: {self.session.system}", style="dim"))
         self.notice("[dim]/help for commands, Ctrl-C stops an answer, Ctrl-D leaves[/]")
@@ -278,7 +278,7 @@ class ChatApp:
         settings = " ".join(f"{key}={value}" for key, value in session.options().items())
         turns = f"{session.turns} turn(s) in the conversation" if session.keep_history else \
             "history off: every question is asked on its own"
-        self.notice(Text(f"decoder {session.decoder} on {session.model_name}; {turns}"))
+        self.notice(Text(f"decoder {session.label} on {session.model_name}; {turns}"))
         self.notice(Text(f"settings: {settings}"))
         if session.last is None:
             self.notice("last answer: none yet")

@@ -18,6 +18,8 @@ Contract of :class:`ChatSession`:
 - ``reset()`` forgets the history; the system message, the config and the last stats are kept.
 - ``transcript()`` is the conversation so far as JSON-ready data (what ``/save`` writes): every
   answered question since the last reset, with or without history (``"history"`` says which).
+- ``variant`` (ReFusion only, ``decoding.variants``) decodes with the toolkit's variants instead of the
+  paper's decoder; ``label`` names the decoder and its variant, ``transcript()`` records it.
 - Sampling noise (temperature > 0) comes from one ``torch.Generator`` seeded at creation, so a
   conversation replays identically.
 
@@ -37,6 +39,7 @@ from jinja2 import TemplateError
 from refusion_cli.decoding.registry import build_config, check_decoder_fits, run_decoder, with_length
 from refusion_cli.decoding.spec import DecoderChoice
 from refusion_cli.decoding.stats import DecodeStats
+from refusion_cli.decoding.variants import PAPER, Variant, variant_label, variant_options
 from refusion_cli.errors import UserError
 from refusion_cli.models.chat import chat_prompt_ids
 from refusion_cli.models.loading import LoadedModel
@@ -62,11 +65,13 @@ class ChatAnswer:
 class ChatSession:
     def __init__(self, loaded: LoadedModel, decoder: str = "refusion", overrides: dict[str, Any] | None = None,
                  *, model_name: str = "", seed: int = 0, force: bool = False, keep_history: bool = True,
-                 system: str | None = None, preset: str | None = None):
+                 system: str | None = None, preset: str | None = None, variant: Variant = PAPER):
         check_decoder_fits(decoder, loaded.bidirectional, force=force, shifted=loaded.shifted)
         self.keep_history = keep_history  # False: every question is asked on its own
         self.loaded = loaded
         self.decoder = decoder
+        self.variant = variant  # ReFusion's decoding variant (decoding.variants); PAPER for every other decoder
+        self.label = variant_label(decoder, variant)  # "refusion", "refusion (recheck)", "ar", ...
         self.model_name = model_name or loaded.source
         self.explicit = set(overrides or {})  # settings the user gave; the others may follow gen_length
         self.config = chat_config(decoder, overrides or {}, preset)
@@ -100,7 +105,7 @@ class ChatSession:
         prompt_ids = self.prompt_ids(question)
         result = run_decoder(self.decoder, self.loaded.model, prompt_ids, self.config,
                              mask_token_id=self.loaded.mask_token_id, eos_token_id=self.loaded.stop_token_ids,
-                             generator=self.generator, on_step=on_step)
+                             generator=self.generator, on_step=on_step, **variant_options(self.variant))
         text = self.loaded.tokenizer.decode(result.tokens, skip_special_tokens=True).strip()
         answer = ChatAnswer(text, result.tokens, result.stats, len(prompt_ids))
         self.exchanges.append((question, answer))
@@ -144,6 +149,7 @@ class ChatSession:
         return {
             "model": self.model_name,
             "decoder": self.decoder,
+            **({"variant": variant_options(self.variant)} if any(self.variant) else {}),
             "config": self.options(),  # the settings in use now (``/set`` may have changed them between answers)
             "seed": self.seed,
             "history": self.keep_history,  # False: each question was asked on its own

@@ -32,10 +32,12 @@ from rich.text import Text
 from refusion_cli.chat import ChatApp, ChatSession
 from refusion_cli.chat.session import chat_config
 from refusion_cli.chat.transcript import FileExists, check_target, check_writable, save_transcript
-from refusion_cli.cli.options import PATH_OPTION, MultiValues, route_stray_values, seed_value, split_commas, text_value
+from refusion_cli.cli.options import (PATH_OPTION, VARIANT_WHAT, MultiValues, route_stray_values, seed_value,
+                                      split_commas, text_value)
 from refusion_cli.cli.output import console, err_console, quiet_library_output
 from refusion_cli.decoding.registry import DECODERS, decoder_spec
-from refusion_cli.decoding.spec import DecoderChoice, parse_decoder_options
+from refusion_cli.decoding.spec import DecoderChoice, parse_decoder_options, require_refusion
+from refusion_cli.decoding.variants import first_option
 from refusion_cli.errors import UserError
 from refusion_cli.models.chat import require_chat_template
 from refusion_cli.models.loading import load_model
@@ -60,6 +62,15 @@ def chat(
     preset: Annotated[str | None, typer.Option("--preset", help="ReFusion settings: a paper benchmark's (gsm8k, "
                                                "math, ...) or the toolkit's (synthetic_tiny), under --set",
                                                rich_help_panel=DECODING)] = None,
+    causal_fix: Annotated[bool, typer.Option("--causal-fix", help="ReFusion decodes with causal_fix=True: "
+                                             f"{VARIANT_WHAT['causal_fix']} (this toolkit's variant)",
+                                             rich_help_panel=DECODING)] = False,
+    causal_first: Annotated[bool, typer.Option("--causal-first", help="ReFusion decodes with causal_first=True: "
+                                               f"{VARIANT_WHAT['causal_first']} (this toolkit's variant)",
+                                               rich_help_panel=DECODING)] = False,
+    recheck: Annotated[bool, typer.Option("--recheck", help="ReFusion decodes with recheck=True: "
+                                          f"{VARIANT_WHAT['recheck']} (this toolkit's variant)",
+                                          rich_help_panel=DECODING)] = False,
     prompt: Annotated[str | None, typer.Option("--prompt", "-p", help="answer this one question and exit",
                                                rich_help_panel=DECODING)] = None,
     history: Annotated[bool, typer.Option("--history/--no-history", help="keep the conversation (default), or "
@@ -92,6 +103,9 @@ def chat(
     Ctrl-C stops an answer, Ctrl-D leaves.
     """
     choice = chat_choice(decoder, model, set_options, preset, stray or [])
+    variant = (causal_fix, causal_first, recheck)
+    if (option := first_option(*variant)) is not None:
+        require_refusion(option, [choice.decoder])
     spec = decoder_spec(choice.decoder)
     overrides = dict(choice.overrides)
     chat_config(decoder, overrides, preset)  # refuse bad settings before loading anything
@@ -114,7 +128,7 @@ def chat(
         loaded = load_model(name, device, dtype, trust_remote_code=trust_remote_code, require_mask=spec.needs_mask)
     require_chat_template(loaded.tokenizer, f"'{name}'")
     session = ChatSession(loaded, decoder, overrides, model_name=name, seed=seed, keep_history=history,
-                          system=system, preset=preset)
+                          system=system, preset=preset, variant=variant)
     app = ChatApp(session, console, err_console, strict=prompt is not None)
     try:
         failed = run_mode(app, prompt, interactive)

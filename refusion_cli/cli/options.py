@@ -29,16 +29,21 @@ def text_value(value: str) -> str:
     return value
 
 
-# --causal-fix, --causal-first, --recheck of refusion eval and refusion bench: this toolkit's decoding variants
+# --causal-fix, --causal-first, --recheck: this toolkit's decoding variants of ReFusion, what each one does
+VARIANT_WHAT = {
+    "causal_fix": "the causal head's token where the completion step would force a rejected draft",
+    "causal_first": "a chosen slot after a committed token starts with the causal head's token when it is the "
+                    "surer",
+    "recheck": "the completion step's rows are verified again together before they are committed",
+}
+# in refusion eval and refusion bench, where each adds rows beside the paper's decoder
 VARIANT_HELP = {
-    "causal_fix": "also run ReFusion with causal_fix=True, a row of its own: the causal head's token where the "
-                  "completion step would force a rejected draft (this toolkit's variant, not the paper's decoder)",
-    "causal_first": "also run ReFusion with causal_first=True, a row of its own: a chosen slot after a committed "
-                    "token starts with the causal head's token when it is the surer (this toolkit's variant; with "
-                    "--causal-fix a row with both too)",
-    "recheck": "also run ReFusion with recheck=True, a row of its own: the completion step's rows are verified "
-               "again together before they are committed (this toolkit's variant; with --causal-fix and "
-               "--causal-first a row with all three too)",
+    "causal_fix": f"also run ReFusion with causal_fix=True, a row of its own: {VARIANT_WHAT['causal_fix']} "
+                  "(this toolkit's variant, not the paper's decoder)",
+    "causal_first": f"also run ReFusion with causal_first=True, a row of its own: {VARIANT_WHAT['causal_first']} "
+                    "(this toolkit's variant; with --causal-fix a row with both too)",
+    "recheck": f"also run ReFusion with recheck=True, a row of its own: {VARIANT_WHAT['recheck']} (this toolkit's "
+               "variant; with --causal-fix and --causal-first a row with all three too)",
 }
 
 SEED_LIMIT = 2**63  # torch generators take seeds below 2**64; bench adds the prompt's index to the seed

@@ -158,6 +158,8 @@ def test_piped_stdin_with_a_bad_line_goes_on_then_exits_2(causal_checkpoint):
     (["--system-file", "/no/such/system.txt"],
      "cannot read --system-file /no/such/system.txt: No such file or directory"),
     (["--save", "/no/such/folder/chat.json"], "--save: cannot write /no/such/folder/chat.json: there is no folder"),
+    (["--decoder", "ar", "--recheck"],
+     "--recheck applies to the refusion decoder, which is not among the decoders given (ar)"),
 ])
 def test_bad_options_are_one_line_and_exit_2(args, message, causal_checkpoint, monkeypatch, capsys):
     """Through the real entry point (in-process, for speed)."""
@@ -208,6 +210,23 @@ def test_embedded_refusion_tiny_answers_a_file_of_questions_without_history(embe
     answers = out.stdout.strip().split("\n\n")
     assert len(answers) == 2 and answers[0] == answers[1]
     assert is_correct(answers[1], embedded_problem["target"]), answers[1]
+
+
+@pytest.mark.skipif(EMBEDDED_MISSING, reason=EMBEDDED_SKIP)
+def test_the_variant_flags_decode_with_the_toolkits_variants(tmp_path, monkeypatch, capsys):
+    """Held-out problem 4, which the paper's decoder gets wrong with chat's settings and the three variants
+    together get right (measured); the saved conversation says which variant answered."""
+    problem = read_jsonl(REPO / "evals" / "synthetic" / "test.jsonl")[4]
+    paper, variants = tmp_path / "paper.json", tmp_path / "variants.json"
+    code, out = run_main(monkeypatch, capsys, "--prompt", problem["question"], "--save", str(paper))
+    assert code == 0 and not is_correct(out.out, problem["target"]), out.out
+    code, out = run_main(monkeypatch, capsys, "--prompt", problem["question"], "--save", str(variants),
+                         "--causal-fix", "--causal-first", "--recheck")
+    assert code == 0 and is_correct(out.out, problem["target"]), out.out
+    assert "variant" not in json.loads(paper.read_text(encoding="utf-8"))
+    record = json.loads(variants.read_text(encoding="utf-8"))
+    assert (record["decoder"], record["variant"]) == ("refusion", {"causal_fix": True, "causal_first": True,
+                                                                   "recheck": True})
 
 
 def run_main(monkeypatch, capsys, *args: str, stdin: object = None) -> tuple[int, object]:
