@@ -78,9 +78,10 @@ MDM_GRID: tuple[SweepPoint, ...] = (
 
 SWEEP_GRIDS: dict[str, tuple[SweepPoint, ...]] = {
     "ar": (),  # one point: its usual row (greedy, one token per forward)
-    # k ∈ {4, 8, 16} × b ∈ {k, 4k} × three τ pairs: 18 points (fewer where b reaches the response)
+    # k ∈ {4, 8, 16, 32} (32: the paper's k for GSM8K, MATH, HumanEval, MBPP) × b ∈ {k, 4k} × three τ pairs:
+    # 24 points (fewer where b reaches the response)
     "refusion": tuple(SlotPoint(k, slots, slot_threshold, token_threshold)
-                      for k in (4, 8, 16) for slots in (1, 4)
+                      for k in (4, 8, 16, 32) for slots in (1, 4)
                       for slot_threshold, token_threshold in REFUSION_THRESHOLDS),
     "llada": MDM_GRID,
     "dream": MDM_GRID,

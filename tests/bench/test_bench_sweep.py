@@ -123,7 +123,7 @@ def test_the_plan_is_deterministic_with_unique_labels_and_the_fixed_settings_und
         assert [e.config for e in entries if e.label.startswith(name + " ")] == \
             [e.config for e in entries if e.label.startswith("refusion k=")]
     refusion = [entry.config for entry in entries if entry.gen_length == 64 and entry.label.startswith("refusion k=")]
-    assert {config.slot_size for config in refusion} == {4, 8, 16}
+    assert {config.slot_size for config in refusion} == {4, 8, 16, 32}
     assert {(config.slot_threshold, config.token_threshold) for config in refusion} == {
         (0.9, 0.9), (0.8, 0.5), (0.6, 0.2)}
     # at 64 the usual row is k=8 b=32 τ=0.9/0.9 (b: half the response), a grid point measured once, as "refusion"
