@@ -36,7 +36,7 @@ def eval_config(tmp_path, decoder, models, sets, preset):
                           overrides=sets, preset=preset, limit=0, device="cpu")
     plan = plan_eval(options)
     [run] = plan.runs
-    return run.model, plan.configs[("synthetic", decoder)]
+    return run.model, plan.configs[("synthetic", run.label)]
 
 
 def bench_config(decoder, models, sets, preset):
@@ -61,6 +61,20 @@ def test_the_same_option_strings_give_eval_bench_and_chat_the_same_model_and_con
     # lm-eval's model_args: KEY=VALUE for the adapter's decoder, preset= as --preset
     options = {key.rpartition(".")[2]: value for key, value in (s.split("=", 1) for s in sets)}
     assert model_args_config(decoder, preset, {**options, "gen_length": str(LENGTH)}) == from_eval[1]
+
+
+@pytest.mark.parametrize("flags", [(True, False, False), (False, True, True), (True, True, False), (True, True, True)])
+def test_the_variant_options_add_the_same_rows_to_eval_and_bench(tmp_path, flags):
+    fix, first, again = flags
+    plan = plan_eval(EvalOptions(tasks=["synthetic"], decoders=["refusion"], output=tmp_path / "run", limit=0,
+                                 device="cpu", causal_fix=fix, causal_first=first, recheck=again))
+    settings = bench_settings(MultiValues(["refusion"], [], [], gen_lengths=[str(LENGTH)]), None, device="cpu",
+                              ablation=False, causal_fix=fix, causal_first=first, recheck=again)
+    entries = plan_entries(settings)
+    assert [(run.label.partition(":")[0], run.variant) for run in plan.runs] == [
+        (entry.label, (entry.causal_fix, entry.causal_first, entry.recheck)) for entry in entries]
+    assert len(entries) == {(True, False, False): 2, (False, True, True): 3, (True, True, False): 4,
+                            (True, True, True): 6}[flags]  # the paper's decoder, then each variant asked for
 
 
 @pytest.mark.parametrize("preset", ["gsm8k", "mmlu_pro", "synthetic_tiny"])
