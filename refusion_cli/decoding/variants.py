@@ -34,9 +34,15 @@ def variant_options(flags: Variant) -> dict[str, bool]:
     return dict(zip(FLAGS, flags))
 
 
+NAMES = ("causal fix", "causal first", "recheck")  # each flag in a label
+
+
 def variant_label(decoder: str, flags: Variant) -> str:
-    """The decoder, and the variant ``flags`` make of it if any: "refusion", "refusion (recheck)", "ar", ..."""
-    return decoder + (SUFFIXES[flags] if any(flags) else "")
+    """The decoder, and the variant ``flags`` make of it if any: "refusion", "refusion (recheck)", "ar", ...
+    A mix no command measures as a row of its own (chat takes any) names its flags: "(causal first + recheck)"."""
+    if not any(flags):
+        return decoder
+    return decoder + SUFFIXES.get(flags, " (" + " + ".join(name for name, on in zip(NAMES, flags) if on) + ")")
 
 
 def first_option(causal_fix: bool, causal_first: bool, recheck: bool) -> str | None:
@@ -44,5 +50,5 @@ def first_option(causal_fix: bool, causal_first: bool, recheck: bool) -> str | N
     return next((option for option, given in zip(OPTIONS, (causal_fix, causal_first, recheck)) if given), None)
 
 
-__all__ = ["FLAGS", "OPTIONS", "PAPER", "SUFFIXES", "Variant", "asked_variants", "first_option", "variant_label",
-           "variant_options"]
+__all__ = ["FLAGS", "NAMES", "OPTIONS", "PAPER", "SUFFIXES", "Variant", "asked_variants", "first_option",
+           "variant_label", "variant_options"]

@@ -388,7 +388,7 @@ def run_eval(options: EvalOptions, observer: EvalObserver | None = None, suite: 
                                  loaded[run.model].stop_token_ids, options.batch_size, run.variant)
             adapter = ADAPTERS[run.decoder](pretrained=loaded[run.model], config=config, seed=options.seed,
                                             device=device, batch_size=options.batch_size,
-                                            **(variant_options(run.variant) if any(run.variant) else {}))
+                                            **variant_options(run.variant))
             adapter.warmed_up = (run.model, run.decoder) in warmed  # once per model and decoder, not per task
             journal = SampleJournal(options.output / "samples" / benchmark.name, benchmark=benchmark.name,
                                     decoder=run.decoder, model=run.model, label=run.file_label, config_hash=digest,

@@ -229,6 +229,15 @@ def test_the_variant_flags_decode_with_the_toolkits_variants(tmp_path, monkeypat
                                                                    "recheck": True})
 
 
+def test_any_mix_of_variant_flags_decodes_and_is_recorded(causal_checkpoint, tmp_path, monkeypatch, capsys):
+    saved = tmp_path / "chat.json"
+    code, out = run_main(monkeypatch, capsys, "--model", str(causal_checkpoint), "--prompt", QUESTION,
+                         "--set", "gen_length=32", "--causal-first", "--recheck", "--save", str(saved))
+    assert code == 0, out.err
+    assert json.loads(saved.read_text(encoding="utf-8"))["variant"] == {"causal_fix": False, "causal_first": True,
+                                                                        "recheck": True}
+
+
 def run_main(monkeypatch, capsys, *args: str, stdin: object = None) -> tuple[int, object]:
     """`refusion chat ARGS` through the real entry point, in-process (for speed); stdin replaced when given."""
     from refusion_cli.cli.app import main

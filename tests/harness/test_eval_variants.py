@@ -78,3 +78,14 @@ def test_the_refusion_adapter_takes_the_variant_flags_as_model_args():
         ARLM.create_from_arg_string("pretrained=ar-tiny,device=cpu,recheck=true")
     with pytest.raises(ConfigError, match="causal_first: cannot read 'maybe' as a boolean"):
         ReFusionLM.create_from_arg_string("pretrained=refusion-tiny,device=cpu,causal_first=maybe")
+
+
+def test_every_mix_of_flags_has_a_label_of_its_own():
+    import itertools
+
+    from refusion_cli.decoding.variants import variant_label
+
+    labels = [variant_label("refusion", flags) for flags in itertools.product((False, True), repeat=3)]
+    assert labels == ["refusion", "refusion (recheck)", "refusion (causal first)", "refusion (causal first + recheck)",
+                      "refusion (causal fix)", "refusion (causal fix + recheck)", "refusion (causal fix + first)",
+                      "refusion (causal fix + first + recheck)"]
