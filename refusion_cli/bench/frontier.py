@@ -39,19 +39,9 @@ FRONTIER_FIELDS = [f.name for f in fields(FrontierPoint)]
 
 
 def is_frontier_entry(entry: BenchEntry) -> bool:
-    """A decoder's usual row, a sweep row or a decoding variant's row (all at batch 1 with the KV cache
-    reused), not the recompute ablation or a batch row."""
-    return entry.label == entry.decoder or is_sweep_entry(entry) or is_variant_entry(entry)
-
-
-def is_variant_entry(entry: BenchEntry) -> bool:
-    """A row of one of ReFusion's decoding variants (``causal_fix``, ``causal_first``, ``recheck``, or a mix)."""
-    return entry.causal_fix or entry.causal_first or entry.recheck
-
-
-def point_group(entry: BenchEntry) -> str:
-    """The group of an entry's point: its decoder, or its decoder and variant (a front of its own)."""
-    return variant_name(entry)
+    """A decoder's or a decoding variant's usual row, or a sweep row (all at batch 1 with the KV cache
+    reused), not the recompute ablation or a batch row. Its group is :func:`variant_name`."""
+    return entry.label == variant_name(entry) or is_sweep_entry(entry)
 
 
 def is_sweep_entry(entry: BenchEntry) -> bool:
@@ -68,7 +58,7 @@ def on_pareto_front(points: Sequence[tuple[float, float]]) -> list[bool]:
 
 def frontier_points(entries: Sequence[BenchEntry], rows: Sequence[BenchRow]) -> list[FrontierPoint]:
     """The frontier points of ``rows`` (the first ``len(rows)`` of the planned ``entries``), in row order."""
-    points = [FrontierPoint(point_group(entry), setting_label(entry.decoder, entry.config), row.decoder, row.gen_length,
+    points = [FrontierPoint(variant_name(entry), setting_label(entry.decoder, entry.config), row.decoder, row.gen_length,
                             row.tps, row.tpf, row.accuracy)
               for entry, row in zip(entries, rows) if is_frontier_entry(entry) and row.accuracy is not None]
     flagged: dict[int, FrontierPoint] = {}

@@ -410,13 +410,12 @@ def decode_lane(ctx: Lane, stats: DecodeStats, n_prompt: int, config: ReFusionCo
                 flat = rows.flatten()
                 path = "completion"
                 if recheck and rows.shape[0] > 1:  # verify the rows again, each seeing those to its left
-                    again, pass_logits = yield from verify_drafts(ctx, rows, positions[: rows.shape[0]],
-                                                                  config.token_threshold)
-                    again[0] = True  # the first row saw its whole context already
-                    _, eos_at, n_commit = accepted_prefix(again, rows, stops, k)
+                    kept, pass_logits = yield from verify_drafts(ctx, rows, positions[: rows.shape[0]],
+                                                                 config.token_threshold)
+                    kept[0] = True  # the first row saw its whole context already
                 else:
-                    eos_at = _first_eos(flat, stops)
-                    n_commit = eos_at + 1 if eos_at is not None else flat.numel()
+                    kept = torch.ones_like(rows, dtype=torch.bool)  # every completed row
+                _, eos_at, n_commit = accepted_prefix(kept, rows, stops, k)
             # 4) commit: the first n_commit fed tokens, with the K/V just computed
             ctx.commit(n_commit)
             done = chosen[: -(-n_commit // k)]
