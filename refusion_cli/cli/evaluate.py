@@ -50,6 +50,9 @@ def evaluate(
     limit: Annotated[int | None, typer.Option("--limit", help="first N documents of each lm-eval task (0: check "
                                               "the data and tasks, with --download fetch the data, evaluate "
                                               "nothing)", rich_help_panel=WHAT)] = None,
+    protocol: Annotated[str, typer.Option("--protocol", help="whose task definitions: paper (the paper's prompts, "
+                                          "answer handling and scoring) or lm-eval (the installed lm-eval's own "
+                                          "tasks)", rich_help_panel=WHAT)] = "paper",
     preset: Annotated[str | None, typer.Option("--preset", help="ReFusion preset for every task (default: the "
                                                "task's paper preset from evals/suite.yaml)", rich_help_panel=HOW)] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="decoder option KEY=VALUE for every decoder that has "
@@ -90,7 +93,7 @@ def evaluate(
     """Evaluate decoders on the paper's benchmarks (offline, local data) and report accuracy / TPS."""
     from refusion_cli.harness.suite import load_suite
 
-    suite = load_suite()
+    suite = load_suite(protocol=protocol)
     task_names = frozenset({*suite.benchmarks, *(b.lm_eval_task for b in suite.benchmarks.values()), "paper", "all"})
     values = route_stray_values(more or [], MultiValues(split_commas(decoder), list(model or []), split_commas(set_),
                                                         tasks=split_commas(task), task_names=task_names),
@@ -106,7 +109,7 @@ def evaluate(
         preset=preset, limit=limit, data_dir=data_dir, data_files=list(data_file or []), download=download,
         confirm_run_unsafe_code=confirm_run_unsafe_code, device=device, dtype=dtype, seed=seed,
         trust_remote_code=trust_remote_code, batch_size=batch_size, causal_fix=causal_fix, causal_first=causal_first,
-        recheck=recheck,
+        recheck=recheck, protocol=protocol,
     )
     main_process = int(os.environ.get("RANK", "0")) == 0
     planning = io.StringIO()  # datasets' "Generating test split" bars and the like, for eval.log

@@ -13,16 +13,67 @@ import csv
 import dataclasses
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 from refusion_cli.paths import write_atomically
-
-if TYPE_CHECKING:
-    from refusion_cli.harness.runner import RunResult
 
 METRICS_FILE = "metrics.json"
 CSV_FILE = "summary.csv"
 MARKDOWN_FILE = "summary.md"
+
+# The paper's Table 1 (arXiv 2512.13586, single GPU, batch 1): accuracy (%) and TPS per benchmark, for
+# the rows a decoder here stands for. A run is matched to a row by its decoder; its own numbers are
+# comparable with these under --protocol paper, on the full benchmark, with the real checkpoint.
+PAPER_TABLE1_SOURCE = "arXiv 2512.13586, Table 1"
+PAPER_TABLE1: dict[str, tuple[str, dict[str, tuple[float, float]]]] = {
+    "refusion": ("ReFusion", {
+        "mmlu_pro": (45.94, 52.74), "arc_challenge": (89.76, 32.46), "gsm8k": (84.91, 81.24),
+        "math": (54.22, 81.77), "gpqa": (35.49, 64.11), "humaneval": (78.66, 103.90), "mbpp": (68.20, 92.09)}),
+    "ar": ("Qwen3-8B", {
+        "mmlu_pro": (67.25, 31.42), "arc_challenge": (90.36, 42.78), "gsm8k": (81.96, 31.20),
+        "math": (83.28, 30.11), "gpqa": (39.06, 30.43), "humaneval": (87.80, 30.95), "mbpp": (63.80, 30.07)}),
+    "llada": ("LLaDA-8B-Instruct", {
+        "mmlu_pro": (35.80, 18.21), "arc_challenge": (85.58, 0.03), "gsm8k": (76.35, 27.35),
+        "math": (38.78, 23.93), "gpqa": (32.37, 1.99), "humaneval": (45.12, 12.42), "mbpp": (25.60, 2.97)}),
+    "dream": ("Dream-7B-Instruct", {
+        "mmlu_pro": (40.05, 15.98), "arc_challenge": (88.31, 0.06), "gsm8k": (76.42, 20.30),
+        "math": (46.60, 18.99), "gpqa": (30.36, 1.81), "humaneval": (56.71, 3.51), "mbpp": (50.40, 1.23)}),
+}
+
+
+@dataclasses.dataclass
+class RunResult:
+    """One cell row of the summary: a benchmark under one decoder + model."""
+
+    benchmark: str
+    title: str
+    decoder: str
+    model: str
+    label: str
+    config_hash: str
+    config: dict[str, Any]
+    samples: int
+    accuracy: float  # mean per-sample score, in %
+    lm_eval_accuracy: float | None  # lm-eval's aggregate of the same metric and filter, in %
+    tps: float  # the paper's TPS: all generated tokens / all decode seconds (its eval.py: mean length / mean latency)
+    tpf: float  # mean per-sample tokens per forward
+    tokens: int
+    forwards: int
+    seconds: float
+    decoded: int  # samples the main process decoded in this invocation
+    resumed: int  # samples read back from earlier runs instead of being decoded
+    metric: str
+    lm_eval_results: dict[str, Any] = dataclasses.field(default_factory=dict)
+    prompts_cut: int = 0  # samples whose prompt lost its start to fit the model's positions
+    device: str = ""  # where it ran: "cpu", "cuda (<GPU name>)" (empty in a metrics.json written before this field)
+    dtype: str = ""  # the model's weights, e.g. "bfloat16"
+    tps_sample_mean: float | None = None  # the mean of per-sample TPS (None in a metrics.json written before it)
+    batch_size: int = 1  # requests decoded together; above 1, ``tps`` is the throughput of the batched calls
+    protocol: str = ""  # whose task definitions ("paper", "lm-eval"; empty in a metrics.json written before it)
+    also: dict[str, float] = dataclasses.field(default_factory=dict)  # other scores of the same answers (lm-eval's, %)
+
+
+
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +112,55 @@ def summary_tables(results: list[RunResult]) -> list[Table]:
     batched = sorted({r.batch_size for r in results if r.batch_size > 1})
     title = ("accuracy (%) / TPS" if not batched else  # a batch's TPS is its throughput, not the paper's batch-1 rule
              f"accuracy (%) / TPS (batch {', '.join(map(str, batched))}: throughput, tokens over batched wall time)")
-    return [Table(title, headers, accuracy_rows), Table("TPF (tokens per forward)", headers, tpf_rows)]
+    tables = [Table(title, headers, accuracy_rows), Table("TPF (tokens per forward)", headers, tpf_rows)]
+    paper, other = paper_table(results), other_scores_table(results)
+    return tables + [table for table in (paper, other) if table is not None]
+
+
+def other_scores_table(results: list[RunResult]) -> Table | None:
+    """The other scores of the same answers (``RunResult.also``: where the paper does not say which one its
+    Table 1 shows), one row per cell that has them. None when none has."""
+    rows = [[result.label, result.title, ", ".join(f"{key} {value:.2f}" for key, value in result.also.items())]
+            for result in results if result.also]
+    return Table("other scores of the same answers (%, lm-eval's metric,filter)", ["decoder:model", "task", "scores"],
+                 rows) if rows else None
+
+
+def paper_reference(result: RunResult) -> tuple[str, float, float] | None:
+    """The paper's Table 1 row name, accuracy and TPS for ``result``'s decoder and benchmark (None: none)."""
+    row = PAPER_TABLE1.get(result.decoder)
+    if row is None or result.benchmark not in row[1]:
+        return None
+    return row[0], *row[1][result.benchmark]
+
+
+def paper_table(results: list[RunResult]) -> Table | None:
+    """Each paper-protocol cell beside the paper's Table 1 number for its decoder's row and the difference:
+    ``measured (paper, +difference)`` for accuracy, then for TPS. None when no cell has a paper number."""
+    columns: list[tuple[str, str]] = []
+    cells: dict[tuple[str, str], RunResult] = {}
+    for result in results:
+        if result.protocol == "paper" and paper_reference(result) is not None:
+            columns += [] if (result.benchmark, result.title) in columns else [(result.benchmark, result.title)]
+            cells[(result.label, result.benchmark)] = result
+    if not cells:
+        return None
+    labels = list(dict.fromkeys(label for label, _ in cells))
+    rows = []
+    for label in labels:
+        row, name = [label], ""
+        for benchmark, _ in columns:
+            result = cells.get((label, benchmark))
+            if result is None:
+                row.append("-")
+                continue
+            name, accuracy, tps = paper_reference(result)
+            row.append(f"{result.accuracy:.2f} ({accuracy:.2f}, {result.accuracy - accuracy:+.2f}) / "
+                       f"{result.tps:.2f} ({tps:.2f}, {result.tps - tps:+.2f})")
+        rows.append([f"{label} vs {name}", *row[1:]])
+    return Table(f"against the paper ({PAPER_TABLE1_SOURCE}; row by decoder: refusion = ReFusion, ar = Qwen3-8B, "
+                 "llada = LLaDA-8B-Instruct, dream = Dream-7B-Instruct): measured (paper, difference), "
+                 "accuracy / TPS", ["decoder:model vs paper row", *(title for _, title in columns)], rows)
 
 
 def _mean(values: list[float]) -> float:
@@ -81,8 +180,6 @@ def markdown(tables: list[Table]) -> str:
 def read_results(directory: Path) -> list[RunResult]:
     """The results in ``directory``'s metrics.json: every entry that has RunResult's required fields
     (fields this version does not know are dropped), none when the file is missing or not JSON."""
-    from refusion_cli.harness.runner import RunResult
-
     try:
         payload = json.loads((directory / METRICS_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):

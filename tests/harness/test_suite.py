@@ -13,10 +13,11 @@ from refusion_cli.errors import UserError
 from refusion_cli.harness.runner import check_data_dir
 from refusion_cli.harness.suite import check_data, lm_eval_tasks_dir, load_suite, load_tasks, render
 
-PAPER = {  # docs/algorithm.md, Presets: benchmark -> lm-eval task of the paper's table
+PAPER = {  # docs/algorithm.md, Presets: benchmark -> lm-eval task of the paper's table (its eval.sh)
     "mmlu_pro": "mmlu_pro", "arc_challenge": "arc_challenge_chat", "gsm8k": "gsm8k_cot", "math": "minerva_math",
-    "gpqa": "gpqa_main_generative_n_shot", "humaneval": "humaneval_instruct", "mbpp": "mbpp",
+    "gpqa": "gpqa_main_generative_n_shot", "humaneval": "humaneval_instruct_noprefix", "mbpp": "mbpp",
 }
+LM_EVAL = {**PAPER, "humaneval": "humaneval_instruct"}  # --protocol lm-eval: the installed lm-eval's own tasks
 # where lm-eval 0.4.13 defines each task (indexing these folders is fast; all of lm-eval takes ~15 s)
 BUILTIN_FOLDERS = {"mmlu_pro": "mmlu_pro", "arc_challenge_chat": "arc", "gsm8k_cot": "gsm8k",
                    "minerva_math": "benchmarks", "gpqa_main_generative_n_shot": "gpqa",
@@ -82,6 +83,13 @@ def right_answer(benchmark: str, doc: dict) -> str:
 def test_the_manifest_lists_the_papers_seven_benchmarks_and_the_synthetic_task():
     suite = load_suite()
     assert {name: b.lm_eval_task for name, b in suite.benchmarks.items() if b.paper} == PAPER
+    assert {name: b.lm_eval_task for name, b in load_suite(protocol="lm-eval").benchmarks.items() if b.paper} == LM_EVAL
+    assert all(b.protocol == "paper" for b in suite.benchmarks.values())
+    assert suite.benchmarks["gsm8k"].also == ("exact_match,strict-match",)  # both GSM8K scores, flexible heads
+    assert (suite.benchmarks["math"].metric_key, suite.benchmarks["math"].also) == ("math_verify,none",
+                                                                                      ("exact_match,none",))
+    with pytest.raises(UserError, match="unknown protocol 'papers'; choose from paper, lm-eval"):
+        load_suite(protocol="papers")
     for name, benchmark in suite.benchmarks.items():
         assert benchmark.num_fewshot == 0 and benchmark.chat_template
         assert benchmark.gen_length == (192 if name == "synthetic" else 512)
@@ -139,16 +147,17 @@ def test_a_data_dir_under_home_written_with_a_tilde_is_read(tmp_path, data_dir, 
     check_data_dir(Path("~") / data_dir.name, {"gsm8k": rendered})
 
 
+@pytest.mark.parametrize("protocol", ["paper", "lm-eval"])
 @pytest.mark.parametrize("name", ["synthetic", "gsm8k", "arc_challenge", "mmlu_pro", "gpqa", "math", "humaneval",
                                   "mbpp"])
-def test_each_benchmark_builds_offline_and_scores_a_right_answer(name, data_dir, tmp_path):
+def test_each_benchmark_builds_offline_and_scores_a_right_answer(name, protocol, data_dir, tmp_path):
     """The rendered YAML builds its lm-eval tasks from local files only, and the per-sample scorer
     (the suite's metric and filter) gives a right answer 1 and a wrong one 0."""
     from refusion_cli.harness.scoring import TaskScorer
 
     if name == "math":
         pytest.importorskip("math_verify", reason="MATH needs lm-eval's math extras")
-    benchmark = load_suite().benchmarks[name]
+    benchmark = load_suite(protocol=protocol).benchmarks[name]
     rendered = render(benchmark, tmp_path / "tasks", data_dir=data_dir)
     check_data(rendered)
     tasks = load_tasks(rendered)["tasks"]
@@ -158,19 +167,6 @@ def test_each_benchmark_builds_offline_and_scores_a_right_answer(name, data_dir,
     doc = task.eval_docs[0]
     assert scorer(task_name, doc, right_answer(name, doc)).correct
     assert not scorer(task_name, doc, "I do not know.").correct
-
-
-def test_arc_prompts_have_line_breaks_and_every_choice(data_dir, tmp_path):
-    rendered = render(load_suite().benchmarks["arc_challenge"], tmp_path / "tasks", data_dir=data_dir)
-    [task] = load_tasks(rendered)["tasks"].values()
-    five, numbered = task.eval_docs[2], task.eval_docs[3]
-    assert task.doc_to_text(five) == (
-        "Given the following question and 5 candidate answers (A, B, C, D, E), choose the best answer.\n"
-        "Question: Which one is a vegetable?\nA. rock\nB. car\nC. sky\nD. sea\nE. leek\n"
-        'Your response should end with "The best answer is [the_answer_letter]" where the [the_answer_letter] '
-        "is one of A, B, C, D, E.")
-    assert task.doc_to_target(five) == "E" and task.doc_to_target(numbered) == "A"
-    assert "\\n" not in task.doc_to_text(numbered) and "\nA. one\nB. rock" in task.doc_to_text(numbered)
 
 
 def test_math_scores_a_boxed_answer_and_the_final_answer_sentence(data_dir, tmp_path):
