@@ -190,6 +190,29 @@ def qwen3_tokenizer() -> Any:
     return tokenizer
 
 
+def byte_level_tokenizer() -> Any:
+    """A stand-in for :func:`qwen3_tokenizer` that builds in milliseconds: one token per byte (no merges)
+    and Qwen3's added tokens with their special flags, EOS and chat template. Text goes through it as
+    through Qwen3's (both are lossless byte-level BPEs and drop the same special tokens); only the ids
+    differ, and no check compares ids."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    backend = Tokenizer(models.BPE(vocab={symbol: index for index, symbol in enumerate(sorted(alphabet))}, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend)
+    from tests.models.test_loading import QWEN3_SPECIALS
+
+    for index, token in enumerate(QWEN3_SPECIALS[:QWEN3_SPECIALS.index("</think>") + 1]):
+        special = index < QWEN3_SPECIAL_COUNT
+        tokenizer.add_tokens([AddedToken(token, special=special, normalized=False)], special_tokens=special)
+    tokenizer.eos_token, tokenizer.pad_token = "<|im_end|>", "<|endoftext|>"
+    tokenizer.chat_template = QWEN3_CHAT_TEMPLATE_FILE.read_text(encoding="utf-8")
+    return tokenizer
+
+
 def write_tokenizer(out: Path) -> None:
     tokenizer = qwen3_tokenizer()
     tokenizer.save_pretrained(out)

@@ -51,9 +51,9 @@ def golden() -> dict[str, list[dict[str, Any]]]:
 
 @pytest.fixture(scope="module")
 def qwen3():
-    from tools.paper_parity import qwen3_tokenizer
+    from tools.paper_parity import byte_level_tokenizer
 
-    return qwen3_tokenizer()
+    return byte_level_tokenizer()
 
 
 def subtask(name: str) -> str:

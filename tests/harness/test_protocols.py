@@ -37,9 +37,9 @@ class Template:
 
 @pytest.fixture(scope="module")
 def template() -> Template:
-    from tools.paper_parity import qwen3_tokenizer
+    from tools.paper_parity import byte_level_tokenizer
 
-    return Template(qwen3_tokenizer())
+    return Template(byte_level_tokenizer())
 
 
 def requests(task: Any, template: Template) -> list[tuple[str, dict]]:
