@@ -69,7 +69,7 @@ class RunResult:
     dtype: str = ""  # the model's weights, e.g. "bfloat16"
     tps_sample_mean: float | None = None  # the mean of per-sample TPS (None in a metrics.json written before it)
     batch_size: int = 1  # requests decoded together; above 1, ``tps`` is the throughput of the batched calls
-    protocol: str = ""  # whose task definitions ("paper", "lm-eval"; empty in a metrics.json written before it)
+    protocol: str = ""  # whose task definitions ("paper", "lm-eval"; empty: the same under both, or written before)
     also: dict[str, float] = dataclasses.field(default_factory=dict)  # other scores of the same answers (lm-eval's, %)
 
 
@@ -158,8 +158,7 @@ def paper_table(results: list[RunResult]) -> Table | None:
             row.append(f"{result.accuracy:.2f} ({accuracy:.2f}, {result.accuracy - accuracy:+.2f}) / "
                        f"{result.tps:.2f} ({tps:.2f}, {result.tps - tps:+.2f})")
         rows.append([f"{label} vs {name}", *row[1:]])
-    return Table(f"against the paper ({PAPER_TABLE1_SOURCE}; row by decoder: refusion = ReFusion, ar = Qwen3-8B, "
-                 "llada = LLaDA-8B-Instruct, dream = Dream-7B-Instruct): measured (paper, difference), "
+    return Table(f"against the paper ({PAPER_TABLE1_SOURCE}, the row of each decoder): measured (paper, difference), "
                  "accuracy / TPS", ["decoder:model vs paper row", *(title for _, title in columns)], rows)
 
 

@@ -179,14 +179,15 @@ def placement(model: Any) -> tuple[str, str]:
 
 def config_hash(decoder: str, config: Any, fingerprint: str, seed: int, chat_template: bool,
                 where: tuple[str, str], metric: str, stop_token_ids: tuple[int, ...] = (), batch_size: int = 1,
-                variant: Variant = PAPER) -> str:
+                variant: Variant = PAPER, protocol: str = "") -> str:
     """What a journaled sample is reused under: decoder settings, model files, seed, template, device
     and dtype (another dtype decodes other tokens; another device measures other timings), and the
     metric its stored score is (another metric must score it again), the decoder's revision past
     the first (a decoder whose tokens changed decodes again; revision 1 keeps the hashes it always had),
     and the EOS ids when a response ends at several (one EOS keeps the hashes it always had), and a batch
     size above 1 (the answers are the same, the timings are not: a batch is timed as a whole), and ReFusion's
-    decoding variant when it is not the paper's decoder."""
+    decoding variant when it is not the paper's decoder, and the paper protocol where a benchmark's task differs
+    by protocol (MATH's prompts are the same under both, its scoring is not; lm-eval's keeps the hashes it had)."""
     material = {"decoder": decoder, "config": dataclasses.asdict(config), "model": fingerprint, "seed": seed,
                 "chat_template": chat_template, "device": where[0], "dtype": where[1], "metric": metric}
     revision = decoder_spec(decoder).revision
@@ -198,6 +199,8 @@ def config_hash(decoder: str, config: Any, fingerprint: str, seed: int, chat_tem
         material["batch_size"] = batch_size
     if any(variant):
         material["variant"] = variant_options(variant)
+    if protocol == "paper":
+        material["protocol"] = protocol
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -357,7 +360,8 @@ def run_eval(options: EvalOptions, observer: EvalObserver | None = None, suite: 
             where = placement(loaded[run.model].model)
             digest = config_hash(run.decoder, config, model_fingerprint(run.model), options.seed,
                                  benchmark.chat_template, where, benchmark.metric_key,
-                                 loaded[run.model].stop_token_ids, options.batch_size, run.variant)
+                                 loaded[run.model].stop_token_ids, options.batch_size, run.variant,
+                                 benchmark.protocol)
             adapter = ADAPTERS[run.decoder](pretrained=loaded[run.model], config=config, seed=options.seed,
                                             device=device, batch_size=options.batch_size,
                                             **variant_options(run.variant))

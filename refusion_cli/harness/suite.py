@@ -66,7 +66,7 @@ class Benchmark:
     code: bool  # scoring executes model-written code
     data: str  # where the data comes from (for messages)
     hub: HubData | None = None  # where `--download` fetches its files (None: they ship with a package or here)
-    protocol: str = DEFAULT_PROTOCOL  # whose task definitions: "paper" or "lm-eval"
+    protocol: str = DEFAULT_PROTOCOL  # whose task definitions: "paper" or "lm-eval"; "" the same under both
     also: tuple[str, ...] = ()  # other scores reported beside the metric, as lm-eval names them (metric,filter)
 
     @property
@@ -129,7 +129,8 @@ def load_suite(path: Path = SUITE_FILE, protocol: str = DEFAULT_PROTOCOL) -> Sui
             num_fewshot=int(settings["num_fewshot"]), gen_length=int(settings["gen_length"]),
             chat_template=bool(settings["chat_template"]), preset=settings["preset"], metric=metric["name"],
             metric_filter=metric.get("filter", "none"), code=bool(settings.get("code", False)),
-            data=settings["data"] if "data" in settings else hub.describe(), hub=hub, protocol=protocol,
+            data=settings["data"] if "data" in settings else hub.describe(), hub=hub,
+            protocol=protocol if "protocols" in entry else "",
             also=tuple(f"{m['name']},{m.get('filter', 'none')}" for m in settings.get("also", ())),
         )
     for benchmark in benchmarks.values():

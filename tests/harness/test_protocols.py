@@ -93,3 +93,14 @@ def test_the_paper_protocol_is_the_default_and_a_misspelt_one_is_refused(tmp_pat
     assert EvalOptions(tasks=["gsm8k"], decoders=["ar"], output=tmp_path).protocol == "paper"
     with pytest.raises(UserError, match="unknown protocol 'lm_eval'; choose from paper, lm-eval"):
         EvalOptions(tasks=["gsm8k"], decoders=["ar"], output=tmp_path, protocol="lm_eval")
+
+
+def test_a_sample_journaled_under_one_protocol_is_not_reused_under_the_other():
+    """MATH's prompts are the same under both protocols and its scoring is not: the journal key must differ."""
+    from refusion_cli.decoding.config import ReFusionConfig
+    from refusion_cli.harness.runner import config_hash
+
+    args = ("refusion", ReFusionConfig(), "model", 0, True, ("cpu", "float32"), "math_verify,none")
+    lm_eval_protocol = config_hash(*args, protocol="lm-eval")
+    assert config_hash(*args, protocol="paper") != lm_eval_protocol
+    assert config_hash(*args) == lm_eval_protocol  # the hashes journals written before the protocols have

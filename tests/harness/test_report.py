@@ -19,7 +19,7 @@ def test_each_paper_cell_stands_beside_the_papers_number_for_its_decoders_row():
     results = [result("gsm8k", "GSM8K", "refusion", 80.0, 90.5), result("math", "MATH", "refusion", 50.0, 70.0),
                result("gsm8k", "GSM8K", "ar", 82.5, 30.0), result("mbpp", "MBPP", "llada", 20.0, 3.0)]
     *_, paper = summary_tables(results)  # no cell has other scores: the paper's table is the last
-    assert PAPER_TABLE1_SOURCE in paper.title and "ar = Qwen3-8B" in paper.title
+    assert PAPER_TABLE1_SOURCE in paper.title
     assert paper.headers == ["decoder:model vs paper row", "GSM8K", "MATH", "MBPP"]
     assert paper.rows == [
         ["refusion:ckpt vs ReFusion", "80.00 (84.91, -4.91) / 90.50 (81.24, +9.26)",
