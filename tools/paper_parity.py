@@ -32,6 +32,9 @@ Three steps, each a subcommand:
               ``code_eval`` (HumanEval, MBPP) is loaded from the hub by lm-eval's task code; here it is
               a local stand-in that runs each program as ``code_eval`` builds it (candidate, newline,
               test code) in a subprocess with its 3 s timeout.
+
+The offline checks of the golden file are tests/harness/test_paper_parity.py; they use
+:func:`byte_level_tokenizer`, which treats text as Qwen3's tokenizer does and builds in milliseconds.
 """
 
 from __future__ import annotations

@@ -3,8 +3,12 @@
 Layout (paper Table 1): one row per decoder + model, one column per benchmark, each cell
 ``accuracy / TPS`` (accuracy in %, TPS = the benchmark's generated tokens over its summed decode
 seconds, as the paper counts it), an ``avg`` column
-when there are several benchmarks; then the same rows and columns with TPF (tokens per forward).
-A benchmark a row did not run is ``-``. Nothing here prints; the CLI renders :func:`summary_tables`.
+when there are several benchmarks; then the same rows and columns with TPF (tokens per forward);
+then, for cells run under the paper's protocol, each beside the paper's own Table 1 number for the
+row its decoder stands for (:data:`PAPER_TABLE1`) and the difference; then the other scores of the
+same answers where a benchmark reports more than one (:attr:`RunResult.also`). A benchmark a row did
+not run is ``-``. :class:`RunResult` (one cell) lives here, so the result files need nothing of the
+run that writes them. Nothing here prints; the CLI renders :func:`summary_tables`.
 """
 
 from __future__ import annotations
@@ -71,8 +75,6 @@ class RunResult:
     batch_size: int = 1  # requests decoded together; above 1, ``tps`` is the throughput of the batched calls
     protocol: str = ""  # whose task definitions ("paper", "lm-eval"; empty: the same under both, or written before)
     also: dict[str, float] = dataclasses.field(default_factory=dict)  # other scores of the same answers (lm-eval's, %)
-
-
 
 
 
