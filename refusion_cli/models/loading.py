@@ -24,6 +24,7 @@ import torch
 
 from refusion_cli.decoding.registry import check_decoder_fits
 from refusion_cli.errors import UserError
+from refusion_cli.models import gguf
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 EMBEDDED = ("refusion-tiny", "ar-tiny", "mdm-tiny")  # shipped in refusion_cli/assets/<name>/
@@ -87,6 +88,8 @@ def resolve_source(name_or_path: str) -> tuple[str, bool]:
     model unless the working directory holds a folder of that name.
     """
     path = Path(name_or_path).expanduser()
+    if gguf.is_gguf(name_or_path):  # one file: config, tokenizer and weights
+        return gguf.resolve_gguf(name_or_path), True
     if is_embedded(name_or_path):
         path = embedded_path(name_or_path)
         if not (path / "config.json").is_file():
@@ -153,7 +156,8 @@ def load_config(source: str, local_only: bool, trust_remote_code: bool, name: st
     from transformers import AutoConfig
 
     try:
-        return AutoConfig.from_pretrained(source, local_files_only=local_only, trust_remote_code=trust_remote_code)
+        return gguf.read_checkpoint(AutoConfig.from_pretrained, source, name, local_files_only=local_only,
+                                    trust_remote_code=trust_remote_code)
     except OSError as exc:
         if local_only and not Path(source).exists():
             raise UserError(
@@ -217,6 +221,7 @@ def inspect_checkpoint(name_or_path: str, trust_remote_code: bool = False) -> Ch
 def check_model_fits(decoder: str, name_or_path: str, trust_remote_code: bool = False) -> None:
     """The checkpoint is there (or on the hub) and suits ``decoder``, judged from its config alone."""
     info = inspect_checkpoint(name_or_path, trust_remote_code)
+    gguf.check_gguf_decoder(decoder, name_or_path)
     check_decoder_fits(decoder, info.bidirectional, shifted=info.shifted)
 
 
@@ -238,11 +243,13 @@ def load_model(
     if isinstance(dtype, str):
         dtype = parse_dtype(dtype)
     dtype = dtype or default_dtype(device)
+    if require_mask and gguf.is_gguf(name_or_path):
+        raise gguf.mask_decoder_error(name_or_path)
     info = inspect_checkpoint(name_or_path, trust_remote_code)
     source, local_only, config, family, remote = info.source, info.local_only, info.config, info.family, info.remote
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_only,
-                                                  trust_remote_code=trust_remote_code and remote)
+        tokenizer = gguf.read_checkpoint(AutoTokenizer.from_pretrained, source, name_or_path,
+                                         local_files_only=local_only, trust_remote_code=trust_remote_code and remote)
     except (OSError, ValueError) as exc:
         raise UserError(f"cannot load the tokenizer of '{name_or_path}': {str(exc).splitlines()[0]}") from exc
     mask_id = find_mask_id(config, tokenizer)
@@ -258,8 +265,9 @@ def load_model(
         from transformers import AutoModel as load_class  # LLaDA and Dream register AutoModel only
     try:
         with _no_progress_bar(is_embedded(name_or_path)):  # a 10 MB model needs no "Loading weights" bar
-            model = load_class.from_pretrained(source, config=config, dtype=dtype, local_files_only=local_only,
-                                               trust_remote_code=trust_remote_code and remote)
+            model = gguf.read_checkpoint(load_class.from_pretrained, source, name_or_path, config=config,
+                                         dtype=dtype, local_files_only=local_only,
+                                         trust_remote_code=trust_remote_code and remote)
     except (OSError, ValueError) as exc:
         raise UserError(f"cannot load the weights of '{name_or_path}': {str(exc).splitlines()[0]}") from exc
     model.to(device).eval().requires_grad_(False)

