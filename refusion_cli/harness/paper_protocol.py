@@ -239,14 +239,24 @@ def _passes(program: str) -> float:
     return float(run_candidate(program, timeout=CODE_TIMEOUT_S, memory_mb=CODE_MEMORY_MB).passed)
 
 
+def mbpp_test_program(candidate: str, doc: dict[str, Any]) -> str:
+    """``code_eval``'s MBPP program: the candidate, a newline, the assert lines (no setup code)."""
+    return candidate + "\n" + mbpp_tests(doc)
+
+
+def humaneval_test_program(candidate: str, doc: dict[str, Any]) -> str:
+    """``code_eval``'s HumanEval program: the sanitized candidate, a newline, the tests, ``check(entry_point)``."""
+    return candidate + "\n" + f"{doc['test']}\ncheck({doc['entry_point']})"
+
+
 def mbpp_process_results(doc: dict[str, Any], results: list[str]) -> dict[str, float]:
-    """pass@1 of ``code_eval``'s program: the answer, a newline, the assert lines (no setup code)."""
-    return {"pass_at_1": _passes(results[0] + "\n" + mbpp_tests(doc))}
+    """pass@1 of :func:`mbpp_test_program` in the sandbox."""
+    return {"pass_at_1": _passes(mbpp_test_program(results[0], doc))}
 
 
 def humaneval_process_results(doc: dict[str, Any], results: list[str]) -> dict[str, float]:
-    """pass@1 of ``code_eval``'s program: the sanitized candidate, a newline, the tests, ``check(entry_point)``."""
-    return {"pass_at_1": _passes(results[0] + "\n" + f"{doc['test']}\ncheck({doc['entry_point']})")}
+    """pass@1 of :func:`humaneval_test_program` in the sandbox."""
+    return {"pass_at_1": _passes(humaneval_test_program(results[0], doc))}
 
 
 # --- MATH: Minerva's answer normalisation and lm-eval 0.4.9.1's equivalence ------------------------

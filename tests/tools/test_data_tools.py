@@ -28,16 +28,37 @@ MBPP = [
 
 
 def test_reference_solutions_lists_each_failure_with_its_detail(capsys, tmp_path):
+    """Problem 13's tests need its setup code: the lm-eval layout runs it, the paper's (code_eval's) does not."""
+    needs_setup = {"task_id": 13, "text": "Return the constant.", "code": "def get():\n    return K",
+                   "test_list": ["assert get() == 5"], "test_setup_code": "K = 5", "challenge_test_list": []}
     (tmp_path / "data" / "mbpp").mkdir(parents=True)
-    (tmp_path / "data" / "mbpp" / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in MBPP))
+    (tmp_path / "data" / "mbpp" / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [*MBPP, needs_setup]))
     reference_main(["--data-dir", str(tmp_path / "data"), "--output", str(tmp_path / "out"), "--benchmark", "mbpp"])
-    report = json.loads((tmp_path / "out" / REPORT).read_text())["benchmarks"]
-    assert list(report) == ["mbpp"]
-    assert {key: report["mbpp"][key] for key in ("problems", "passed", "failed")} == {"problems": 2, "passed": 1,
-                                                                                    "failed": 1}
-    assert report["mbpp"]["failures"] == {"12": {"status": "failed", "detail": "AssertionError"}}
-    assert capsys.readouterr().out.splitlines() == ["mbpp: 1 of 2 reference solutions pass",
-                                                    "  12: failed: AssertionError"]
+    report = json.loads((tmp_path / "out" / REPORT).read_text())["protocols"]
+    assert list(report) == ["paper", "lm-eval"] and all(list(found) == ["mbpp"] for found in report.values())
+    counts = {protocol: {key: found["mbpp"][key] for key in ("problems", "passed", "failed")}
+              for protocol, found in report.items()}
+    assert counts == {"paper": {"problems": 3, "passed": 1, "failed": 2},
+                      "lm-eval": {"problems": 3, "passed": 2, "failed": 1}}
+    assert report["lm-eval"]["mbpp"]["failures"] == {"12": {"status": "failed", "detail": "AssertionError"}}
+    assert report["paper"]["mbpp"]["failures"] == {
+        "12": {"status": "failed", "detail": "AssertionError"},
+        "13": {"status": "failed", "detail": "NameError: name 'K' is not defined"}}
+    assert capsys.readouterr().out.splitlines() == [
+        "mbpp (paper): 1 of 3 reference solutions pass", "  12: failed: AssertionError",
+        "  13: failed: NameError: name 'K' is not defined",
+        "mbpp (lm-eval): 2 of 3 reference solutions pass", "  12: failed: AssertionError"]
+
+
+def test_paper_layout_of_a_humaneval_reference_runs_the_sanitized_function():
+    """The prompt, then the function as written after the fence (the prompt's imports again), sanitized."""
+    problem = {"task_id": "HumanEval/0", "entry_point": "add", "prompt": "import math\n\ndef add(a, b):\n    \"\"\"Sum.\"\"\"\n",
+               "canonical_solution": "    return a + b\n", "test": "def check(f):\n    assert f(1, 2) == 3\n"}
+    from tools.reference_solutions import paper_programs
+
+    assert paper_programs("humaneval", {"HumanEval/0": problem})["HumanEval/0"] == (
+        "import math\nimport math\ndef add(a, b):\n    \"\"\"Sum.\"\"\"\n    return a + b\n"
+        "def check(f):\n    assert f(1, 2) == 3\n\ncheck(add)")
 
 
 def arrow_stream(records: list[dict]) -> bytes:
