@@ -47,6 +47,15 @@ def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return mask.view(-1, 1, *allowed.shape[-2:])
 
 
+def mask_argument(config, mask: torch.Tensor) -> torch.Tensor | dict[str, torch.Tensor]:
+    """A 4-D mask as the model's forward takes it: one per layer type where the config lists layer types
+    (Qwen2, Qwen3), else the tensor itself (Llama: LLaDA loaded natively)."""
+    layer_types = getattr(config, "layer_types", None)
+    if not layer_types:
+        return mask
+    return {kind: mask for kind in sorted(set(layer_types))}
+
+
 @dataclass
 class Feed:
     """What one lane feeds to a call: new tokens [Q] at true positions [Q], split into groups [Q]."""
@@ -87,7 +96,6 @@ class Lanes:
         self.reuse = reuse
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
-        self.layer_types = sorted(set(getattr(model.config, "layer_types", None) or ["full_attention"]))
         self.cache = DynamicCache(config=model.config) if reuse else None
         self.columns = 0  # cache entries per row
         self.rows: list[int] = []  # the lane of each cache row
@@ -174,7 +182,7 @@ class Lanes:
             self.model,
             input_ids=input_ids,
             position_ids=position_ids,
-            attention_mask={kind: mask for kind in self.layer_types},
+            attention_mask=mask_argument(self.model.config, mask),
             use_cache=self.reuse,
             **cache_argument(self.model, cache),
             **last_logits(self.model, n_new),

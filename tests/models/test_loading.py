@@ -164,11 +164,12 @@ def test_a_model_that_is_not_a_causal_lm_is_refused(tmp_path):
 
 
 def test_remote_code_checkpoints_need_explicit_trust(tmp_path):
+    """A model type transformers does not know, with its own code behind an auto_map (LLaDA and Dream load natively)."""
     (tmp_path / "config.json").write_text(json.dumps({
-        "model_type": "llada", "architectures": ["LLaDAModelLM"],
-        "auto_map": {"AutoConfig": "configuration_llada.LLaDAConfig", "AutoModel": "modeling_llada.LLaDAModelLM"},
+        "model_type": "mystery", "architectures": ["MysteryLM"],
+        "auto_map": {"AutoConfig": "configuration_mystery.MysteryConfig", "AutoModel": "modeling_mystery.MysteryLM"},
     }))
-    with pytest.raises(UserError, match="own modelling code") as info:
+    with pytest.raises(UserError, match="needs its authors' modelling code") as info:
         load_model(str(tmp_path))
     assert "--trust-remote-code" in info.value.hint
 
