@@ -14,9 +14,8 @@ from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 from refusion_cli.decoding import ReFusionConfig, decode_refusion
 from refusion_cli.errors import UserError
 from refusion_cli.models import load_model
+from tools.standins import QWEN_PATTERN
 
-QWEN_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
-                r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
 # Qwen3's added tokens start right after the 151643 BPE ranks; ReFusion's <|mask|> sits at 151670.
 QWEN3_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
                   "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",

@@ -154,3 +154,44 @@ def test_model_args_follow_the_length_rules_of_refusion_eval(standin, name, max_
     # settings given in model_args stay as given
     fixed = ADAPTERS[decoder].create_from_arg_string(f"pretrained={standin(name)},steps=64,gen_length=64")
     assert fixed.prepare("Q", {"max_gen_toks": 128}).config.steps == 64
+
+
+MYSTERY_CONFIG = '''from transformers import PretrainedConfig
+
+
+class MysteryConfig(PretrainedConfig):
+    model_type = "mystery"
+'''
+MYSTERY_MODEL = '''from transformers import PreTrainedModel
+
+from .configuration_mystery import MysteryConfig
+
+
+class MysteryLM(PreTrainedModel):
+    config_class = MysteryConfig
+
+    def __init__(self, config):
+        raise AttributeError("'MysteryLM' object has no attribute 'all_tied_weights_keys'")
+'''
+
+
+def test_a_checkpoint_whose_own_code_fails_to_load_is_one_error_line(causal_checkpoint, monkeypatch, capsys,
+                                                                       tmp_path):
+    """Remote code written for another transformers release (as LLaDA's and Dream's were) fails in its own
+    way; the command says so in one line, with a hint, and exits 2."""
+    import shutil
+
+    directory = Path(shutil.copytree(causal_checkpoint, tmp_path / "mystery"))
+    (directory / "config.json").write_text(json.dumps({
+        "model_type": "mystery", "architectures": ["MysteryLM"],
+        "auto_map": {"AutoConfig": "configuration_mystery.MysteryConfig",
+                     "AutoModelForCausalLM": "modeling_mystery.MysteryLM"}}))
+    (directory / "configuration_mystery.py").write_text(MYSTERY_CONFIG)
+    (directory / "modeling_mystery.py").write_text(MYSTERY_MODEL)
+    monkeypatch.delenv("REFUSION_DEBUG", raising=False)
+    code, out, err = run(monkeypatch, capsys, "chat", "--decoder", "ar", "--model", str(directory), "--device", "cpu",
+                         "--trust-remote-code", "--prompt", "hi")
+    assert code == 2 and out == "" and "Traceback" not in err
+    (line,) = [line for line in err.splitlines() if line.strip()]
+    assert line.startswith("error: cannot load the weights of ") and "AttributeError" in line
+    assert "(hint: its own modelling code failed under transformers " in line
