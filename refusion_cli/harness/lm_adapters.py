@@ -63,7 +63,7 @@ ADAPTER_OPTIONS: dict[str, str] = {
     "pretrained": "checkpoint: embedded name, local directory or hub id (default: the decoder's embedded model)",
     "device": "torch device (default: cuda if available, else cpu; the process's device under accelerate)",
     "dtype": "float32, bfloat16, float16 or float64 (default: bf16 on GPUs that have it, else float32)",
-    "trust_remote_code": "allow checkpoints that ship modelling code (LLaDA, Dream)",
+    "trust_remote_code": "run the modelling code a checkpoint ships (not needed for LLaDA / Dream)",
     "preset": f"ReFusion preset to start from: {', '.join(decoder_spec(PRESET_DECODER).presets)}",
     "seed": "seed of the per-request generator (Gumbel noise, random remasking)",
     "enable_thinking": "passed to the chat template (Qwen3 templates read it)",
