@@ -34,6 +34,8 @@ ASSETS = Path(__file__).resolve().parent.parent / "assets"
 EMBEDDED = ("refusion-tiny", "ar-tiny", "mdm-tiny")  # shipped in refusion_cli/assets/<name>/
 DEFAULT_MODEL = "refusion-tiny"
 MASK_TOKEN = "<|mask|>"
+# what a checkpoint's broken files or its own code raise while loading
+LOAD_ERRORS = (OSError, ValueError, KeyError, AttributeError, TypeError, RuntimeError, ImportError, NotImplementedError)
 
 
 @dataclass
@@ -181,12 +183,7 @@ def load_config(source: str, local_only: bool, trust_remote_code: bool, name: st
     try:
         return AutoConfig.from_pretrained(source, local_files_only=local_only, trust_remote_code=trust_remote_code)
     except OSError as exc:
-        if local_only and not Path(source).exists():
-            raise UserError(
-                f"'{name}' is not a local directory, the model hub is unreachable, and it is not in the local cache",
-                hint="download it on a machine with access and pass the directory, or set HF_HOME to a cache holding it",
-            ) from exc
-        raise UserError(f"cannot read the config of '{name}': {exc}".splitlines()[0]) from exc
+        raise _config_error(exc, source, local_only, name) from exc
     except ValueError as exc:
         text = str(exc)
         if "trust_remote_code" in text or "custom code" in text:
@@ -195,6 +192,9 @@ def load_config(source: str, local_only: bool, trust_remote_code: bool, name: st
                 hint="pass --trust-remote-code (trust_remote_code=True) if you trust its authors",
             ) from exc
         raise UserError(f"cannot read the config of '{name}': {text.splitlines()[0]}") from exc
+    except LOAD_ERRORS as exc:  # a checkpoint's own configuration code failing
+        raise UserError(f"cannot read the config of '{name}': {_first_line(exc)}",
+                        hint="its configuration code may be written for another transformers release") from exc
 
 
 def find_mask_id(config, tokenizer) -> int | None:
@@ -294,10 +294,6 @@ def load_model(
                      vocab_size=model.get_input_embeddings().num_embeddings, name=name_or_path)
     return LoadedModel(model, tokenizer, mask_id, int(eos_id), int(pad_id), family, info.bidirectional, info.source,
                        stops, info.shifted)
-
-
-# what a checkpoint's broken files or its own code raise while loading
-LOAD_ERRORS = (OSError, ValueError, KeyError, AttributeError, TypeError, RuntimeError, ImportError, NotImplementedError)
 
 
 def load_tokenizer(info: CheckpointInfo, name: str) -> Any:
