@@ -48,10 +48,11 @@ def _require(raw: dict[str, Any], name: str, label: str, expected: Mapping[str, 
 
 
 def _with_ids(raw: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
-    """``fields`` plus the special-token ids the checkpoint's config names."""
-    for key in ("bos_token_id", "eos_token_id", "pad_token_id", "mask_token_id"):
-        if raw.get(key) is not None:
-            fields[key] = raw[key]
+    """``fields`` plus the special-token ids the checkpoint's config names; an id it does not name is None,
+    never the stock class's default (Llama's bos 1 and eos 2 mean other tokens in LLaDA's vocabulary)."""
+    fields.update({key: raw.get(key) for key in ("bos_token_id", "eos_token_id", "pad_token_id")})
+    if raw.get("mask_token_id") is not None:
+        fields["mask_token_id"] = raw["mask_token_id"]
     return fields
 
 

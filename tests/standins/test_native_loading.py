@@ -45,6 +45,7 @@ def test_llada_and_dream_configs_keep_their_real_fields(standin):
     llada = inspect_checkpoint(str(standin("llada-8b-instruct"))).config
     assert (llada.vocab_size, llada.rope_parameters["rope_theta"], llada.rms_norm_eps) == (126464, 500000.0, 1e-5)
     assert (llada.max_position_embeddings, llada.tie_word_embeddings, llada.is_causal) == (4096, False, False)
+    assert (llada.bos_token_id, llada.eos_token_id, llada.pad_token_id) == (None, 126081, 126081)  # not Llama's 1, 2
     dream = inspect_checkpoint(str(standin("dream-v0-instruct-7b"))).config
     assert (dream.vocab_size, dream.rope_parameters["rope_theta"], dream.rms_norm_eps) == (152064, 1e6, 1e-6)
     assert (dream.mask_token_id, dream.is_causal) == (151666, False)
@@ -135,3 +136,16 @@ def test_a_model_whose_attention_is_recorded_nowhere_is_bidirectional():
         config = type("Config", (), {})()
 
     assert attends_causally(Plain()) is False
+
+
+def test_llada_and_dream_load_and_decode_in_bfloat16(standin):
+    """The dtype a GPU run uses: weights and logits in bf16, the samplers widen where their references do."""
+    for name, decode, config in (("llada-8b-instruct", decode_llada, LLaDAConfig(gen_length=8, steps=4, block_length=8)),
+                                 ("dream-v0-instruct-7b", decode_dream, DreamConfig(gen_length=8, steps=4,
+                                                                                    temperature=0.0, top_p=None))):
+        loaded = load_model(str(standin(name)), "cpu", torch.bfloat16)
+        assert next(loaded.model.parameters()).dtype == torch.bfloat16
+        prompt = user_prompt_ids(loaded.tokenizer, QUESTIONS[0])
+        result = decode(loaded.model, prompt, config, mask_token_id=loaded.mask_token_id,
+                        eos_token_id=loaded.stop_token_ids)
+        assert result.stats.forwards == 4 and loaded.mask_token_id not in result.tokens
