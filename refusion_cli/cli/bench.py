@@ -141,8 +141,8 @@ def bench(
                                               "CUDA, float32 on CPU)", rich_help_panel=MACHINE)] = None,
     threads: Annotated[int | None, typer.Option("--threads", help="torch CPU threads",
                                                 rich_help_panel=MACHINE)] = None,
-    trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code", help="allow LLaDA / Dream checkpoints "
-                                                    "that ship their own modelling code",
+    trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code", help="run the modelling code a "
+                                                    "checkpoint ships (not needed for LLaDA / Dream)",
                                                     rich_help_panel=MACHINE)] = False,
     stray: Annotated[list[str] | None, typer.Argument(
         hidden=True, show_default=False, metavar="VALUES",

@@ -91,8 +91,8 @@ def chat(
                                                "when available)", rich_help_panel=MODEL)] = None,
     dtype: Annotated[str | None, typer.Option("--dtype", help="float32, bfloat16, float16",
                                               rich_help_panel=MODEL)] = None,
-    trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code", help="allow LLaDA / Dream checkpoints "
-                                                    "that ship their own modelling code",
+    trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code", help="run the modelling code a "
+                                                    "checkpoint ships (not needed for LLaDA / Dream)",
                                                     rich_help_panel=MODEL)] = False,
     stray: Annotated[list[str] | None, typer.Argument(hidden=True, show_default=False, metavar="VALUES",
                                                       help="more values of --set")] = None,

@@ -72,8 +72,8 @@ def evaluate(
                                                "(default: cuda if available)", rich_help_panel=HOW)] = None,
     dtype: Annotated[str | None, typer.Option("--dtype", help="float32, bfloat16, float16",
                                               rich_help_panel=HOW)] = None,
-    trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code", help="allow checkpoints that ship their "
-                                                    "own modelling code (LLaDA, Dream)", rich_help_panel=HOW)] = False,
+    trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code", help="run the modelling code a "
+                                                    "checkpoint ships (not needed for LLaDA / Dream)", rich_help_panel=HOW)] = False,
     output: Annotated[Path | None, typer.Option("--output", "-o", **PATH_OPTION, help="run directory; rerunning "
                                                 "into it resumes (default: results/<date>-<task>/)",
                                                 rich_help_panel=WHERE)] = None,

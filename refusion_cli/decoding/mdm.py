@@ -30,7 +30,7 @@ from typing import Callable, Generator, Iterator, TypeVar
 import torch
 from transformers import DynamicCache
 
-from refusion_cli.decoding.cache import additive_mask, drive
+from refusion_cli.decoding.cache import additive_mask, drive, mask_argument
 from refusion_cli.decoding.config import ConfigError, check_non_negative, check_positive, check_probability
 from refusion_cli.decoding.refusion import (Generators, Prompt, Prompts, batch_prompts, row_callback,
                                             row_generators)
@@ -174,10 +174,9 @@ class CanvasCalls:
 
     def __init__(self, model: torch.nn.Module):
         self.model = model
-        self.causal = bool(getattr(model.config, "is_causal", True))
+        self.causal = attends_causally(model)
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
-        self.layer_types = sorted(set(getattr(model.config, "layer_types", None) or ["full_attention"]))
 
     def close(self, row: int) -> None:
         """A finished row holds nothing here: its cache lives in its own program."""
@@ -200,7 +199,7 @@ class CanvasCalls:
             mask = additive_mask(allowed, self.dtype)  # [B, 1, Q, W + Q]
             cache_kwargs = cache_argument(self.model, cache) if cached else {}
             out, seconds = timed_call(self.model, input_ids=input_ids, position_ids=position_ids,
-                                      attention_mask={kind: mask for kind in self.layer_types},
+                                      attention_mask=mask_argument(self.model.config, mask),
                                       use_cache=cached, **cache_kwargs)
         replies = {}
         for row, (index, feed) in enumerate(feeds.items()):
@@ -228,6 +227,19 @@ class CanvasCalls:
             among = torch.ones(n, n, dtype=torch.bool, device=self.device)
             allowed[row, :n, prefix_width: prefix_width + n] = among.tril() if self.causal else among
         return input_ids, position_ids, allowed
+
+
+def attends_causally(model: torch.nn.Module) -> bool:
+    """Whether ``model`` attends causally: ``config.is_causal`` when the config records it (the toolkit's
+    loader sets it False for every masked-diffusion checkpoint); else its attention modules' own flag
+    (transformers' carry ``is_causal``); a model with neither (a masked-diffusion model's own code) is
+    bidirectional."""
+    recorded = getattr(model.config, "is_causal", None)
+    if recorded is not None:
+        return bool(recorded)
+    flags = {bool(module.is_causal) for module in model.modules()
+             if module is not model and isinstance(getattr(module, "is_causal", None), bool)}
+    return flags == {True}
 
 
 def _prefix_length(feed: CanvasFeed) -> int:

@@ -11,7 +11,10 @@ discovery). Contract of every adapter:
   never ignored.
 - ``generate_until`` decodes ``batch_size`` requests at a time (default 1, the paper's setting) with
   ``registry.run_decoder``; every request gets the answer it gets alone (the decoders batch row for
-  row), a batch of more than one is timed as a whole (``SampleRecord.wall_share``). ``max_gen_toks`` becomes the config's ``gen_length``; the response is
+  row), a batch of more than one is timed as a whole (``SampleRecord.wall_share``). ``max_gen_toks`` becomes the
+  config's ``gen_length``, and the settings that follow the length move with it as ``refusion eval``
+  sets them (``registry.length_settings``: LLaDA's and Dream's ``steps``, LLaDA's ``block_length``)
+  unless ``model_args`` set them; the response is
   cut after the first EOS, decoded without special tokens, then cut at the first ``until``
   string. The decoders decode as their config says (greedy, or ReFusion's planning noise), so a
   request for sampling (``do_sample=True``, or a ``temperature`` above 0 without ``do_sample=False``,
@@ -60,7 +63,7 @@ ADAPTER_OPTIONS: dict[str, str] = {
     "pretrained": "checkpoint: embedded name, local directory or hub id (default: the decoder's embedded model)",
     "device": "torch device (default: cuda if available, else cpu; the process's device under accelerate)",
     "dtype": "float32, bfloat16, float16 or float64 (default: bf16 on GPUs that have it, else float32)",
-    "trust_remote_code": "allow checkpoints that ship modelling code (LLaDA, Dream)",
+    "trust_remote_code": "run the modelling code a checkpoint ships (not needed for LLaDA / Dream)",
     "preset": f"ReFusion preset to start from: {', '.join(decoder_spec(PRESET_DECODER).presets)}",
     "seed": "seed of the per-request generator (Gumbel noise, random remasking)",
     "enable_thinking": "passed to the chat template (Qwen3 templates read it)",
@@ -133,6 +136,18 @@ def distributed_context(device: str | None = None) -> tuple[int, int, Any]:
     return accelerator.process_index, accelerator.num_processes, accelerator
 
 
+def lm_eval_default_device() -> str | None:
+    """The device lm-eval passes to a model when ``--device`` is not given (its config's default)."""
+    try:
+        from lm_eval.config.evaluate_config import EvaluatorConfig
+    except ImportError:  # lm-eval releases without that config pass None
+        return None
+    for config_field in dataclasses.fields(EvaluatorConfig):
+        if config_field.name == "device":
+            return config_field.default
+    return None
+
+
 def _as_bool(name: str, value: object) -> bool:
     if isinstance(value, bool):
         return value
@@ -155,13 +170,17 @@ def check_model_args(decoder: str, keys: set[str]) -> None:
         )
 
 
-def decoder_config(decoder: str, preset: str | None, options: dict[str, Any]) -> Any:
-    """The decoder's config: a ReFusion preset (the paper's, or the toolkit's such as ``synthetic_tiny``),
-    then ``options`` (:class:`~refusion_cli.decoding.spec.DecoderChoice`, as refusion eval, bench and chat
-    build theirs)."""
+def decoder_choice(decoder: str, preset: str | None, options: dict[str, Any]) -> DecoderChoice:
+    """The decoder options of ``model_args``: a ReFusion preset (the paper's, or the toolkit's such as
+    ``synthetic_tiny``), then ``options`` (as refusion eval, bench and chat take theirs)."""
     if preset is not None and decoder != PRESET_DECODER:
         raise ConfigError(f"preset= applies to the {PRESET_DECODER} adapter only, not {decoder}")
-    return DecoderChoice(decoder, None, preset, options).config()
+    return DecoderChoice(decoder, None, preset, options)
+
+
+def decoder_config(decoder: str, preset: str | None, options: dict[str, Any]) -> Any:
+    """The decoder's config from ``model_args`` options (:func:`decoder_choice`), validated."""
+    return decoder_choice(decoder, preset, options).config()
 
 
 def batch_size_value(value: int | str | None) -> int:
@@ -178,11 +197,17 @@ def batch_size_value(value: int | str | None) -> int:
     return size
 
 
-def with_gen_length(config: Any, gen_length: int) -> Any:
-    """``config`` with another response budget (lm-eval's ``max_gen_toks``)."""
+def with_gen_length(config: Any, gen_length: int, choice: DecoderChoice | None = None) -> Any:
+    """``config`` with another response budget (lm-eval's ``max_gen_toks``). Built from ``choice`` (the
+    ``model_args`` options) when there is one, so that the settings that follow the length move with it
+    (``registry.with_length``, the rule ``refusion eval`` applies) unless the options set them; a config
+    given as an object keeps its other fields."""
     if config.gen_length == gen_length:
         return config
     try:
+        if choice is not None:
+            options = {key: value for key, value in choice.overrides.items() if key != "gen_length"}
+            return dataclasses.replace(choice, overrides=options).config(gen_length)
         return dataclasses.replace(config, gen_length=gen_length)
     except ConfigError as exc:
         raise UserError(f"max_gen_toks={gen_length} does not fit the {type(config).__name__}: {exc}",
@@ -253,7 +278,9 @@ class DecoderLM(TemplateLM):
             raise ConfigError("pass either a config object or decoder options / preset, not both")
         if config is not None and not isinstance(config, spec.config_class):
             raise ConfigError(f"the {self.decoder} adapter takes a {spec.config_class.__name__} as config")
-        self.config = config if config is not None else decoder_config(self.decoder, preset, decoder_options)
+        # the model_args options, kept to rebuild the config for each max_gen_toks (None: a config object was given)
+        self.choice = None if config is not None else decoder_choice(self.decoder, preset, decoder_options)
+        self.config = config if self.choice is None else self.choice.config()
         self.seed = int(seed)
         variant = tuple(_as_bool(flag, value) for flag, value in zip(FLAGS, (causal_fix, causal_first, recheck)))
         if any(variant) and self.decoder != PRESET_DECODER:
@@ -287,11 +314,12 @@ class DecoderLM(TemplateLM):
     def create_from_arg_obj(cls, arg_dict: dict[str, Any], additional_config: dict[str, Any] | None = None):
         """lm-eval's constructor path, with a key set both in ``model_args`` and by a command-line option
         (``--device``, ``--batch_size``) allowed once: equal values merge, different ones are a ConfigError
-        (lm-eval's own merge raised a TypeError)."""
+        (lm-eval's own merge raised a TypeError). lm-eval's default device (``cuda:0`` when ``--device`` is
+        absent) counts as not given: ``device=`` in ``model_args``, else the adapter's default, applies."""
         merged = dict(arg_dict)
         for key, value in (additional_config or {}).items():
-            if value is None:
-                continue
+            if value is None or (key == "device" and value == lm_eval_default_device()):
+                continue  # not given (lm-eval passes its own default device when --device is absent)
             if key in merged and str(merged[key]) != str(value):
                 raise ConfigError(f"{key} is given twice: {merged[key]!r} in model_args and {value!r} "
                                   f"from the command line (--{key}); give it once")
@@ -394,7 +422,7 @@ class DecoderLM(TemplateLM):
                             "config says and would answer greedily under a sampling task's name",
                             hint="run a greedy task (do_sample=false, temperature=0); decoder options such as "
                                  "ReFusion's planning noise go in model_args")
-        config = self.config if max_gen_toks is None else with_gen_length(self.config, int(max_gen_toks))
+        config = self.config if max_gen_toks is None else with_gen_length(self.config, int(max_gen_toks), self.choice)
         prompt_ids = self.tok_encode(context)
         response = getattr(config, "padded_length", config.gen_length)  # ReFusion rounds up to whole slots
         room = self.max_length - response

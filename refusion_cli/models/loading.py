@@ -2,8 +2,12 @@
 
 A ReFusion checkpoint is a stock Qwen3 causal LM whose config carries ``mask_token_id`` (the
 official ``GSAI-ML/ReFusion`` is Qwen3-8B with ``<|mask|>`` = 151670), so it loads with the
-transformers class, never with remote code. LLaDA and Dream ship their own modelling code: they
-load only when the caller passes ``trust_remote_code=True``.
+transformers class, never with remote code. LLaDA and Dream ship their own modelling code, written
+for transformers 4; they load natively instead, onto ``LlamaForCausalLM`` / ``Qwen2ForCausalLM``
+with bidirectional attention (:mod:`refusion_cli.models.layouts`). A model type transformers knows
+always loads with transformers' own config and model classes (an ``auto_map`` in its config is
+ignored); any other checkpoint with an ``auto_map`` loads with its own pair of classes, only when the
+caller passes ``trust_remote_code=True``. Whatever fails to load is a one-line ``UserError``.
 
 The hub is optional: a local directory always works; a hub id is tried only when the hub answers
 quickly, otherwise only the local Hugging Face cache is consulted and a miss is a one-line error.
@@ -25,12 +29,14 @@ import torch
 from refusion_cli.decoding.registry import check_decoder_fits
 from refusion_cli.errors import UserError
 from refusion_cli.models import gguf
+from refusion_cli.models.layouts import NativeLayout, native_layout
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 EMBEDDED = ("refusion-tiny", "ar-tiny", "mdm-tiny")  # shipped in refusion_cli/assets/<name>/
 DEFAULT_MODEL = "refusion-tiny"
 MASK_TOKEN = "<|mask|>"
-REMOTE_CODE_FAMILIES = {"llada": "LLaDA", "dream": "Dream"}
+# what a checkpoint's broken files or its own code raise while loading
+LOAD_ERRORS = (OSError, ValueError, KeyError, AttributeError, TypeError, RuntimeError, ImportError, NotImplementedError)
 
 
 @dataclass
@@ -152,6 +158,28 @@ def default_dtype(device: torch.device) -> torch.dtype:
     return torch.float32
 
 
+def read_config_dict(source: str, local_only: bool, name: str) -> dict[str, Any]:
+    """The checkpoint's ``config.json`` as a dict (no config class is built, no code runs)."""
+    from transformers import PretrainedConfig
+
+    try:
+        raw, _ = gguf.read_checkpoint(PretrainedConfig.get_config_dict, source, name, local_files_only=local_only)
+    except OSError as exc:
+        raise _config_error(exc, source, local_only, name) from exc
+    except ValueError as exc:
+        raise UserError(f"cannot read the config of '{name}': {str(exc).splitlines()[0]}") from exc
+    return raw
+
+
+def _config_error(exc: OSError, source: str, local_only: bool, name: str) -> UserError:
+    if local_only and not Path(source).exists():
+        return UserError(
+            f"'{name}' is not a local directory, the model hub is unreachable, and it is not in the local cache",
+            hint="download it on a machine with access and pass the directory, or set HF_HOME to a cache holding it",
+        )
+    return UserError(f"cannot read the config of '{name}': {exc}".splitlines()[0])
+
+
 def load_config(source: str, local_only: bool, trust_remote_code: bool, name: str):
     from transformers import AutoConfig
 
@@ -159,12 +187,7 @@ def load_config(source: str, local_only: bool, trust_remote_code: bool, name: st
         return gguf.read_checkpoint(AutoConfig.from_pretrained, source, name, local_files_only=local_only,
                                     trust_remote_code=trust_remote_code)
     except OSError as exc:
-        if local_only and not Path(source).exists():
-            raise UserError(
-                f"'{name}' is not a local directory, the model hub is unreachable, and it is not in the local cache",
-                hint="download it on a machine with access and pass the directory, or set HF_HOME to a cache holding it",
-            ) from exc
-        raise UserError(f"cannot read the config of '{name}': {exc}".splitlines()[0]) from exc
+        raise _config_error(exc, source, local_only, name) from exc
     except ValueError as exc:
         text = str(exc)
         if "trust_remote_code" in text or "custom code" in text:
@@ -173,6 +196,9 @@ def load_config(source: str, local_only: bool, trust_remote_code: bool, name: st
                 hint="pass --trust-remote-code (trust_remote_code=True) if you trust its authors",
             ) from exc
         raise UserError(f"cannot read the config of '{name}': {text.splitlines()[0]}") from exc
+    except LOAD_ERRORS as exc:  # a checkpoint's own configuration code failing
+        raise UserError(f"cannot read the config of '{name}': {_first_line(exc)}",
+                        hint="its configuration code may be written for another transformers release") from exc
 
 
 def find_mask_id(config, tokenizer) -> int | None:
@@ -194,27 +220,40 @@ class CheckpointInfo:
     local_only: bool  # load from local files only (embedded, a directory, or the hub unreachable)
     config: Any
     family: str  # config.model_type
-    remote: bool  # its modelling code ships with the checkpoint (LLaDA, Dream)
-    bidirectional: bool  # a masked-diffusion model (remote code, or config.is_causal False)
+    remote: bool  # loads with the modelling code shipped with the checkpoint (trust_remote_code)
+    bidirectional: bool  # a masked-diffusion model (LLaDA, Dream, remote code, or config.is_causal False)
     shifted: bool | None = None  # reads token i from position i-1 (Dream) or not (LLaDA); None: not recorded
+    layout: NativeLayout | None = None  # LLaDA or Dream, loaded onto a stock class (models.layouts)
 
 
 def inspect_checkpoint(name_or_path: str, trust_remote_code: bool = False) -> CheckpointInfo:
-    """Resolve a checkpoint and read its config: a missing or unusable one fails here, before any weights load."""
+    """Resolve a checkpoint and read its config: a missing or unusable one fails here, before any weights load.
+
+    LLaDA and Dream get their stock config (``models.layouts``); a model type transformers knows gets
+    transformers' own config class; any other with an ``auto_map`` gets its own, with ``trust_remote_code``.
+    """
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     source, local_only = resolve_source(name_or_path)
-    config = load_config(source, local_only, trust_remote_code, name_or_path)
-    family = config.model_type
-    remote = bool(getattr(config, "auto_map", None)) and family not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    raw = read_config_dict(source, local_only, name_or_path)
+    family = str(raw.get("model_type") or "")
+    layout = native_layout(family)
+    if layout is not None:
+        config = layout.build_config(raw, name_or_path)
+        return CheckpointInfo(source, local_only, config, family.lower(), False, True, layout.shifted, layout)
+    remote = bool(raw.get("auto_map")) and family not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
     if remote and not trust_remote_code:
-        label = REMOTE_CODE_FAMILIES.get(family.lower(), family)
-        raise UserError(f"'{name_or_path}' is a {label} checkpoint that needs its authors' modelling code",
+        raise UserError(f"'{name_or_path}' is a '{family}' checkpoint that needs its authors' modelling code",
                         hint="pass --trust-remote-code (trust_remote_code=True) to run it")
     if not remote and family not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         raise UserError(f"'{name_or_path}' is a '{family}' checkpoint, not a causal language model")
+    if remote and not {"AutoModelForCausalLM", "AutoModel"} & set(raw["auto_map"]):
+        raise UserError(f"'{name_or_path}' maps no model class in its config's auto_map "
+                        f"(it lists {', '.join(sorted(raw['auto_map']))})",
+                        hint="its auto_map needs an AutoModelForCausalLM or AutoModel entry")
+    config = load_config(source, local_only, remote, name_or_path)  # remote code only for a type transformers lacks
     bidirectional = remote or not getattr(config, "is_causal", True)
-    shifted = {"dream": True, "llada": False}.get(family.lower()) if remote else getattr(config, "shifted_logits", None)
+    shifted = getattr(config, "shifted_logits", None)
     return CheckpointInfo(source, local_only, config, family, remote, bidirectional, shifted)
 
 
@@ -237,8 +276,6 @@ def load_model(
 
     ``require_mask=False`` accepts plain AR checkpoints (e.g. ``Qwen/Qwen3-8B``) that have no mask token.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     device = parse_device(device)
     if isinstance(dtype, str):
         dtype = parse_dtype(dtype)
@@ -246,12 +283,8 @@ def load_model(
     if require_mask and gguf.is_gguf(name_or_path):
         raise gguf.mask_decoder_error(name_or_path)
     info = inspect_checkpoint(name_or_path, trust_remote_code)
-    source, local_only, config, family, remote = info.source, info.local_only, info.config, info.family, info.remote
-    try:
-        tokenizer = gguf.read_checkpoint(AutoTokenizer.from_pretrained, source, name_or_path,
-                                         local_files_only=local_only, trust_remote_code=trust_remote_code and remote)
-    except (OSError, ValueError) as exc:
-        raise UserError(f"cannot load the tokenizer of '{name_or_path}': {str(exc).splitlines()[0]}") from exc
+    config, family = info.config, info.family
+    tokenizer = load_tokenizer(info, name_or_path)
     mask_id = find_mask_id(config, tokenizer)
     if mask_id is None and require_mask:
         raise UserError(f"'{name_or_path}' has no mask token (no mask_token_id in its config, no {MASK_TOKEN} token)",
@@ -260,21 +293,88 @@ def load_model(
     if eos_id is None:
         raise UserError(f"'{name_or_path}' defines no EOS token")
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
-    load_class = AutoModelForCausalLM
-    if remote and "AutoModelForCausalLM" not in (config.auto_map or {}):
-        from transformers import AutoModel as load_class  # LLaDA and Dream register AutoModel only
-    try:
-        with _no_progress_bar(is_embedded(name_or_path)):  # a 10 MB model needs no "Loading weights" bar
-            model = gguf.read_checkpoint(load_class.from_pretrained, source, name_or_path, config=config,
-                                         dtype=dtype, local_files_only=local_only,
-                                         trust_remote_code=trust_remote_code and remote)
-    except (OSError, ValueError) as exc:
-        raise UserError(f"cannot load the weights of '{name_or_path}': {str(exc).splitlines()[0]}") from exc
+    model = load_weights(info, name_or_path, dtype)
+    if info.bidirectional and not info.remote:
+        make_bidirectional(model)
     model.to(device).eval().requires_grad_(False)
     stops = stop_ids(int(eos_id), getattr(model, "generation_config", None), model.config,
                      vocab_size=model.get_input_embeddings().num_embeddings, name=name_or_path)
-    return LoadedModel(model, tokenizer, mask_id, int(eos_id), int(pad_id), family, info.bidirectional, source, stops,
-                       info.shifted)
+    return LoadedModel(model, tokenizer, mask_id, int(eos_id), int(pad_id), family, info.bidirectional, info.source,
+                       stops, info.shifted)
+
+
+def load_tokenizer(info: CheckpointInfo, name: str) -> Any:
+    """The checkpoint's tokenizer: a stock class for LLaDA and Dream, remote code only for a remote checkpoint."""
+    import transformers
+
+    layout_class = info.layout.tokenizer_class if info.layout is not None else None
+    try:
+        if layout_class is not None:
+            return getattr(transformers, layout_class).from_pretrained(info.source, local_files_only=info.local_only)
+        return gguf.read_checkpoint(transformers.AutoTokenizer.from_pretrained, info.source, name,
+                                    local_files_only=info.local_only, trust_remote_code=info.remote)
+    except LOAD_ERRORS as exc:
+        raise UserError(f"cannot load the tokenizer of '{name}': {_first_line(exc)}", hint=_load_hint(info)) from exc
+
+
+def model_class(info: CheckpointInfo) -> Any:
+    """The class the weights load into: the layout's stock class, transformers' own class for the config's
+    type, or (remote code) the checkpoint's AutoModelForCausalLM, else AutoModel, entry."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    if info.layout is not None:
+        return getattr(transformers, info.layout.model_class)
+    if not info.remote:
+        return MODEL_FOR_CAUSAL_LM_MAPPING[type(info.config)]
+    if "AutoModelForCausalLM" in (info.config.auto_map or {}):
+        return transformers.AutoModelForCausalLM
+    return transformers.AutoModel  # LLaDA and Dream register AutoModel only
+
+
+def load_weights(info: CheckpointInfo, name: str, dtype: torch.dtype) -> torch.nn.Module:
+    """The weights in ``model_class(info)``; a weight the model needs and the checkpoint lacks is an error
+    (transformers would initialise it at random)."""
+    options: dict[str, Any] = {"config": info.config, "dtype": dtype, "local_files_only": info.local_only,
+                               "output_loading_info": True}
+    if info.remote:
+        options["trust_remote_code"] = True
+    if info.layout is not None and info.layout.key_mapping:
+        options["key_mapping"] = dict(info.layout.key_mapping)
+    try:
+        with _no_progress_bar(is_embedded(name)):  # a 10 MB model needs no "Loading weights" bar
+            model, loading = gguf.read_checkpoint(model_class(info).from_pretrained, info.source, name, **options)
+    except LOAD_ERRORS as exc:
+        raise UserError(f"cannot load the weights of '{name}': {_first_line(exc)}", hint=_load_hint(info)) from exc
+    missing = sorted(loading.get("missing_keys") or [])
+    if missing:
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        raise UserError(f"cannot load the weights of '{name}': the checkpoint lacks {shown}",
+                        hint="the checkpoint is incomplete, or its weight names are not the layout its config names")
+    return model
+
+
+def make_bidirectional(model: torch.nn.Module) -> None:
+    """Full attention in every backend: the config's flag (masks) and every attention module's (SDPA and
+    flash attention read it when no mask is passed)."""
+    model.config.is_causal = False
+    for module in model.modules():
+        if hasattr(module, "is_causal"):
+            module.is_causal = False
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+
+
+def _load_hint(info: CheckpointInfo) -> str:
+    if info.remote:
+        import transformers
+
+        return (f"its own modelling code failed under transformers {transformers.__version__}; the code may be "
+                "written for another transformers release (--debug shows the traceback)")
+    return "check that the directory holds the complete checkpoint (--debug shows the traceback)"
 
 
 @contextmanager

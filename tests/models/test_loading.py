@@ -14,9 +14,8 @@ from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 from refusion_cli.decoding import ReFusionConfig, decode_refusion
 from refusion_cli.errors import UserError
 from refusion_cli.models import load_model
+from tools.standins import QWEN_PATTERN
 
-QWEN_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
-                r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
 # Qwen3's added tokens start right after the 151643 BPE ranks; ReFusion's <|mask|> sits at 151670.
 QWEN3_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
                   "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
@@ -164,11 +163,12 @@ def test_a_model_that_is_not_a_causal_lm_is_refused(tmp_path):
 
 
 def test_remote_code_checkpoints_need_explicit_trust(tmp_path):
+    """A model type transformers does not know, with its own code behind an auto_map (LLaDA and Dream load natively)."""
     (tmp_path / "config.json").write_text(json.dumps({
-        "model_type": "llada", "architectures": ["LLaDAModelLM"],
-        "auto_map": {"AutoConfig": "configuration_llada.LLaDAConfig", "AutoModel": "modeling_llada.LLaDAModelLM"},
+        "model_type": "mystery", "architectures": ["MysteryLM"],
+        "auto_map": {"AutoConfig": "configuration_mystery.MysteryConfig", "AutoModel": "modeling_mystery.MysteryLM"},
     }))
-    with pytest.raises(UserError, match="own modelling code") as info:
+    with pytest.raises(UserError, match="needs its authors' modelling code") as info:
         load_model(str(tmp_path))
     assert "--trust-remote-code" in info.value.hint
 

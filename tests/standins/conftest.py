@@ -1,0 +1,23 @@
+"""Stand-ins of the four public checkpoints (``tools.standins``), built once per session into temporary folders."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tools.standins import build_standin
+
+
+@pytest.fixture(scope="session")
+def standin(tmp_path_factory) -> Callable[[str], Path]:
+    """``standin(name)``: the directory of that stand-in (built on first use, seed 0, as the golden files were)."""
+    built: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in built:
+            built[name] = build_standin(name, tmp_path_factory.mktemp(name))
+        return built[name]
+
+    return get
