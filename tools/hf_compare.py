@@ -123,8 +123,8 @@ def main(argv: list[str] | None = None) -> None:
 
         check_output_dir(args.output, hint="pick a folder you can write to")
         with tempfile.TemporaryDirectory(prefix="hf-compare-") as scratch:
-            options = EvalOptions(tasks=[args.task], decoders=[DECODER], models=[args.model], output=Path(scratch),
-                                  protocol=args.protocol, limit=args.limit, data_dir=args.data_dir,
+            options = EvalOptions(tasks=args.task.split(","), decoders=[DECODER], models=[args.model],
+                                  output=Path(scratch), protocol=args.protocol, limit=args.limit, data_dir=args.data_dir,
                                   confirm_run_unsafe_code=True, seed=args.seed)
             plan = plan_eval(options)
         loaded = load_model(args.model, "cpu", require_mask=False)
