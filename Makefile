@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 
-.PHONY: test venv clean models demo
+.PHONY: test test-all venv clean models demo
 
 # The venv is (re)built only when pyproject.toml changes; torch first. Where pip would otherwise
 # fetch the multi-GB CUDA build, name the CPU wheel index: make test TORCH_INDEX=https://download.pytorch.org/whl/cpu
@@ -16,8 +16,13 @@ $(VENV)/.installed: pyproject.toml
 
 venv: $(VENV)/.installed
 
+# Two workers (pytest-xdist), a test file each at a time, one torch thread each (tests/conftest.py).
 test: venv
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n 2 --dist loadfile
+
+# Everything, the tests marked slow included (the rest of each exhaustive sweep): before a release.
+test-all: venv
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n 2 --dist loadfile -m ''
 
 # The main job on the embedded models: ReFusion (the paper's decoder and the toolkit's variants), AR and LLaDA
 # decoding of the synthetic task, side by side.

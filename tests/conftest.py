@@ -5,6 +5,8 @@ import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs two workers on two cores: one thread each, and
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # for the commands they start
 # caches (datasets' Arrow files of the eval tests' data, matplotlib's font list) in a temporary
 # folder, not in the user's home: subprocesses inherit these
 _CACHES = tempfile.mkdtemp(prefix="refusion-tests-")

@@ -191,6 +191,7 @@ def test_an_interrupted_bench_keeps_its_finished_rows(causal_checkpoint, tmp_pat
     assert "**Interrupted**" in (output / "bench.md").read_text()
 
 
+@pytest.mark.slow  # `make test-all`; test_bench_sweep.py checks the variants' rows in-process by default
 def test_causal_fix_adds_its_own_row_after_each_refusion_row(causal_checkpoint, tmp_path):
     out = refusion("bench", "--tps", "--decoder", "refusion", "ar", "--model", f"refusion={causal_checkpoint}",
                    f"ar={causal_checkpoint}", "--no-ablation", "--causal-fix", "--limit", "1", "--gen-length", "16",

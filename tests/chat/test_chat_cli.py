@@ -195,6 +195,7 @@ def test_embedded_refusion_tiny_answers_a_synthetic_question_in_the_terminal(emb
     assert child.exitstatus == 0
 
 
+@pytest.mark.slow  # `make test-all`; --prompt mode runs by default on a random checkpoint, and the embedded model above
 @pytest.mark.skipif(EMBEDDED_MISSING, reason=EMBEDDED_SKIP)
 def test_embedded_refusion_tiny_answers_with_prompt(embedded_problem):
     out = run_chat("--prompt", embedded_problem["question"])
@@ -202,6 +203,7 @@ def test_embedded_refusion_tiny_answers_with_prompt(embedded_problem):
     assert is_correct(out.stdout, embedded_problem["target"]), out.stdout
 
 
+@pytest.mark.slow  # `make test-all`; piped lines run by default on a random checkpoint
 @pytest.mark.skipif(EMBEDDED_MISSING, reason=EMBEDDED_SKIP)
 def test_embedded_refusion_tiny_answers_a_file_of_questions_without_history(embedded_problem):
     """Two independent questions on stdin: each answered on its own, the answers a blank line apart."""
@@ -309,6 +311,7 @@ def test_a_closed_stdin_is_one_error_line(causal_checkpoint, monkeypatch, capsys
     assert code == 2 and out.err.startswith("error: stdin is closed") and out.out == ""
 
 
+@pytest.mark.slow  # `make test-all`; Ctrl-C during an interactive answer runs by default
 def test_ctrl_c_during_a_prompt_answer_exits_130(causal_checkpoint):
     """--prompt is not the chat: Ctrl-C stops the command (no exit 0 with an empty answer)."""
     child = spawn_chat("--model", str(causal_checkpoint), "--set", "gen_length=960", "--set", "slot_size=4",
@@ -409,6 +412,7 @@ def test_a_template_that_cannot_render_a_system_message_is_one_error_line(no_sys
                                     "message: System role not supported"]
 
 
+@pytest.mark.slow  # `make test-all`; a system message and --save run by default in the tests above
 def test_interactive_chat_with_a_system_message_saves_the_conversation(causal_checkpoint, tmp_path):
     target = tmp_path / "chat.json"
     child = spawn_chat("--model", str(causal_checkpoint), "--set", "gen_length=32", "--system", SYSTEM)

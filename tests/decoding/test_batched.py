@@ -74,10 +74,14 @@ def test_refusion_rows_decode_as_alone_over_the_reference_sweep(models):
     assert all(count > 0 for count in seen.values()), seen
 
 
-@pytest.mark.parametrize("options", [{"kv_reuse": False}, {"causal_fix": True}, {"causal_first": True},
-                                     {"causal_first": True, "causal_fix": True},
-                                     {"causal_first": True, "kv_reuse": False}, {"recheck": True},
-                                     {"recheck": True, "causal_fix": True, "causal_first": True}])
+SLOW = pytest.mark.slow  # `make test-all`: the rest of an exhaustive sweep; one representative case runs by default
+
+
+@pytest.mark.parametrize("options", [
+    pytest.param({"kv_reuse": False}, marks=SLOW), pytest.param({"causal_fix": True}, marks=SLOW),
+    pytest.param({"causal_first": True}, marks=SLOW), pytest.param({"causal_first": True, "causal_fix": True}, marks=SLOW),
+    pytest.param({"causal_first": True, "kv_reuse": False}, marks=SLOW), pytest.param({"recheck": True}, marks=SLOW),
+    {"recheck": True, "causal_fix": True, "causal_first": True}])
 def test_refusion_ablations_batch_as_alone(models, options):
     # two of the model seeds: the full sweep runs the paper's decoder over all three
     for seed, (k, b, n, ts, tt) in itertools.product(MODEL_SEEDS[:2], CONFIGS[:5]):

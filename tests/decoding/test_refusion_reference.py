@@ -77,6 +77,7 @@ def test_recompute_matches_reference_with_siblings_visible(models):
         assert result.tokens == expected
 
 
+@pytest.mark.slow  # `make test-all`; by default the recheck test below runs causal_fix with the other two
 def test_causal_fix_ablation_matches_reference_token_for_token(models):
     """causal_fix=True: the causal prediction replaces each forced completion token (an ablation)."""
     corrected = 0
@@ -95,6 +96,7 @@ def test_causal_fix_ablation_matches_reference_token_for_token(models):
     assert corrected > 0  # the sweep went through the replacement
 
 
+@pytest.mark.slow  # `make test-all`; by default the recheck test below runs causal_first with the other two
 @pytest.mark.parametrize("causal_fix", [False, True])
 def test_causal_first_ablation_matches_reference_token_for_token(models, causal_fix):
     """causal_first=True: a chosen slot whose left neighbour is committed starts with the causal head's
@@ -122,7 +124,8 @@ def test_causal_first_ablation_matches_reference_token_for_token(models, causal_
     assert kept > 0  # and slots after a committed neighbour kept a draft that was the surer one
 
 
-@pytest.mark.parametrize("options", [{}, {"causal_fix": True, "causal_first": True}])
+@pytest.mark.parametrize("options", [pytest.param({}, marks=pytest.mark.slow),  # `make test-all`
+                                     {"causal_fix": True, "causal_first": True}])
 def test_recheck_ablation_matches_reference_token_for_token(models, options):
     """recheck=True: the completed rows are verified again together and only those up to the first failing
     token are committed; alone and with the other two ablations, in the same forwards."""

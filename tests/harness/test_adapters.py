@@ -59,16 +59,17 @@ def test_model_args_become_the_decoder_config(causal_checkpoint):
 
 
 @pytest.mark.parametrize("arguments, last_line", [
-    (["--model", "refusion", "--model_args", "pretrained=refusion-tiny,preset=nope", "--tasks", "synthetic",
-      "--include_path", str(EVALS_DIR / "tasks")],
-     "error: unknown ReFusion preset 'nope'; choose one of mmlu_pro, "),
+    pytest.param(["--model", "refusion", "--model_args", "pretrained=refusion-tiny,preset=nope", "--tasks", "synthetic",
+                  "--include_path", str(EVALS_DIR / "tasks")],
+                 "error: unknown ReFusion preset 'nope'; choose one of mmlu_pro, ",
+                 marks=pytest.mark.slow),  # `make test-all`: each case starts lm-eval (about 20 s)
     (["--model", "refusion", "--model_args", "pretrained=refusion-tiny", "--tasks", "no_such_task"],
      "error: Tasks not found: no_such_task (hint: check --tasks"),
     # the task files of evals/ are templates that refusion eval fills in (datasets raised FileNotFoundError)
-    (["--model", "ar", "--model_args", "pretrained=ar-tiny,gen_length=8", "--tasks", "synthetic",
-      "--include_path", str(EVALS_DIR / "tasks")],
-     "error: the task files in evals/tasks are templates whose data paths are filled in by refusion eval "
-     "(hint: run refusion eval"),
+    pytest.param(["--model", "ar", "--model_args", "pretrained=ar-tiny,gen_length=8", "--tasks", "synthetic",
+                  "--include_path", str(EVALS_DIR / "tasks")],
+                 "error: the task files in evals/tasks are templates whose data paths are filled in by refusion "
+                 "eval (hint: run refusion eval", marks=pytest.mark.slow),
 ], ids=["bad-preset", "unknown-task", "task-template"])
 def test_a_mistake_on_lm_evals_command_line_is_one_error_line(tmp_path, arguments, last_line):
     import subprocess

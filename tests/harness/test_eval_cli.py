@@ -199,6 +199,7 @@ def test_a_run_interrupted_in_process_resumes_from_its_journal(causal_checkpoint
     assert cell["config_hash"] == replaced.config_hash != result.config_hash and cell["config"]["slot_threshold"] == 0.5
 
 
+@pytest.mark.slow  # `make test-all`: three eval commands; test_eval_variants resumes a folder of several rows by default
 def test_runs_into_one_folder_add_up_side_by_side(causal_checkpoint, tmp_path):
     run_dir = tmp_path / "run"
     common = ("--task", "synthetic", "--model", str(causal_checkpoint), "--limit", "2", "--set", "gen_length=16",

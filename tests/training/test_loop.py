@@ -254,6 +254,7 @@ def test_two_processes_give_the_training_and_validation_losses_of_one(setup, tmp
             assert b[key] == pytest.approx(a[key], rel=1e-6 if a["step"] == 0 else 1e-5), (a["step"], key)
 
 
+@pytest.mark.slow  # `make test-all`: starts accelerate (the sharded-config checks below run by default)
 def test_the_readme_fsdp_config_on_cpu_stops_before_training_unsharded(setup, tmp_path):
     """Accelerate sets up FSDP on GPUs only; on CPU it would train plain data-parallel (MULTI_CPU), unannounced."""
     config_file = tmp_path / "fsdp.yaml"
