@@ -1,6 +1,7 @@
 """The evaluation harness: the decoders as lm-eval models, the benchmark suite, resumable runs.
 
 - ``lm_adapters``: lm-eval models ``refusion``, ``ar``, ``llada``, ``dream`` (importing it registers them)
+- ``answers``: from a response's ids to the scored text, per protocol (the end token, special tokens, stops)
 - ``suite``: the manifest ``evals/suite.yaml`` and its task YAMLs rendered for offline data
 - ``runner``: ``run_eval`` behind ``refusion eval`` (lm-eval runs, per-sample journal, resume, reports)
 - ``journal``, ``scoring``, ``report``: per-sample records, per-sample scores, result tables

@@ -14,9 +14,10 @@ discovery). Contract of every adapter:
   row), a batch of more than one is timed as a whole (``SampleRecord.wall_share``). ``max_gen_toks`` becomes the
   config's ``gen_length``, and the settings that follow the length move with it as ``refusion eval``
   sets them (``registry.length_settings``: LLaDA's and Dream's ``steps``, LLaDA's ``block_length``)
-  unless ``model_args`` set them; the response is
-  cut after the first EOS, decoded without special tokens, then cut at the first ``until``
-  string. The decoders decode as their config says (greedy, or ReFusion's planning noise), so a
+  unless ``model_args`` set them; the response becomes text as ``protocol`` says
+  (:mod:`refusion_cli.harness.answers`: ``lm-eval``, the default, ends it at any end id, decodes
+  it without special tokens and cuts it at the first ``until`` string; ``paper`` follows the
+  script of the decoder's Table 1 row). The decoders decode as their config says (greedy, or ReFusion's planning noise), so a
   request for sampling (``do_sample=True``, or a ``temperature`` above 0 without ``do_sample=False``,
   as lm-eval's HF model reads them) is an error rather than a greedy answer under a sampling task's
   name; greedy settings of those keys and ``top_p`` / ``top_k`` are accepted; any other generation key
@@ -56,6 +57,7 @@ from refusion_cli.decoding.spec import PRESET_DECODER, DecoderChoice
 from refusion_cli.decoding.stats import DecodeStats, batch_stats, float_logits
 from refusion_cli.decoding.variants import FLAGS, variant_options
 from refusion_cli.errors import UserError
+from refusion_cli.harness.answers import ANSWER_PROTOCOLS, answer_rule
 from refusion_cli.models.loading import LoadedModel, load_model, parse_device
 
 # model_args keys that are not decoder settings
@@ -67,6 +69,8 @@ ADAPTER_OPTIONS: dict[str, str] = {
     "preset": f"ReFusion preset to start from: {', '.join(decoder_spec(PRESET_DECODER).presets)}",
     "seed": "seed of the per-request generator (Gumbel noise, random remasking)",
     "enable_thinking": "passed to the chat template (Qwen3 templates read it)",
+    "protocol": "whose answer handling: lm-eval (default, lm-eval's hf model) or paper (the paper's harness: the "
+                "response ends at the tokenizer's EOS only, special tokens go after the stop strings)",
     "batch_size": "requests decoded together (default 1, the paper's setting; every answer is the one of batch 1)",
     "max_batch_size": "lm-eval's automatic batch search: not supported, leave unset",
     **{flag: f"refusion only: decode with {flag}=True, one of this toolkit's decoding variants (default false)"
@@ -79,7 +83,7 @@ SAMPLING_KEYS = frozenset({"do_sample", "temperature", "top_p", "top_k"})  # acc
 class SampleRecord:
     """One decoded request: the text lm-eval receives and the decode's counts."""
 
-    text: str  # the response after the EOS cut, special-token stripping and the ``until`` cut
+    text: str  # the response as the answer rule hands it to the task (end token, special tokens, ``until``)
     prompt_tokens: int  # the prompt as decoded (after any cut)
     stats: DecodeStats  # forwards, tokens (up to EOS), seconds; tps and tpf derived
     prompt_cut: int = 0  # tokens cut from the prompt's start to fit the model's positions
@@ -214,17 +218,6 @@ def with_gen_length(config: Any, gen_length: int, choice: DecoderChoice | None =
                         hint="set gen_length (and steps / block_length for the MDM decoders) so that they agree") from exc
 
 
-def cut_at_stop(text: str, until: list[str]) -> str:
-    """``text`` up to the earliest occurrence of any stop string (empty strings are ignored)."""
-    cut = len(text)
-    for stop in until:
-        if stop:
-            index = text.find(stop)
-            if index != -1:
-                cut = min(cut, index)
-    return text[:cut]
-
-
 def asks_for_sampling(gen_kwargs: dict[str, Any]) -> bool:
     """Whether lm-eval's generation keys ask for sampling, read as lm-eval's HF model reads them:
     ``do_sample`` when given, else a ``temperature`` above 0."""
@@ -266,9 +259,13 @@ class DecoderLM(TemplateLM):
         causal_fix: bool | str = False,
         causal_first: bool | str = False,
         recheck: bool | str = False,
+        protocol: str = "lm-eval",
         **decoder_options: Any,
     ) -> None:
         super().__init__()
+        if protocol not in ANSWER_PROTOCOLS:
+            raise ConfigError(f"protocol must be one of {', '.join(ANSWER_PROTOCOLS)}, got {protocol!r}")
+        self.answers = answer_rule(self.decoder, protocol)
         check_model_args(self.decoder, set(decoder_options))  # unknown keys fail before anything loads
         self.batch_size = batch_size_value(batch_size)
         if max_batch_size is not None:
@@ -329,6 +326,11 @@ class DecoderLM(TemplateLM):
     @classmethod
     def create_from_arg_string(cls, arg_string: str, additional_config: dict[str, Any] | None = None):
         return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)
+
+    @property
+    def end_ids(self) -> tuple[int, ...]:
+        """The ids that end a response under this adapter's answer handling."""
+        return self.answers.end_ids(self.loaded)
 
     @property
     def eot_token_id(self) -> int:
@@ -438,9 +440,9 @@ class DecoderLM(TemplateLM):
         generators = [torch.Generator(device=self._device).manual_seed(self.seed) for _ in prepared]
         prompts = [request.prompt_ids for request in prepared]
         results = run_decoder(self.decoder, self.model, prompts, config, mask_token_id=self.loaded.mask_token_id,
-                              eos_token_id=self.loaded.stop_token_ids, generator=generators, **self.variant)
+                              eos_token_id=self.end_ids, generator=generators, **self.variant)
         share = batch_stats(results).seconds / len(results) if len(results) > 1 else None
-        return [SampleRecord(text=cut_at_stop(self.tok_decode(result.tokens), request.until),
+        return [SampleRecord(text=self.answers.text(self.tokenizer, result.tokens, request.until),
                              prompt_tokens=len(request.prompt_ids), stats=result.stats, prompt_cut=request.cut,
                              batch_rows=len(results), wall_share=share)
                 for request, result in zip(prepared, results)]

@@ -177,6 +177,11 @@ def placement(model: Any) -> tuple[str, str]:
     return device, str(parameter.dtype).removeprefix("torch.")
 
 
+# raised when the paper protocol's answer handling changes the text a journaled response is scored on
+# (2: the paper's scripts step for step: end token, special tokens after the stop strings, re-tokenised)
+ANSWERS_REVISION = 2
+
+
 def config_hash(decoder: str, config: Any, fingerprint: str, seed: int, chat_template: bool,
                 where: tuple[str, str], metric: str, stop_token_ids: tuple[int, ...] = (), batch_size: int = 1,
                 variant: Variant = PAPER, protocol: str = "") -> str:
@@ -187,7 +192,8 @@ def config_hash(decoder: str, config: Any, fingerprint: str, seed: int, chat_tem
     and the EOS ids when a response ends at several (one EOS keeps the hashes it always had), and a batch
     size above 1 (the answers are the same, the timings are not: a batch is timed as a whole), and ReFusion's
     decoding variant when it is not the paper's decoder, and the paper protocol where a benchmark's task differs
-    by protocol (MATH's prompts are the same under both, its scoring is not; lm-eval's keeps the hashes it had)."""
+    by protocol (MATH's prompts are the same under both, its scoring is not; lm-eval's keeps the hashes it had),
+    with the revision of the paper's answer handling."""
     material = {"decoder": decoder, "config": dataclasses.asdict(config), "model": fingerprint, "seed": seed,
                 "chat_template": chat_template, "device": where[0], "dtype": where[1], "metric": metric}
     revision = decoder_spec(decoder).revision
@@ -201,6 +207,7 @@ def config_hash(decoder: str, config: Any, fingerprint: str, seed: int, chat_tem
         material["variant"] = variant_options(variant)
     if protocol == "paper":
         material["protocol"] = protocol
+        material["answers"] = ANSWERS_REVISION  # the answer handling of the paper's scripts (harness.answers)
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -358,13 +365,13 @@ def run_eval(options: EvalOptions, observer: EvalObserver | None = None, suite: 
             if benchmark.chat_template:
                 require_chat_template(loaded[run.model].tokenizer, f"'{run.model}'")
             where = placement(loaded[run.model].model)
-            digest = config_hash(run.decoder, config, model_fingerprint(run.model), options.seed,
-                                 benchmark.chat_template, where, benchmark.metric_key,
-                                 loaded[run.model].stop_token_ids, options.batch_size, run.variant,
-                                 benchmark.protocol)
             adapter = ADAPTERS[run.decoder](pretrained=loaded[run.model], config=config, seed=options.seed,
                                             device=device, batch_size=options.batch_size,
+                                            protocol="paper" if benchmark.protocol == "paper" else "lm-eval",
                                             **variant_options(run.variant))
+            digest = config_hash(run.decoder, config, model_fingerprint(run.model), options.seed,
+                                 benchmark.chat_template, where, benchmark.metric_key, adapter.end_ids,
+                                 options.batch_size, run.variant, benchmark.protocol)
             adapter.warmed_up = (run.model, run.decoder) in warmed  # once per model and decoder, not per task
             journal = SampleJournal(options.output / "samples" / benchmark.name, benchmark=benchmark.name,
                                     decoder=run.decoder, model=run.model, label=run.file_label, config_hash=digest,
