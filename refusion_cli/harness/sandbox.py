@@ -35,8 +35,11 @@ The process is the boundary; what is enforced on it (Linux only):
   built from scratch (PATH, LANG, HOME, TMPDIR, PYTHONHASHSEED=0, ...), so no token or credential
   of the evaluator's environment is inherited; stdin is /dev/null; stdout and stderr go to
   unnamed files and only their last ``OUTPUT_CHARS`` characters are kept;
-- the interpreter starts with ``-S -s`` (no site-packages, only the standard library) and
-  ``PYTHONSAFEPATH=1``; not ``-I``, because ``-I`` ignores PYTHONHASHSEED and the environment is
+- the interpreter starts with ``-S -s`` and ``PYTHONSAFEPATH=1``, then the runner adds the
+  evaluator's site-packages folders after the standard library (:func:`package_folders`), so a
+  program imports what it could import in a fork of the evaluator, as ``code_eval`` runs it (numpy,
+  say), and no user site or working-directory module; under the throwaway user those folders are
+  read-only to it; not ``-I``, because ``-I`` ignores PYTHONHASHSEED and the environment is
   fully ours anyway. It is the evaluator's interpreter when the sandbox user can execute it,
   else another interpreter of the same Python version (e.g. ``/usr/bin/python3``).
 
@@ -106,6 +109,10 @@ _RUNNER = string.Template(r"""
 import builtins, os, sys
 from importlib.machinery import PathFinder
 marker_fd, path = int(sys.argv[1]), sys.argv[2]
+if len(sys.argv) > 3:  # the evaluator's package folders, after the standard library as in any interpreter
+    import site
+    for folder in sys.argv[3:]:
+        site.addsitedir(folder)
 _write, _exit = os.write, os._exit
 with open(path, encoding="utf-8") as source_file:
     source = source_file.read()
@@ -349,6 +356,16 @@ def _describe(launch: _Launch) -> str:
     return f"{', '.join(parts)}, {launch.interpreter}"
 
 
+def package_folders() -> tuple[str, ...]:
+    """The evaluator's site-packages folders: what a program run in a fork of the evaluator (as
+    ``code_eval`` runs it) could import, the candidate can import too. Read-only to a throwaway user."""
+    import site
+    import sysconfig
+
+    found = [*site.getsitepackages(), sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
+    return tuple(dict.fromkeys(folder for folder in found if os.path.isdir(folder)))
+
+
 def _environment(workdir: str) -> dict[str, str]:
     """Built from scratch: nothing of the evaluator's environment (tokens, keys) reaches the candidate."""
     return {
@@ -361,6 +378,13 @@ def _environment(workdir: str) -> dict[str, str]:
         "PYTHONSAFEPATH": "1",
         "PYTHONDONTWRITEBYTECODE": "1",
         "PYTHONIOENCODING": "utf-8",
+        # numerical packages start one thread each, within RLIMIT_NPROC and RLIMIT_AS; numpy finds its
+        # OpenBLAS setting made (it would call the guarded os.putenv otherwise)
+        "OPENBLAS_MAIN_FREE": "1",
+        "GOTOBLAS_MAIN_FREE": "1",
+        "OPENBLAS_NUM_THREADS": "1",
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
     }
 
 
@@ -469,7 +493,7 @@ def _run_process(
     started = time.monotonic()
     try:
         process = subprocess.Popen(
-            launch.argv(sandbox_id, ["-c", _RUNNER, str(marker_write), CANDIDATE_FILE]),
+            launch.argv(sandbox_id, ["-c", _RUNNER, str(marker_write), CANDIDATE_FILE, *package_folders()]),
             cwd=workdir,
             env=_environment(workdir),
             stdin=subprocess.DEVNULL,
