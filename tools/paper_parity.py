@@ -51,6 +51,8 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from tools.paper_answers import MATH_PER_SUBJECT, adversarial_answers, last_boxed, piece_ids, until_eos
+
 WHEEL_SHA256 = "61b08ab60ca5b4d175f78c8da95c362c1d745b1502b87de01f437fac768e1cbe"
 DOCS = 50  # real documents per benchmark (per MATH subject)
 ANSWERED = 24  # documents per task that get a fixed answer (the rest: an empty one)
@@ -175,7 +177,7 @@ QWEN3_SPECIAL_COUNT = 14  # Qwen3's added tokens 151643-151656 are special; <too
 def qwen3_tokenizer() -> Any:
     """Qwen3's tokenizer as GSAI-ML/ReFusion ships it for evaluation (without ``<|mask|>``, which no prompt
     or answer holds), built offline, with the Qwen3 chat template."""
-    from tokenizers import AddedToken
+    from tokenizers import AddedToken, normalizers
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
@@ -184,6 +186,7 @@ def qwen3_tokenizer() -> Any:
 
     ranks = Path(package.__file__).parent / "resources" / "qwen.tiktoken"
     backend = TikTokenConverter(vocab_file=str(ranks), pattern=QWEN_PATTERN, extra_special_tokens=[]).converted()
+    backend.normalizer = normalizers.NFC()  # Qwen's tokenizer.json normalises to NFC before it splits
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend)
     for index, token in enumerate(QWEN3_SPECIALS[:QWEN3_SPECIALS.index("</think>") + 1]):  # in id order
         special = index < QWEN3_SPECIAL_COUNT
@@ -195,14 +198,15 @@ def qwen3_tokenizer() -> Any:
 
 def byte_level_tokenizer() -> Any:
     """A stand-in for :func:`qwen3_tokenizer` that builds in milliseconds: one token per byte (no merges)
-    and Qwen3's added tokens with their special flags, EOS and chat template. Text goes through it as
-    through Qwen3's (both are lossless byte-level BPEs and drop the same special tokens); only the ids
-    differ, and no check compares ids."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    and Qwen3's added tokens with their special flags, EOS, NFC normaliser and chat template. Text goes
+    through it as through Qwen3's (both are lossless byte-level BPEs that normalise to NFC and drop the
+    same special tokens); only the ids differ, and no check compares ids."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     backend = Tokenizer(models.BPE(vocab={symbol: index for index, symbol in enumerate(sorted(alphabet))}, merges=[]))
+    backend.normalizer = normalizers.NFC()
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     backend.decoder = decoders.ByteLevel()
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend)
@@ -231,30 +235,18 @@ def write_tokenizer(out: Path) -> None:
 # --- fixed answers -------------------------------------------------------------------------------
 
 
-def last_boxed(text: str) -> str:
-    """The content of the last \\boxed{...} of ``text`` (braces balanced), or ``""``."""
-    start = text.rfind("\\boxed{")
-    if start < 0:
-        return ""
-    depth, index = 0, start + len("\\boxed")
-    for position in range(index, len(text)):
-        depth += {"{": 1, "}": -1}.get(text[position], 0)
-        if depth == 0:
-            return text[index + 1:position]
-    return ""
-
-
 MATH_ANSWERED = 4  # documents per MATH subject that get a fixed answer (7 x 4: every answer form once)
 
 
-def answer_index(benchmark: str, task: str, doc: dict[str, Any], doc_id: int) -> int:
-    """Which fixed answer a document gets: its position in its task; for MMLU-Pro (14 subtasks of two
-    documents each) its position in the file; for MATH the first four of each subject, subject after subject."""
+def answer_index(benchmark: str, task: str, doc: dict[str, Any], doc_id: int, per_subject: int = MATH_ANSWERED) -> int:
+    """Which answer a document gets: its position in its task; for MMLU-Pro (14 subtasks of two
+    documents each) its position in the file; for MATH the first ``per_subject`` of each subject, subject
+    after subject (the others: an index past every list)."""
     if benchmark == "mmlu_pro":
         return doc["question_id"] - MMLU_PRO_FIRST_ID
     if benchmark == "math":
         subject = [f"minerva_math_{short}" for short in MATH_SUBJECTS.values()].index(task)
-        return subject * MATH_ANSWERED + doc_id if doc_id < MATH_ANSWERED else ANSWERED
+        return subject * per_subject + doc_id if doc_id < per_subject else 10 ** 6
     return doc_id
 
 
@@ -412,7 +404,29 @@ def _task_yamls(vendored_tasks: Path, data: Path, humaneval_file: Path, folder: 
         (folder / f"{name}.yaml").write_text(text, encoding="utf-8")
 
 
-def golden(refusion: Path, tokenizer_dir: Path, data: Path, out: Path) -> None:
+def fixed_answer_ids(tokenizer: Any, benchmark: str, task: str, doc: dict[str, Any], doc_id: int) -> dict[str, Any]:
+    """The fixed answer of a document (text, then EOS), as the decoder's output ids."""
+    answer = fixed_answer(benchmark, doc, answer_index(benchmark, task, doc, doc_id))
+    return {"answer": answer, "ids": tokenizer(answer)["input_ids"] + [tokenizer.eos_token_id]}
+
+
+def adversarial_answer_ids(tokenizer: Any, benchmark: str, task: str, doc: dict[str, Any], doc_id: int) -> dict[str, Any]:
+    """The unusual answer of a document (``paper_answers``; the list cycles over the documents) as the
+    paper's decoder returns it: cut after its first EOS; ``pieces`` None for a MATH document past the first
+    ``MATH_PER_SUBJECT`` of its subject (an empty answer, not recorded)."""
+    answers = adversarial_answers(benchmark, doc)
+    index = answer_index(benchmark, task, doc, doc_id, MATH_PER_SUBJECT)
+    if benchmark == "math" and doc_id >= MATH_PER_SUBJECT:
+        return {"pieces": None, "ids": [tokenizer.eos_token_id]}
+    index %= len(answers)
+    ids = piece_ids(tokenizer, answers[index])
+    return {"pieces": answers[index], "ids": until_eos(ids, tokenizer.eos_token_id)}
+
+
+ANSWER_SETS = {"fixed": fixed_answer_ids, "adversarial": adversarial_answer_ids}
+
+
+def golden(refusion: Path, tokenizer_dir: Path, data: Path, out: Path, answers: str = "fixed") -> None:
     import os
 
     os.environ["HF_ALLOW_CODE_EVAL"] = "1"
@@ -456,12 +470,11 @@ def golden(refusion: Path, tokenizer_dir: Path, data: Path, out: Path) -> None:
 
     def generate_until(self: Any, requests: list[Any]) -> list[str]:
         for request in requests:
-            benchmark = self.benchmark
-            answer = fixed_answer(benchmark, request.doc, answer_index(benchmark, request.task_name, request.doc, request.doc_id))
+            answer = ANSWER_SETS[answers](tokenizer, self.benchmark, request.task_name, request.doc, request.doc_id)
+            pending.append(answer.pop("ids"))
             records[f"{request.task_name}/{request.doc_id}"] = {
                 "task": request.task_name, "doc_id": request.doc_id, "prompt": request.args[0],
-                "until": list(request.args[1]["until"]), "answer": answer}
-            pending.append(tokenizer(answer)["input_ids"] + [tokenizer.eos_token_id])
+                "until": list(request.args[1]["until"]), **answer}
         return original(self, requests)
 
     paper_eval.Qwen3EvalHarness.generate_until = generate_until
@@ -494,11 +507,21 @@ def golden(refusion: Path, tokenizer_dir: Path, data: Path, out: Path) -> None:
                     record["response"] = sample["resps"][0][0]
                     record["benchmark"] = benchmark
             print(f"{benchmark}: {sum(r.get('benchmark') == benchmark for r in records.values())} documents")
-    payload = {"source": "ML-GSAI/ReFusion eval.py and its lm-eval 0.4.9.1 (commit 7c20c12), "
-                         "transformers 4.52.4, fixed answers in place of the decoder (tools/paper_parity.py)",
-               "records": sorted(records.values(), key=lambda r: (r["task"], r["doc_id"]))}
+    kept = [r for r in records.values() if r.get("pieces", r.get("answer")) is not None]
+    if answers == "adversarial":
+        import importlib.metadata as metadata
+
+        versions = {name: metadata.version(name) for name in ("transformers", "latex2sympy2_extended", "math-verify",
+                                                                "sympy", "numpy")}
+        source = ("ML-GSAI/ReFusion eval.py and its lm-eval 0.4.9.1 (commit 7c20c12), " + ", ".join(
+            f"{name} {version}" for name, version in versions.items()) + "; unusual answers as token ids of Qwen3's "
+            "tokenizer in place of the decoder, cut after the first EOS (tools/paper_answers.py)")
+    else:
+        source = ("ML-GSAI/ReFusion eval.py and its lm-eval 0.4.9.1 (commit 7c20c12), "
+                  "transformers 4.52.4, fixed answers in place of the decoder (tools/paper_parity.py)")
+    payload = {"source": source, "records": sorted(kept, key=lambda r: (r["task"], r["doc_id"]))}
     out.write_text(json.dumps(payload, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-    print(f"{out}: {len(records)} records")
+    print(f"{out}: {len(kept)} records")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -514,13 +537,15 @@ def main(argv: list[str] | None = None) -> None:
     gold.add_argument("--tokenizer", type=Path, required=True)
     gold.add_argument("--data", type=Path, required=True)
     gold.add_argument("--out", type=Path, required=True)
+    gold.add_argument("--answers", choices=sorted(ANSWER_SETS), default="fixed",
+                      help="fixed: the texts of fixed_answer; adversarial: the unusual answers of tools/paper_answers.py")
     args = parser.parse_args(argv)
     if args.command == "fixtures":
         write_fixtures(args.wheel, args.out)
     elif args.command == "tokenizer":
         write_tokenizer(args.out)
     else:
-        golden(args.refusion, args.tokenizer, args.data, args.out)
+        golden(args.refusion, args.tokenizer, args.data, args.out, args.answers)
 
 
 if __name__ == "__main__":
