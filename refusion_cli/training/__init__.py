@@ -1,2 +1,2 @@
-"""Training: data construction per objective (objectives, data), the model to train (modeling), the
-Accelerate loop (loop) and its checkpoints (checkpoint). Usage: docs/training.md."""
+"""Training: data construction per objective (objectives, data), the model to train (modeling), the run's
+settings (config), the Accelerate loop (loop) and its checkpoints (checkpoint). Usage: docs/training.md."""

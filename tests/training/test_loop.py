@@ -17,8 +17,8 @@ from safetensors.torch import load_file
 
 from refusion_cli.errors import UserError
 from refusion_cli.models.loading import load_model
+from refusion_cli.training.config import TrainConfig
 from refusion_cli.training.loop import (
-    TrainConfig,
     TrainObserver,
     check_sharding_applied,
     share_tied_tensors,
