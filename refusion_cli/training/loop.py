@@ -28,12 +28,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import signal
 import threading
 import time
-from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, replace
 from functools import partial
@@ -45,6 +43,14 @@ from torch.utils.data import DataLoader
 from refusion_cli.decoding.stats import wide_float
 from refusion_cli.errors import UserError
 from refusion_cli.training import checkpoint as ckpt
+from refusion_cli.training.accelerator import (
+    check_accumulation,
+    describe_device,
+    distributed_name,
+    enable_activation_checkpointing,
+    make_accelerator,
+    micro_batch_size,
+)
 from refusion_cli.training.config import TrainConfig
 from refusion_cli.training.data import (
     HeldOutDataset,
@@ -68,8 +74,6 @@ from refusion_cli.training.objectives import collate, compute_loss, get_objectiv
 # Settings that fix the data order and the optimisation: a resumed run must use the same.
 RESUME_MUST_MATCH = ("objective", "seed", "batch_size", "lr", "max_length", "warmup_ratio", "weight_decay",
                      "data_sha256", "eval_data_sha256", "eval_every")
-# What `accelerate launch` sets for a sharded config -> the distributed type Accelerate then reports.
-REQUESTED_SHARDING = {"ACCELERATE_USE_FSDP": "FSDP", "ACCELERATE_USE_DEEPSPEED": "DEEPSPEED"}
 
 
 @dataclass(frozen=True)
@@ -206,83 +210,6 @@ def follow_schedule(scheduler) -> None:
     for group, rate in zip(inner.optimizer.param_groups, rates):
         group["lr"] = rate
     inner._last_lr = rates
-
-
-def launched_processes() -> int:
-    """The number of processes a launcher (torchrun, accelerate launch, mpirun) started, from its environment."""
-    for name in ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE"):
-        if os.environ.get(name, "").isdigit():
-            return int(os.environ[name])
-    return 1
-
-
-def make_accelerator(config: TrainConfig):
-    try:
-        from accelerate import Accelerator
-    except ImportError:
-        raise UserError("training needs Hugging Face Accelerate", hint="pip install accelerate") from None
-
-    launched = launched_processes()
-    # Accelerate only joins CPU processes into one group (gloo) when told it runs on CPU.
-    cpu_group = launched > 1 and not torch.cuda.is_available()
-    try:
-        accelerator = Accelerator(mixed_precision=config.mixed_precision, gradient_accumulation_steps=config.grad_accum,
-                                  step_scheduler_with_optimizer=False, cpu=cpu_group)
-    except ValueError as exc:
-        raise UserError(f"cannot set up training: {str(exc).splitlines()[0]}") from exc
-    check_accumulation(accelerator, config)
-    if accelerator.mixed_precision == "fp16" and accelerator.device.type == "cpu":  # Accelerate would run fp32
-        raise UserError("fp16 mixed precision needs a GPU; on CPU use --mixed-precision bf16 or no")
-    if accelerator.num_processes != launched:
-        raise UserError(f"{launched} processes were launched but Accelerate set up {accelerator.num_processes}; "
-                        "they would train independently", hint="launch with `accelerate launch` or torchrun")
-    check_sharding_applied(os.environ, distributed_name(accelerator), accelerator.device)
-    return accelerator
-
-
-def distributed_name(accelerator) -> str:
-    """Accelerate's distributed type as a plain string: NO, MULTI_CPU, MULTI_GPU, FSDP, DEEPSPEED, ..."""
-    return str(getattr(accelerator.distributed_type, "value", accelerator.distributed_type))
-
-
-def check_sharding_applied(environ: Mapping[str, str], distributed: str, device: torch.device) -> None:
-    """A launch config that asks for FSDP or DeepSpeed must get it, not plain data parallelism.
-
-    Accelerate sets up FSDP and DeepSpeed on GPUs (and other accelerators) only: on CPU it reads the
-    config, then trains with every process holding the whole model and optimizer, and says nothing.
-    """
-    for variable, wanted in REQUESTED_SHARDING.items():
-        if environ.get(variable, "").lower() == "true" and distributed != wanted:
-            raise UserError(f"the Accelerate config asks for {wanted} but Accelerate set up {distributed} on "
-                            f"{device.type}: it shards only on GPUs, and this run would not be sharded",
-                            hint="train on GPUs, or on CPU leave the config out and launch data-parallel: "
-                                 "accelerate launch --multi_gpu --num_processes N -m refusion_cli train ...")
-
-
-def check_accumulation(accelerator, config: TrainConfig) -> None:
-    """An Accelerate or DeepSpeed config may set its own accumulation; it must agree with --grad-accum."""
-    if accelerator.gradient_accumulation_steps != config.grad_accum:
-        raise UserError(f"the Accelerate/DeepSpeed config accumulates {accelerator.gradient_accumulation_steps} "
-                        f"micro-batches per step but --grad-accum is {config.grad_accum}",
-                        hint="set gradient_accumulation_steps to 'auto' (or the same number) in that config")
-
-
-def enable_activation_checkpointing(model: torch.nn.Module) -> None:
-    """Recompute each layer's activations in the backward pass (named `gradient_checkpointing` before 5.x)."""
-    kwargs = {"use_reentrant": False}  # works with DDP and with frozen inputs
-    if hasattr(model, "activation_checkpointing_enable"):
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-    else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-
-
-def micro_batch_size(global_batch: int, processes: int, grad_accum: int) -> int:
-    per_step = processes * grad_accum
-    if global_batch % per_step:
-        raise UserError(f"--batch-size {global_batch} is not divisible by {processes} process(es) × "
-                        f"{grad_accum} accumulation step(s)",
-                        hint="the global batch is split evenly over processes and accumulation steps")
-    return global_batch // per_step
 
 
 def resume_mismatch(key: str, recorded: object, current: object) -> str:
@@ -505,12 +432,6 @@ def _train(config: TrainConfig, observer: TrainObserver) -> TrainResult:
         last_saved = save(step)
     save_final(accelerator, model, tokenizer, config.output, last_saved)
     return TrainResult(step, False, last_saved, config.output, trained_tokens, trained_seconds)
-
-
-def describe_device(device: torch.device, precision: str) -> str:
-    """Where the run trains, for trainer_state.json: e.g. 'cuda:0 (NVIDIA H200), bf16' or 'cpu, no'."""
-    name = f"{device} ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else str(device)
-    return f"{name}, {precision}"
 
 
 def trainer_state(step: int, config: TrainConfig, settings: dict, examples: int, processes: int,

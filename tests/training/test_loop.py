@@ -17,10 +17,10 @@ from safetensors.torch import load_file
 
 from refusion_cli.errors import UserError
 from refusion_cli.models.loading import load_model
+from refusion_cli.training.accelerator import check_sharding_applied
 from refusion_cli.training.config import TrainConfig
 from refusion_cli.training.loop import (
     TrainObserver,
-    check_sharding_applied,
     share_tied_tensors,
     train_model,
 )
