@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import signal
 import threading
 import time
@@ -317,12 +316,11 @@ def _train(config: TrainConfig, observer: TrainObserver) -> TrainResult:
         path = ckpt.checkpoint_path(config.output, step)
         state = trainer_state(step, config, settings, len(data.examples), accelerator.num_processes, eval_pending)
         state["device"] = describe_device(accelerator.device, accelerator.mixed_precision)
-        save_checkpoint(accelerator, model, tokenizer, path, state)
+        ckpt.save_checkpoint(accelerator, model, tokenizer, path, state)
         if main:
             observer.on_save(path, step)
             if config.keep_checkpoints:
-                for _, old in ckpt.list_checkpoints(config.output)[:-config.keep_checkpoints]:
-                    shutil.rmtree(old, ignore_errors=True)
+                ckpt.remove_old_checkpoints(config.output, config.keep_checkpoints)
         return path
 
     def validate(step: int, eval_log) -> None:  # every process scores; the main one writes
@@ -387,7 +385,7 @@ def _train(config: TrainConfig, observer: TrainObserver) -> TrainResult:
     # 5) final model
     if last_saved is None or last_saved != ckpt.checkpoint_path(config.output, step):
         last_saved = save(step)
-    save_final(accelerator, model, tokenizer, config.output, last_saved)
+    ckpt.save_final(accelerator, model, tokenizer, config.output, last_saved)
     return TrainResult(step, False, last_saved, config.output, trained_tokens, trained_seconds)
 
 
@@ -418,59 +416,3 @@ def optimizer_step(accelerator, model, optimizer, batches, objective, config: Tr
     if not accelerator.sync_gradients:
         raise RuntimeError("the optimizer step did not happen at the end of the accumulation")
     return totals
-
-
-def share_tied_tensors(state_dict: dict[str, torch.Tensor] | None,
-                       model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
-    """``state_dict`` with every name of one tied parameter (Qwen3's input embedding and output head when
-    ``tie_word_embeddings``) holding the same tensor; a process that got no state dict (None) passes it on.
-
-    A gathered sharded state dict (FSDP) has a separate copy under each name; ``save_pretrained`` drops
-    the tied names only when they share storage, and would otherwise write the copy too.
-    """
-    if state_dict is None:
-        return None
-    shared = dict(state_dict)
-    first_names: dict[int, str] = {}
-    for name, parameter in model.named_parameters(remove_duplicate=False):
-        first = first_names.setdefault(id(parameter), name)
-        if first != name and first in shared and name in shared:
-            shared[name] = shared[first]
-    return shared
-
-
-def save_model_files(accelerator, model, tokenizer, directory: Path) -> None:
-    """config.json + weights + tokenizer, as ``from_pretrained`` reads them (weights gathered from all shards)."""
-    state_dict = accelerator.get_state_dict(model)  # collective under FSDP / DeepSpeed: every process calls it
-    unwrapped = accelerator.unwrap_model(model)
-    unwrapped.save_pretrained(directory, is_main_process=accelerator.is_main_process,
-                              state_dict=share_tied_tensors(state_dict, unwrapped))
-    if accelerator.is_main_process:
-        tokenizer.save_pretrained(directory)
-
-
-def save_checkpoint(accelerator, model, tokenizer, path: Path, trainer_state: dict) -> None:
-    """Write a complete checkpoint to ``path`` (via ``path.partial``, renamed once complete)."""
-    partial_path = path.with_name(path.name + ".partial")
-    if accelerator.is_main_process:
-        if partial_path.exists():
-            shutil.rmtree(partial_path)
-        partial_path.mkdir(parents=True)
-    accelerator.wait_for_everyone()
-    save_model_files(accelerator, model, tokenizer, partial_path)
-    accelerator.save_state(str(partial_path / ckpt.ACCELERATE_DIR))
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        ckpt.write_json(partial_path / ckpt.STATE_FILE, trainer_state)
-        ckpt.replace_dir(partial_path, path)
-    accelerator.wait_for_everyone()
-
-
-def save_final(accelerator, model, tokenizer, output: Path, checkpoint: Path) -> None:
-    """The finished model at the top of the output directory (no optimizer state)."""
-    save_model_files(accelerator, model, tokenizer, output)
-    if accelerator.is_main_process:
-        state = json.loads((checkpoint / ckpt.STATE_FILE).read_text())
-        ckpt.write_json(output / ckpt.STATE_FILE, {**state, "checkpoint": checkpoint.name})
-    accelerator.wait_for_everyone()
-
