@@ -104,7 +104,8 @@ def train(
                                                         rich_help_panel=VALIDATION)] = None,
 ) -> None:
     """Train with the ReFusion objective (or the AR / LLaDA baselines); runs under `accelerate launch` too."""
-    from refusion_cli.training.loop import TrainConfig, train_model
+    from refusion_cli.training.config import TrainConfig
+    from refusion_cli.training.loop import train_model
 
     quiet_library_output()
     explicit = given_on_command_line(ctx)

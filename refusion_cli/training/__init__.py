@@ -1,2 +1,3 @@
-"""Training: data construction per objective (objectives, data), the model to train (modeling), the
-Accelerate loop (loop) and its checkpoints (checkpoint). Usage: docs/training.md."""
+"""Training: data construction per objective (objectives, data), the model to train (modeling), the run's
+settings (config), Accelerate's set-up (accelerator), the loop (loop), the resume checks (resume) and the
+checkpoints (checkpoint). Usage: docs/training.md."""

@@ -11,7 +11,9 @@ Layout of ``--output DIR``::
     DIR/eval_log.jsonl                one JSON line per evaluation (with --eval-data)
 
 A checkpoint is written to ``checkpoint-<step>.partial`` and renamed when complete, so a run killed
-while saving never leaves a checkpoint that ``--resume`` would pick up half-written.
+while saving never leaves a checkpoint that ``--resume`` would pick up half-written. Every process takes
+part in saving one (the weights are gathered from all shards, each process saves its RNG state); the main
+process writes the rest.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import os
 import re
 import shutil
 from pathlib import Path
+
+import torch
 
 from refusion_cli.errors import UserError
 
@@ -50,6 +54,12 @@ def list_checkpoints(output: Path) -> list[tuple[int, Path]]:
 def latest_checkpoint(output: Path) -> Path | None:
     checkpoints = list_checkpoints(output)
     return checkpoints[-1][1] if checkpoints else None
+
+
+def remove_old_checkpoints(output: Path, keep: int) -> None:
+    """Remove all but the newest ``keep`` complete checkpoints under ``output`` (--keep-checkpoints)."""
+    for _, old in list_checkpoints(output)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def check_output_dir(output: Path, resume: bool) -> Path | None:
@@ -129,3 +139,58 @@ def truncate_loss_log(path: Path, last_step: int) -> None:
         return
     kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= last_step]
     path.write_text("".join(line + "\n" for line in kept))
+
+
+def share_tied_tensors(state_dict: dict[str, torch.Tensor] | None,
+                       model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
+    """``state_dict`` with every name of one tied parameter (Qwen3's input embedding and output head when
+    ``tie_word_embeddings``) holding the same tensor; a process that got no state dict (None) passes it on.
+
+    A gathered sharded state dict (FSDP) has a separate copy under each name; ``save_pretrained`` drops
+    the tied names only when they share storage, and would otherwise write the copy too.
+    """
+    if state_dict is None:
+        return None
+    shared = dict(state_dict)
+    first_names: dict[int, str] = {}
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        first = first_names.setdefault(id(parameter), name)
+        if first != name and first in shared and name in shared:
+            shared[name] = shared[first]
+    return shared
+
+
+def save_model_files(accelerator, model, tokenizer, directory: Path) -> None:
+    """config.json + weights + tokenizer, as ``from_pretrained`` reads them (weights gathered from all shards)."""
+    state_dict = accelerator.get_state_dict(model)  # collective under FSDP / DeepSpeed: every process calls it
+    unwrapped = accelerator.unwrap_model(model)
+    unwrapped.save_pretrained(directory, is_main_process=accelerator.is_main_process,
+                              state_dict=share_tied_tensors(state_dict, unwrapped))
+    if accelerator.is_main_process:
+        tokenizer.save_pretrained(directory)
+
+
+def save_checkpoint(accelerator, model, tokenizer, path: Path, trainer_state: dict) -> None:
+    """Write a complete checkpoint to ``path`` (via ``path.partial``, renamed once complete)."""
+    partial_path = path.with_name(path.name + ".partial")
+    if accelerator.is_main_process:
+        if partial_path.exists():
+            shutil.rmtree(partial_path)
+        partial_path.mkdir(parents=True)
+    accelerator.wait_for_everyone()
+    save_model_files(accelerator, model, tokenizer, partial_path)
+    accelerator.save_state(str(partial_path / ACCELERATE_DIR))
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        write_json(partial_path / STATE_FILE, trainer_state)
+        replace_dir(partial_path, path)
+    accelerator.wait_for_everyone()
+
+
+def save_final(accelerator, model, tokenizer, output: Path, checkpoint: Path) -> None:
+    """The finished model at the top of the output directory (no optimizer state)."""
+    save_model_files(accelerator, model, tokenizer, output)
+    if accelerator.is_main_process:
+        state = json.loads((checkpoint / STATE_FILE).read_text())
+        write_json(output / STATE_FILE, {**state, "checkpoint": checkpoint.name})
+    accelerator.wait_for_everyone()

@@ -28,27 +28,35 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
 import signal
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
 
 import torch
 from torch.utils.data import DataLoader
 
 from refusion_cli.decoding.stats import wide_float
-from refusion_cli.errors import UserError
 from refusion_cli.training import checkpoint as ckpt
+from refusion_cli.training.accelerator import (
+    check_accumulation,
+    describe_device,
+    distributed_name,
+    enable_activation_checkpointing,
+    make_accelerator,
+    micro_batch_size,
+)
+from refusion_cli.training.config import TrainConfig
 from refusion_cli.training.data import (
     HeldOutDataset,
     ObjectiveDataset,
     ShuffledStream,
+    TrainingData,
     check_data_file,
     file_digest,
     load_training_data,
@@ -62,116 +70,13 @@ from refusion_cli.training.modeling import (
     load_tokenizer,
     prepare_for_objective,
 )
-from refusion_cli.training.objectives import collate, compute_loss, get_objective
+from refusion_cli.training.objectives import Objective, Sample, collate, compute_loss, get_objective
+from refusion_cli.training.resume import check_resume_settings, resumed_run_finished, trainer_state
 
-MIXED_PRECISION = ("no", "bf16", "fp16")
-# Settings that fix the data order and the optimisation: a resumed run must use the same.
-RESUME_MUST_MATCH = ("objective", "seed", "batch_size", "lr", "max_length", "warmup_ratio", "weight_decay",
-                     "data_sha256", "eval_data_sha256", "eval_every")
-# What `accelerate launch` sets for a sharded config -> the distributed type Accelerate then reports.
-REQUESTED_SHARDING = {"ACCELERATE_USE_FSDP": "FSDP", "ACCELERATE_USE_DEEPSPEED": "DEEPSPEED"}
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    data: Path  # JSONL of {"query", "response"}, {"prompt", "completion"} or {"question", "answer"}
-    output: Path  # checkpoints, final model, loss_log.jsonl
-    objective: str = "refusion"  # refusion | ar | llada
-    model: str | None = None  # checkpoint to start from (embedded name, directory or hub id)
-    init: str | None = None  # or: a named fresh config (TINY_CONFIGS) ...
-    tokenizer: str | None = None  # ... with this tokenizer
-    model_config: dict[str, object] = field(default_factory=dict)  # Qwen3Config overrides for --init
-    steps: int = 1000  # optimizer steps in total (a resumed run continues up to this)
-    epochs: int | None = None  # or: passes over the data; replaces `steps` by ceil(epochs × examples / batch_size)
-    batch_size: int = 8  # global batch: examples per optimizer step over all processes
-    lr: float = 2e-5  # peak learning rate (AdamW, linear warmup then cosine to 0)
-    max_length: int = 1024  # records with more tokens (prompt + response) are skipped
-    save_every: int = 500  # checkpoint every this many steps
-    seed: int = 0  # data order, masking draws, and the --init weights
-    resume: bool = False  # continue from the last checkpoint in `output`
-    grad_accum: int = 1  # micro-batches per optimizer step on each process
-    mixed_precision: str | None = None  # no | bf16 | fp16; None: Accelerate's config / environment
-    warmup_ratio: float = 0.03  # fraction of `steps` spent warming up
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0  # gradient clipping; 0 turns it off
-    gradient_checkpointing: bool = False
-    stop_at: int | None = None  # end this run after this step; the schedule still spans `steps`
-    num_workers: int = 0  # DataLoader worker processes building the batches (0: in the training process)
-    keep_checkpoints: int = 0  # keep only the newest N checkpoint directories (0: keep all)
-    eval_data: Path | None = None  # held-out JSONL (the formats of `data`) scored with the training objective
-    eval_every: int | None = None  # evaluate every this many steps; None: every `save_every` steps
-    eval_batch_size: int | None = None  # eval examples per forward pass on each process; None: the micro-batch
-
-    def __post_init__(self) -> None:
-        get_objective(self.objective)
-        if self.epochs is not None and self.epochs < 1:
-            raise UserError(f"--epochs must be at least 1 (got {self.epochs})")
-        if self.stop_at is not None and not 1 <= self.stop_at <= self.steps and self.epochs is None:
-            raise UserError(f"--stop-at must be between 1 and --steps ({self.steps}), got {self.stop_at}")
-        if self.stop_at is not None and self.stop_at < 1:  # with epochs, the steps are known once the data is read
-            raise UserError(f"--stop-at must be at least 1 (got {self.stop_at})")
-        positive = {"--steps": self.steps, "--batch-size": self.batch_size, "--save-every": self.save_every,
-                    "--grad-accum": self.grad_accum, "--eval-every": self.eval_every,
-                    "--eval-batch-size": self.eval_batch_size}
-        for option, value in positive.items():
-            if value is not None and value < 1:
-                raise UserError(f"{option} must be at least 1 (got {value})")
-        if self.eval_data is None and (self.eval_every is not None or self.eval_batch_size is not None):
-            raise UserError("--eval-every and --eval-batch-size go with --eval-data",
-                            hint="give --eval-data FILE, a JSONL file of held-out records to score")
-        if self.num_workers < 0:
-            raise UserError(f"--num-workers cannot be negative (got {self.num_workers})")
-        if self.keep_checkpoints < 0:
-            raise UserError(f"--keep-checkpoints cannot be negative (got {self.keep_checkpoints}); 0 keeps all")
-        if self.max_length < 2:
-            raise UserError(f"--max-length must be at least 2 (got {self.max_length})")
-        if not 0 <= self.seed < 2**64:  # what torch.manual_seed takes
-            raise UserError(f"--seed must be a non-negative 64-bit integer (got {self.seed})")
-        if not 0 < self.lr < math.inf:
-            raise UserError(f"--lr must be a positive number (got {self.lr})")
-        if not 0 <= self.warmup_ratio < 1:
-            raise UserError(f"--warmup-ratio must be in [0, 1) (got {self.warmup_ratio})")
-        if not (0 <= self.weight_decay < math.inf and 0 <= self.max_grad_norm < math.inf):  # NaN fails too
-            raise UserError("--weight-decay and --max-grad-norm must be non-negative numbers")
-        if self.mixed_precision is not None and self.mixed_precision not in MIXED_PRECISION:
-            raise UserError(f"--mixed-precision must be one of {', '.join(MIXED_PRECISION)}")
-        self._check_source()
-
-    def _check_source(self) -> None:
-        if self.model is not None and self.init is not None:
-            raise UserError("give either --model (start from a checkpoint) or --init (a fresh model), not both")
-        if self.model is None and self.init is None and not self.resume:
-            raise UserError("nothing to train: give --model NAME_OR_PATH or --init tiny --tokenizer DIR")
-        if self.init is not None and self.tokenizer is None and not self.resume:
-            raise UserError("--init needs --tokenizer DIR (the vocabulary of the fresh model)")
-        if self.model is not None and self.tokenizer is not None:
-            raise UserError("--tokenizer goes with --init; a checkpoint given with --model brings its own")
-        if self.model_config and self.init is None:
-            raise UserError("--model-config goes with --init; a checkpoint's architecture is fixed")
-
-    @property
-    def source(self) -> str | None:
-        """What the run starts from, as recorded in trainer_state.json."""
-        if self.init is not None:
-            return f"init:{self.init}"
-        return self.model
-
-    @property
-    def eval_interval(self) -> int:
-        """Steps between evaluations: --eval-every, else --save-every."""
-        return self.eval_every or self.save_every
-
-    def run_settings(self, data_sha256: str, eval_sha256: str | None = None) -> dict[str, object]:
-        """The settings trainer_state.json records (the eval ones only for a run with --eval-data)."""
-        settings = {"objective": self.objective, "seed": self.seed, "batch_size": self.batch_size, "lr": self.lr,
-                    "max_length": self.max_length, "warmup_ratio": self.warmup_ratio,
-                    "weight_decay": self.weight_decay, "data_sha256": data_sha256, "source": self.source,
-                    "model_config": self.model_config, "steps": self.steps, "grad_accum": self.grad_accum}
-        if self.epochs is not None:
-            settings["epochs"] = self.epochs
-        if eval_sha256 is not None:
-            settings |= {"eval_data_sha256": eval_sha256, "eval_every": self.eval_interval}
-        return settings
+if TYPE_CHECKING:
+    from accelerate import Accelerator
+    from accelerate.optimizer import AcceleratedOptimizer
+    from accelerate.scheduler import AcceleratedScheduler
 
 
 @dataclass(frozen=True)
@@ -310,105 +215,6 @@ def follow_schedule(scheduler) -> None:
     inner._last_lr = rates
 
 
-def launched_processes() -> int:
-    """The number of processes a launcher (torchrun, accelerate launch, mpirun) started, from its environment."""
-    for name in ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE"):
-        if os.environ.get(name, "").isdigit():
-            return int(os.environ[name])
-    return 1
-
-
-def make_accelerator(config: TrainConfig):
-    try:
-        from accelerate import Accelerator
-    except ImportError:
-        raise UserError("training needs Hugging Face Accelerate", hint="pip install accelerate") from None
-
-    launched = launched_processes()
-    # Accelerate only joins CPU processes into one group (gloo) when told it runs on CPU.
-    cpu_group = launched > 1 and not torch.cuda.is_available()
-    try:
-        accelerator = Accelerator(mixed_precision=config.mixed_precision, gradient_accumulation_steps=config.grad_accum,
-                                  step_scheduler_with_optimizer=False, cpu=cpu_group)
-    except ValueError as exc:
-        raise UserError(f"cannot set up training: {str(exc).splitlines()[0]}") from exc
-    check_accumulation(accelerator, config)
-    if accelerator.mixed_precision == "fp16" and accelerator.device.type == "cpu":  # Accelerate would run fp32
-        raise UserError("fp16 mixed precision needs a GPU; on CPU use --mixed-precision bf16 or no")
-    if accelerator.num_processes != launched:
-        raise UserError(f"{launched} processes were launched but Accelerate set up {accelerator.num_processes}; "
-                        "they would train independently", hint="launch with `accelerate launch` or torchrun")
-    check_sharding_applied(os.environ, distributed_name(accelerator), accelerator.device)
-    return accelerator
-
-
-def distributed_name(accelerator) -> str:
-    """Accelerate's distributed type as a plain string: NO, MULTI_CPU, MULTI_GPU, FSDP, DEEPSPEED, ..."""
-    return str(getattr(accelerator.distributed_type, "value", accelerator.distributed_type))
-
-
-def check_sharding_applied(environ: Mapping[str, str], distributed: str, device: torch.device) -> None:
-    """A launch config that asks for FSDP or DeepSpeed must get it, not plain data parallelism.
-
-    Accelerate sets up FSDP and DeepSpeed on GPUs (and other accelerators) only: on CPU it reads the
-    config, then trains with every process holding the whole model and optimizer, and says nothing.
-    """
-    for variable, wanted in REQUESTED_SHARDING.items():
-        if environ.get(variable, "").lower() == "true" and distributed != wanted:
-            raise UserError(f"the Accelerate config asks for {wanted} but Accelerate set up {distributed} on "
-                            f"{device.type}: it shards only on GPUs, and this run would not be sharded",
-                            hint="train on GPUs, or on CPU leave the config out and launch data-parallel: "
-                                 "accelerate launch --multi_gpu --num_processes N -m refusion_cli train ...")
-
-
-def check_accumulation(accelerator, config: TrainConfig) -> None:
-    """An Accelerate or DeepSpeed config may set its own accumulation; it must agree with --grad-accum."""
-    if accelerator.gradient_accumulation_steps != config.grad_accum:
-        raise UserError(f"the Accelerate/DeepSpeed config accumulates {accelerator.gradient_accumulation_steps} "
-                        f"micro-batches per step but --grad-accum is {config.grad_accum}",
-                        hint="set gradient_accumulation_steps to 'auto' (or the same number) in that config")
-
-
-def enable_activation_checkpointing(model: torch.nn.Module) -> None:
-    """Recompute each layer's activations in the backward pass (named `gradient_checkpointing` before 5.x)."""
-    kwargs = {"use_reentrant": False}  # works with DDP and with frozen inputs
-    if hasattr(model, "activation_checkpointing_enable"):
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-    else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-
-
-def micro_batch_size(global_batch: int, processes: int, grad_accum: int) -> int:
-    per_step = processes * grad_accum
-    if global_batch % per_step:
-        raise UserError(f"--batch-size {global_batch} is not divisible by {processes} process(es) × "
-                        f"{grad_accum} accumulation step(s)",
-                        hint="the global batch is split evenly over processes and accumulation steps")
-    return global_batch // per_step
-
-
-def resume_mismatch(key: str, recorded: object, current: object) -> str:
-    """Why a setting of the resumed run differs from the checkpoint's, in words."""
-    if key == "data_sha256":
-        return "the data file changed"
-    if key == "eval_data_sha256":
-        if recorded is None:
-            return "the run was trained without --eval-data"
-        return "the run was trained with --eval-data; give the same file" if current is None else \
-            "the eval data file changed"
-    default = " (--eval-every defaults to --save-every)" if key == "eval_every" else ""
-    return f"{key} is {current!r} but the checkpoint was trained with {recorded!r}{default}"
-
-
-def check_resume_settings(recorded: dict, current: dict, config: TrainConfig) -> None:
-    for key in RESUME_MUST_MATCH:
-        if recorded.get(key) != current.get(key):  # eval settings are recorded by runs with --eval-data only
-            raise UserError(f"cannot resume: {resume_mismatch(key, recorded.get(key), current.get(key))}",
-                            hint="resume with the settings of the interrupted run")
-    if config.source is not None and recorded.get("source") != config.source:
-        raise UserError(f"cannot resume: the run started from {recorded.get('source')!r}, not {config.source!r}")
-
-
 def load_trainable(config: TrainConfig, resume_from: Path | None) -> TrainableModel:
     if resume_from is not None:
         return load_checkpoint_for_training(str(resume_from))
@@ -422,21 +228,23 @@ def steps_for_epochs(epochs: int, examples: int, batch_size: int) -> int:
     return math.ceil(epochs * examples / batch_size)
 
 
-def resumed_run_finished(state: dict, config: TrainConfig) -> bool:
-    """Whether the run being resumed already did all its steps and saved its final model (after
-    :func:`check_resume_step`)."""
-    check_resume_step(state["step"], config)
-    return state["step"] == config.steps and ckpt.final_model_step(config.output) == config.steps
+@dataclass(frozen=True)
+class Run:
+    """A run set up to train (steps 1-3): what its optimizer steps, evaluations and checkpoints use."""
 
-
-def check_resume_step(step: int, config: TrainConfig) -> None:
-    """A resumed run continues towards --steps (which may be raised, never lowered below the checkpoint)."""
-    if step > config.steps:
-        raise UserError(f"cannot resume: the checkpoint is at step {step}, past --steps {config.steps}",
-                        hint=f"the LR schedule spans --steps: keep --steps {step} or more")
-    if config.stop_at is not None and config.stop_at <= step < config.steps:
-        raise UserError(f"cannot resume: --stop-at {config.stop_at} but the run is already at step {step}",
-                        hint=f"give a --stop-at after step {step}, or leave it out")
+    config: TrainConfig  # its `steps` settled (from --epochs once the data is read)
+    settings: dict[str, object]  # the run's settings, as trainer_state.json records them
+    info: RunInfo  # what the run is about to do, as reported
+    objective: Objective
+    accelerator: Accelerator
+    model: torch.nn.Module  # prepared by Accelerate (wrapped for DDP, FSDP, DeepSpeed)
+    tokenizer: object
+    optimizer: AcceleratedOptimizer
+    scheduler: AcceleratedScheduler
+    loader: DataLoader  # this process's micro-batches
+    collate_fn: Callable[[list[Sample]], dict[str, torch.Tensor]]
+    eval_set: HeldOutDataset | None  # with --eval-data
+    observer: TrainObserver  # reported to on the main process
 
 
 def train_model(config: TrainConfig, observer: TrainObserver | None = None) -> TrainResult:
@@ -458,51 +266,99 @@ def _train(config: TrainConfig, observer: TrainObserver) -> TrainResult:
     main = accelerator.is_main_process
 
     # 1) data files and output directory, before anything slow
-    check_data_file(config.data)
-    if config.eval_data is not None:
-        check_data_file(config.eval_data, "--eval-data")
-    resume_from = ckpt.check_output_dir(config.output, config.resume)
-    digests = (file_digest(config.data), file_digest(config.eval_data) if config.eval_data is not None else None)
+    resume_from, digests = check_inputs(config)
     settings = config.run_settings(*digests)
     state = ckpt.read_trainer_state(resume_from) if resume_from is not None else None
-
-    def finished() -> TrainResult:
-        if main:
-            observer.on_complete(config.steps, config.output)
-        return TrainResult(config.steps, False, resume_from, config.output, 0, 0.0)
-
     if state is not None:
         check_resume_settings(state["run"], settings, config)
         if config.epochs is None and resumed_run_finished(state, config):
-            return finished()
+            return report_finished(config, resume_from, observer, main)
     micro = micro_batch_size(config.batch_size, accelerator.num_processes, config.grad_accum)
 
     # 2) model and data
     trainable = load_trainable(config, resume_from)
-    model, tokenizer = trainable.model, trainable.tokenizer
-    prepare_for_objective(model, objective)
+    prepare_for_objective(trainable.model, objective)
     if config.gradient_checkpointing:
-        enable_activation_checkpointing(model)
-    data = load_training_data(config.data, tokenizer, config.max_length)
-    held_out = None if config.eval_data is None else load_training_data(config.eval_data, tokenizer,
+        enable_activation_checkpointing(trainable.model)
+    data = load_training_data(config.data, trainable.tokenizer, config.max_length)
+    held_out = None if config.eval_data is None else load_training_data(config.eval_data, trainable.tokenizer,
                                                                          config.max_length, "--eval-data")
     if config.epochs is not None:  # the length of the run follows from the examples read
         steps = steps_for_epochs(config.epochs, len(data.examples), config.batch_size)
         settings = replace(config, steps=steps).run_settings(*digests)  # records epochs and steps
         config = replace(config, steps=steps, epochs=None)  # checks --stop-at against these steps
         if state is not None and resumed_run_finished(state, config):
-            return finished()
+            return report_finished(config, resume_from, observer, main)
 
     # 3) Accelerate
     start_step = state["step"] if state is not None else 0
-    stream = ShuffledStream(len(data.examples), config.seed, start=start_step * config.batch_size)
+    run = prepare_run(config, settings, accelerator, objective, trainable, data, held_out, micro=micro,
+                      start_step=start_step, resume_from=resume_from, observer=observer)
+    if main:
+        observer.on_start(run.info)
+
+    # 4) train
+    evaluate_first = run.eval_set is not None and (state is None or bool(state.get("eval_pending")))
+    log_path, eval_path = config.output / ckpt.LOSS_LOG, config.output / ckpt.EVAL_LOG
+    if main:
+        start_logs(log_path, eval_path, start_step if state is not None else None, evaluate_first)
+    run.model.train()
+    batches = iter(run.loader)
+    step, last_saved, trained_tokens, trained_seconds = start_step, resume_from, 0, 0.0
+    with StopRequest() as stop, appending(log_path, main) as log, \
+            appending(eval_path, main and run.eval_set is not None) as eval_log:
+        if evaluate_first:  # a fresh run's baseline (step 0), or the evaluation a stop left to --resume
+            validate(run, start_step, eval_log)
+            last_saved = None  # the resumed checkpoint says "pending": unless a later one comes, 5) saves it anew
+        started = time.perf_counter()
+        while step < run.info.last_step:
+            step += 1
+            record, stopping = train_step(run, batches, step, stop, started)
+            trained_tokens += record.tokens
+            trained_seconds += record.seconds
+            if main:
+                append_record(log, record)
+                observer.on_step(record)
+            if stopping:  # a due evaluation waits for --resume: the checkpoint comes first
+                path = save(run, step, eval_pending=eval_due(run, step))
+                return TrainResult(step, True, path, None, trained_tokens, trained_seconds, stop.signum)
+            if eval_due(run, step):
+                validate(run, step, eval_log)
+            if step % config.save_every == 0 or step == run.info.last_step:
+                last_saved = save(run, step)
+
+    # 5) final model
+    if last_saved is None or last_saved != ckpt.checkpoint_path(config.output, step):
+        last_saved = save(run, step)
+    ckpt.save_final(accelerator, run.model, run.tokenizer, config.output, last_saved)
+    return TrainResult(step, False, last_saved, config.output, trained_tokens, trained_seconds)
+
+
+def check_inputs(config: TrainConfig) -> tuple[Path | None, tuple[str, str | None]]:
+    """Check the data files and the output directory; return the checkpoint to resume from (None for a fresh
+    run) and the SHA-256 digests of the data and eval data files."""
+    check_data_file(config.data)
+    if config.eval_data is not None:
+        check_data_file(config.eval_data, "--eval-data")
+    resume_from = ckpt.check_output_dir(config.output, config.resume)
+    digests = (file_digest(config.data), file_digest(config.eval_data) if config.eval_data is not None else None)
+    return resume_from, digests
+
+
+def report_finished(config: TrainConfig, resume_from: Path, observer: TrainObserver, main: bool) -> TrainResult:
+    """--resume found the run finished (all its steps done, the final model saved): nothing is trained."""
+    if main:
+        observer.on_complete(config.steps, config.output)
+    return TrainResult(config.steps, False, resume_from, config.output, 0, 0.0)
+
+
+def prepare_run(config: TrainConfig, settings: dict[str, object], accelerator: Accelerator, objective: Objective,
+                trainable: TrainableModel, data: TrainingData, held_out: TrainingData | None, *, micro: int,
+                start_step: int, resume_from: Path | None, observer: TrainObserver) -> Run:
+    """Model, optimizer, data loader and LR schedule prepared by Accelerate (their states loaded when resuming)."""
     dataset = ObjectiveDataset(data.examples, objective, trainable.mask_token_id, config.seed, config.max_length)
     collate_fn = partial(collate, pad_id=trainable.pad_token_id, weights_dtype=wide_float(accelerator.device))
-    # every example's masking draws come from its own (seed, epoch, index) generator, so worker processes
-    # build exactly the batches the training process would
-    loader = DataLoader(dataset, sampler=stream, batch_size=micro, num_workers=config.num_workers,
-                        persistent_workers=config.num_workers > 0, pin_memory=accelerator.device.type == "cuda",
-                        collate_fn=collate_fn)
+    loader = make_loader(dataset, collate_fn, config, micro, start_step, accelerator.device)
     eval_set, eval_info = None, None
     if held_out is not None:  # LLaDA pads eval responses to the training canvas
         eval_set = HeldOutDataset(held_out.examples, objective, trainable.mask_token_id, config.seed,
@@ -510,16 +366,14 @@ def _train(config: TrainConfig, observer: TrainObserver) -> TrainResult:
         eval_info = EvalInfo(records=held_out.records, examples=len(held_out.examples),
                              skipped_too_long=held_out.skipped_too_long, every=config.eval_interval,
                              batch_size=config.eval_batch_size or micro)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    optimizer = torch.optim.AdamW(trainable.model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     warmup = round(config.warmup_ratio * config.steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, cosine_with_warmup(warmup, config.steps))
-    model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
+    model, optimizer, loader, scheduler = accelerator.prepare(trainable.model, optimizer, loader, scheduler)
     check_accumulation(accelerator, config)  # DeepSpeed settles its value in prepare()
     if resume_from is not None:
         accelerator.load_state(str(resume_from / ckpt.ACCELERATE_DIR))
         follow_schedule(scheduler)
-
-    last_step = config.stop_at or config.steps  # where this invocation ends
     info = RunInfo(
         objective=objective.name, start_step=start_step, total_steps=config.steps, records=data.records,
         examples=len(data.examples), skipped_too_long=data.skipped_too_long, global_batch=config.batch_size,
@@ -527,111 +381,85 @@ def _train(config: TrainConfig, observer: TrainObserver) -> TrainResult:
         parameters=count_parameters(accelerator.unwrap_model(model)), device=str(accelerator.device),
         mixed_precision=accelerator.mixed_precision, output=config.output, resumed_from=resume_from,
         distributed=distributed_name(accelerator),
-        last_step=last_step, evaluation=eval_info)
-    if main:
-        observer.on_start(info)
-
-    def save(step: int, eval_pending: bool = False) -> Path:
-        path = ckpt.checkpoint_path(config.output, step)
-        state = trainer_state(step, config, settings, len(data.examples), accelerator.num_processes, eval_pending)
-        state["device"] = describe_device(accelerator.device, accelerator.mixed_precision)
-        save_checkpoint(accelerator, model, tokenizer, path, state)
-        if main:
-            observer.on_save(path, step)
-            if config.keep_checkpoints:
-                for _, old in ckpt.list_checkpoints(config.output)[:-config.keep_checkpoints]:
-                    shutil.rmtree(old, ignore_errors=True)
-        return path
-
-    def validate(step: int, eval_log) -> None:  # every process scores; the main one writes
-        record = evaluate(accelerator, model, eval_set, eval_info.batch_size, collate_fn, step)
-        if main:
-            eval_log.write(json.dumps(asdict(record)) + "\n")
-            eval_log.flush()
-            observer.on_eval(record)
-
-    def eval_due(step: int) -> bool:
-        return eval_set is not None and (step % config.eval_interval == 0 or step == last_step)
-
-    # 4) train
-    evaluate_first = eval_set is not None and (state is None or bool(state.get("eval_pending")))
-    log_path, eval_path = config.output / ckpt.LOSS_LOG, config.output / ckpt.EVAL_LOG
-    if main:
-        if state is not None:
-            ckpt.truncate_loss_log(log_path, start_step)
-            # a pending evaluation is (re)done: a line a killed run may have written for it goes too
-            ckpt.truncate_loss_log(eval_path, start_step - 1 if evaluate_first else start_step)
-        else:
-            log_path.unlink(missing_ok=True)
-            eval_path.unlink(missing_ok=True)
-    model.train()
-    batches = iter(loader)
-    step, last_saved, trained_tokens, trained_seconds = start_step, resume_from, 0, 0.0
-    with StopRequest() as stop, appending(log_path, main) as log, \
-            appending(eval_path, main and eval_set is not None) as eval_log:
-        if evaluate_first:  # a fresh run's baseline (step 0), or the evaluation a stop left to --resume
-            validate(start_step, eval_log)
-            last_saved = None  # the resumed checkpoint says "pending": unless a later one comes, 5) saves it anew
-        started = time.perf_counter()
-        while step < last_step:
-            step_start = time.perf_counter()
-            lr = scheduler.get_last_lr()[0]
-            totals = optimizer_step(accelerator, model, optimizer, batches, objective, config)
-            if not getattr(optimizer, "step_was_skipped", False):  # fp16: the loss scaler skipped an overflow
-                scheduler.step()
-            step += 1
-            totals[4] = float(stop.requested)
-            totals = accelerator.reduce(totals, reduction="sum")  # every process agrees on when to stop
-            micro_batches = config.grad_accum * accelerator.num_processes
-            loss, ar_loss, mdm_loss, tokens, stopping = totals.tolist()  # waits for the step's GPU work too
-            now = time.perf_counter()
-            record = StepRecord(step=step, loss=loss / micro_batches, ar_loss=ar_loss / micro_batches,
-                                mdm_loss=mdm_loss / micro_batches, lr=lr, tokens=int(tokens),
-                                seconds=now - step_start, elapsed=now - started)
-            trained_tokens += record.tokens
-            trained_seconds += record.seconds
-            if main:
-                log.write(json.dumps(asdict(record)) + "\n")
-                log.flush()
-                observer.on_step(record)
-            if stopping > 0:  # a due evaluation waits for --resume: the checkpoint comes first
-                path = save(step, eval_pending=eval_due(step))
-                return TrainResult(step, True, path, None, trained_tokens, trained_seconds, stop.signum)
-            if eval_due(step):
-                validate(step, eval_log)
-            if step % config.save_every == 0 or step == last_step:
-                last_saved = save(step)
-
-    # 5) final model
-    if last_saved is None or last_saved != ckpt.checkpoint_path(config.output, step):
-        last_saved = save(step)
-    save_final(accelerator, model, tokenizer, config.output, last_saved)
-    return TrainResult(step, False, last_saved, config.output, trained_tokens, trained_seconds)
+        last_step=config.stop_at or config.steps, evaluation=eval_info)  # last_step: where this invocation ends
+    return Run(config, settings, info, objective, accelerator, model, trainable.tokenizer, optimizer, scheduler,
+               loader, collate_fn, eval_set, observer)
 
 
-def describe_device(device: torch.device, precision: str) -> str:
-    """Where the run trains, for trainer_state.json: e.g. 'cuda:0 (NVIDIA H200), bf16' or 'cpu, no'."""
-    name = f"{device} ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else str(device)
-    return f"{name}, {precision}"
+def make_loader(dataset: ObjectiveDataset, collate_fn: Callable[[list[Sample]], dict[str, torch.Tensor]],
+                config: TrainConfig, micro: int, start_step: int, device: torch.device) -> DataLoader:
+    """Micro-batches in the run's data order, from the first example a resumed run has not consumed."""
+    stream = ShuffledStream(len(dataset), config.seed, start=start_step * config.batch_size)
+    # every example's masking draws come from its own (seed, epoch, index) generator, so worker processes
+    # build exactly the batches the training process would
+    return DataLoader(dataset, sampler=stream, batch_size=micro, num_workers=config.num_workers,
+                      persistent_workers=config.num_workers > 0, pin_memory=device.type == "cuda",
+                      collate_fn=collate_fn)
 
 
-def trainer_state(step: int, config: TrainConfig, settings: dict, examples: int, processes: int,
-                  eval_pending: bool = False) -> dict:
-    """What trainer_state.json records; optimizer, scheduler and RNG states live in accelerate_state/.
+def start_logs(log_path: Path, eval_path: Path, resumed_step: int | None, evaluate_first: bool) -> None:
+    """A fresh run (``resumed_step`` None) starts the loss and eval logs anew; a resumed one keeps their lines up
+    to its checkpoint's step."""
+    if resumed_step is None:
+        log_path.unlink(missing_ok=True)
+        eval_path.unlink(missing_ok=True)
+        return
+    ckpt.truncate_loss_log(log_path, resumed_step)
+    # a pending evaluation is (re)done: a line a killed run may have written for it goes too
+    ckpt.truncate_loss_log(eval_path, resumed_step - 1 if evaluate_first else resumed_step)
 
-    With --eval-data, ``eval_pending`` says the evaluation of this step was due but left to --resume.
-    """
-    consumed = step * config.batch_size
-    state = {"version": ckpt.STATE_VERSION, "step": step, "examples_consumed": consumed,
-             "epoch": consumed // examples, "run": settings, "processes": processes,
-             "rng": {"seed": config.seed, "data_order": "a permutation per epoch, seeded by (seed, epoch)",
-                     "samples": "a torch.Generator per example, seeded by (seed, epoch, example index)",
-                     "process_states": f"{ckpt.ACCELERATE_DIR}/random_states_<process>.pkl"},
-             "accelerate_state": ckpt.ACCELERATE_DIR}
-    if config.eval_data is not None:
-        state["rng"]["eval_samples"] = "a torch.Generator per eval example, seeded by (seed, 'eval', example index)"
-        state["eval_pending"] = eval_pending
-    return state
+
+def train_step(run: Run, batches: Iterator[dict[str, torch.Tensor]], step: int, stop: StopRequest,
+               started: float) -> tuple[StepRecord, bool]:
+    """Optimizer step ``step`` on every process: its record (over the global batch) and whether to stop after it."""
+    step_start = time.perf_counter()
+    lr = run.scheduler.get_last_lr()[0]
+    totals = optimizer_step(run.accelerator, run.model, run.optimizer, batches, run.objective, run.config)
+    if not getattr(run.optimizer, "step_was_skipped", False):  # fp16: the loss scaler skipped an overflow
+        run.scheduler.step()
+    totals[4] = float(stop.requested)
+    totals = run.accelerator.reduce(totals, reduction="sum")  # every process agrees on when to stop
+    micro_batches = run.config.grad_accum * run.accelerator.num_processes
+    loss, ar_loss, mdm_loss, tokens, stopping = totals.tolist()  # waits for the step's GPU work too
+    now = time.perf_counter()
+    record = StepRecord(step=step, loss=loss / micro_batches, ar_loss=ar_loss / micro_batches,
+                        mdm_loss=mdm_loss / micro_batches, lr=lr, tokens=int(tokens),
+                        seconds=now - step_start, elapsed=now - started)
+    return record, stopping > 0
+
+
+def eval_due(run: Run, step: int) -> bool:
+    """Whether the held-out set is scored after ``step``: every --eval-every steps and at this invocation's end."""
+    return run.eval_set is not None and (step % run.config.eval_interval == 0 or step == run.info.last_step)
+
+
+def validate(run: Run, step: int, eval_log: TextIO | None) -> None:
+    """Score the held-out set after ``step``: every process scores, the main one logs and reports."""
+    record = evaluate(run.accelerator, run.model, run.eval_set, run.info.evaluation.batch_size, run.collate_fn, step)
+    if run.accelerator.is_main_process:
+        append_record(eval_log, record)
+        run.observer.on_eval(record)
+
+
+def save(run: Run, step: int, eval_pending: bool = False) -> Path:
+    """Checkpoint the run after ``step`` (every process takes part); the main process reports it and removes
+    checkpoints beyond --keep-checkpoints."""
+    path = ckpt.checkpoint_path(run.config.output, step)
+    state = trainer_state(step, run.config, run.settings, run.info.examples, run.accelerator.num_processes,
+                          eval_pending)
+    state["device"] = describe_device(run.accelerator.device, run.accelerator.mixed_precision)
+    ckpt.save_checkpoint(run.accelerator, run.model, run.tokenizer, path, state)
+    if run.accelerator.is_main_process:
+        run.observer.on_save(path, step)
+        if run.config.keep_checkpoints:
+            ckpt.remove_old_checkpoints(run.config.output, run.config.keep_checkpoints)
+    return path
+
+
+def append_record(log: TextIO, record: StepRecord | EvalRecord) -> None:
+    """One JSON line, flushed at once: a killed run keeps every line it wrote."""
+    log.write(json.dumps(asdict(record)) + "\n")
+    log.flush()
 
 
 def appending(path: Path, writes: bool) -> AbstractContextManager:
@@ -661,59 +489,3 @@ def optimizer_step(accelerator, model, optimizer, batches, objective, config: Tr
     if not accelerator.sync_gradients:
         raise RuntimeError("the optimizer step did not happen at the end of the accumulation")
     return totals
-
-
-def share_tied_tensors(state_dict: dict[str, torch.Tensor] | None,
-                       model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
-    """``state_dict`` with every name of one tied parameter (Qwen3's input embedding and output head when
-    ``tie_word_embeddings``) holding the same tensor; a process that got no state dict (None) passes it on.
-
-    A gathered sharded state dict (FSDP) has a separate copy under each name; ``save_pretrained`` drops
-    the tied names only when they share storage, and would otherwise write the copy too.
-    """
-    if state_dict is None:
-        return None
-    shared = dict(state_dict)
-    first_names: dict[int, str] = {}
-    for name, parameter in model.named_parameters(remove_duplicate=False):
-        first = first_names.setdefault(id(parameter), name)
-        if first != name and first in shared and name in shared:
-            shared[name] = shared[first]
-    return shared
-
-
-def save_model_files(accelerator, model, tokenizer, directory: Path) -> None:
-    """config.json + weights + tokenizer, as ``from_pretrained`` reads them (weights gathered from all shards)."""
-    state_dict = accelerator.get_state_dict(model)  # collective under FSDP / DeepSpeed: every process calls it
-    unwrapped = accelerator.unwrap_model(model)
-    unwrapped.save_pretrained(directory, is_main_process=accelerator.is_main_process,
-                              state_dict=share_tied_tensors(state_dict, unwrapped))
-    if accelerator.is_main_process:
-        tokenizer.save_pretrained(directory)
-
-
-def save_checkpoint(accelerator, model, tokenizer, path: Path, trainer_state: dict) -> None:
-    """Write a complete checkpoint to ``path`` (via ``path.partial``, renamed once complete)."""
-    partial_path = path.with_name(path.name + ".partial")
-    if accelerator.is_main_process:
-        if partial_path.exists():
-            shutil.rmtree(partial_path)
-        partial_path.mkdir(parents=True)
-    accelerator.wait_for_everyone()
-    save_model_files(accelerator, model, tokenizer, partial_path)
-    accelerator.save_state(str(partial_path / ckpt.ACCELERATE_DIR))
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        ckpt.write_json(partial_path / ckpt.STATE_FILE, trainer_state)
-        ckpt.replace_dir(partial_path, path)
-    accelerator.wait_for_everyone()
-
-
-def save_final(accelerator, model, tokenizer, output: Path, checkpoint: Path) -> None:
-    """The finished model at the top of the output directory (no optimizer state)."""
-    save_model_files(accelerator, model, tokenizer, output)
-    if accelerator.is_main_process:
-        state = json.loads((checkpoint / ckpt.STATE_FILE).read_text())
-        ckpt.write_json(output / ckpt.STATE_FILE, {**state, "checkpoint": checkpoint.name})
-    accelerator.wait_for_everyone()
-

@@ -17,13 +17,10 @@ from safetensors.torch import load_file
 
 from refusion_cli.errors import UserError
 from refusion_cli.models.loading import load_model
-from refusion_cli.training.loop import (
-    TrainConfig,
-    TrainObserver,
-    check_sharding_applied,
-    share_tied_tensors,
-    train_model,
-)
+from refusion_cli.training.accelerator import check_sharding_applied
+from refusion_cli.training.checkpoint import share_tied_tensors
+from refusion_cli.training.config import TrainConfig
+from refusion_cli.training.loop import TrainObserver, train_model
 from refusion_cli.training.modeling import build_tiny_model, ensure_mask_token
 from tests.ports import free_port
 from tests.tiny import tiny_qwen3

@@ -11,7 +11,8 @@ import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
 from refusion_cli.models.loading import load_model
-from refusion_cli.training.loop import TrainConfig, train_model
+from refusion_cli.training.config import TrainConfig
+from refusion_cli.training.loop import train_model
 from refusion_cli.training.modeling import BEGIN_TOKEN, ensure_mask_token
 from refusion_cli.training.recipes import RECIPES, apply_recipe
 from tests.models.test_loading import qwen_tokenizer
