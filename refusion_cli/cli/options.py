@@ -70,7 +70,11 @@ def seed_value(value: str | int) -> int:
 LIST_HELP = "; several: repeat the option, separate with commas, or list them after it"
 DECODER_NAMES = ", ".join(DECODERS)  # the registry's decoders, the one list of them
 
+DecoderOpt = Annotated[str, typer.Option("--decoder", "-d", help=DECODER_NAMES)]  # one decoder (chat)
 DecodersOpt = Annotated[list[str] | None, typer.Option("--decoder", "-d", help=DECODER_NAMES + LIST_HELP)]
+ModelOpt = Annotated[str | None, typer.Option(  # the checkpoint of the one decoder (chat)
+    "--model", parser=text_value, help="checkpoint: embedded name, local directory or hub id, or "
+    "DECODER=CHECKPOINT (default: the decoder's embedded model, refusion-tiny for refusion)")]
 ModelsOpt = Annotated[list[str] | None, typer.Option(
     "--model", help="CHECKPOINT for every decoder, or DECODER=CHECKPOINT for one (embedded name, directory or hub "
     "id); default: each decoder's embedded model")]
