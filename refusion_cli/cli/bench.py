@@ -67,10 +67,10 @@ from refusion_cli.bench.runner import (
     plan_entries,
     run_bench,
 )
-from refusion_cli.cli.options import (PATH_OPTION, VARIANT_HELP, MultiValues, option_values, route_stray_values,
-                                      seed_value, split_commas, text_value)
+from refusion_cli.cli.options import (DECODER_NAMES, PATH_OPTION, CausalFirstOpt, CausalFixOpt, DecodersOpt, DeviceOpt,
+                                      DtypeOpt, ModelsOpt, MultiValues, PresetOpt, RecheckOpt, SeedOpt, SetOpt,
+                                      TrustRemoteCodeOpt, in_panel, option_values, route_stray_values, split_commas)
 from refusion_cli.cli.output import console, print_table, quiet_library_output
-from refusion_cli.decoding.registry import DECODERS
 from refusion_cli.decoding.spec import parse_decoder_options
 from refusion_cli.errors import UserError
 from refusion_cli.models.loading import LoadedModel
@@ -84,13 +84,9 @@ MACHINE = "Machine"
 def bench(
     tps: Annotated[bool, typer.Option("--tps", help="measure decoding speed (tokens per second); the default and, "
                                       "for now, the only benchmark", rich_help_panel=RUN)] = True,
-    decoder: Annotated[list[str] | None, typer.Option("--decoder", "-d", help=f"decoders to compare "
-                                                      f"({', '.join(DECODERS)}); default: "
-                                                      f"{' '.join(DEFAULT_DECODERS)}", rich_help_panel=RUN)] = None,
-    model: Annotated[list[str] | None, typer.Option("--model", help="CHECKPOINT for every decoder, or "
-                                                    "DECODER=CHECKPOINT for one (embedded name, directory or hub "
-                                                    "id); default: each decoder's embedded model",
-                                                    rich_help_panel=RUN)] = None,
+    decoder: in_panel(DecodersOpt, RUN, help=f"decoders to compare ({DECODER_NAMES}); default: "
+                      f"{' '.join(DEFAULT_DECODERS)}") = None,
+    model: in_panel(ModelsOpt, RUN) = None,
     prompts: Annotated[Path | None, typer.Option("--prompts", **PATH_OPTION, help="JSONL with a 'prompt' or "
                                                  "'question' field and an optional 'target'; default: the "
                                                  "synthetic task", rich_help_panel=RUN)] = None,
@@ -103,21 +99,14 @@ def bench(
                                                          "give a row each (default 1, the paper's setting); with "
                                                          "--gen-length too, give both comma-separated",
                                                          rich_help_panel=RUN)] = None,
-    set_options: Annotated[list[str] | None, typer.Option("--set", help="decoder option KEY=VALUE for every "
-                                                          "decoder that has it, or DECODER.KEY=VALUE for one "
-                                                          "(e.g. slot_size=16)",
-                                                          rich_help_panel=RUN)] = None,
-    preset: Annotated[str | None, typer.Option("--preset", help="ReFusion settings: a paper benchmark's "
-                                               "(gsm8k, math, ...) or a preset of evals/suite.yaml (synthetic_tiny), "
-                                               "under --set", rich_help_panel=RUN)] = None,
+    set_options: in_panel(SetOpt, RUN) = None,
+    preset: in_panel(PresetOpt, RUN) = None,
     ablation: Annotated[bool, typer.Option("--ablation/--no-ablation", help="also time ReFusion recomputing the "
                                            "KV cache (kv_reuse=False), the paper's ablation",
                                            rich_help_panel=RUN)] = True,
-    causal_fix: Annotated[bool, typer.Option("--causal-fix", help=VARIANT_HELP["causal_fix"],
-                                             rich_help_panel=RUN)] = False,
-    causal_first: Annotated[bool, typer.Option("--causal-first", help=VARIANT_HELP["causal_first"],
-                                               rich_help_panel=RUN)] = False,
-    recheck: Annotated[bool, typer.Option("--recheck", help=VARIANT_HELP["recheck"], rich_help_panel=RUN)] = False,
+    causal_fix: in_panel(CausalFixOpt, RUN) = False,
+    causal_first: in_panel(CausalFirstOpt, RUN) = False,
+    recheck: in_panel(RecheckOpt, RUN) = False,
     sweep: Annotated[bool, typer.Option("--sweep", help="also time each decoder over a grid of its parallelism "
                                         "settings, a row each (refusion: k, b, τ_slot/τ_token; llada, dream: steps "
                                         "and threshold with cache), and write frontier.csv, frontier_tps.png and "
@@ -127,23 +116,18 @@ def bench(
                                         rich_help_panel=MEASURE)] = 1,
     repeats: Annotated[int, typer.Option("--repeats", help="timed decodes of every prompt",
                                          rich_help_panel=MEASURE)] = 1,
-    seed: Annotated[int, typer.Option("--seed", parser=seed_value, help="seed of the sampling noise (prompt i "
-                                      "uses seed + i)", rich_help_panel=MEASURE)] = 0,
+    seed: in_panel(SeedOpt, MEASURE, help="seed of the sampling noise (prompt i uses seed + i)") = 0,
     output: Annotated[Path, typer.Option("--output", "-o", **PATH_OPTION, help="directory for bench.csv, "
                                          "samples.csv, bench.md, run.json and the plots",
                                          rich_help_panel=MEASURE)] = Path("results/bench"),
     resume: Annotated[bool, typer.Option("--resume", help="continue the interrupted run in --output: keep its "
                                          "finished rows, measure the others (needs the same options and machine)",
                                          rich_help_panel=MEASURE)] = False,
-    device: Annotated[str | None, typer.Option("--device", parser=text_value, help="cpu, cuda, cuda:1, ... "
-                                               "(default: cuda when available)", rich_help_panel=MACHINE)] = None,
-    dtype: Annotated[str | None, typer.Option("--dtype", help="float32, bfloat16, float16 (default: bf16 on "
-                                              "CUDA, float32 on CPU)", rich_help_panel=MACHINE)] = None,
+    device: in_panel(DeviceOpt, MACHINE) = None,
+    dtype: in_panel(DtypeOpt, MACHINE) = None,
     threads: Annotated[int | None, typer.Option("--threads", help="torch CPU threads",
                                                 rich_help_panel=MACHINE)] = None,
-    trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code", help="run the modelling code a "
-                                                    "checkpoint ships (not needed for LLaDA / Dream)",
-                                                    rich_help_panel=MACHINE)] = False,
+    trust_remote_code: in_panel(TrustRemoteCodeOpt, MACHINE) = False,
     stray: Annotated[list[str] | None, typer.Argument(
         hidden=True, show_default=False, metavar="VALUES",
         help="more values of --decoder, --gen-length, --model, --set")] = None,

@@ -32,10 +32,11 @@ from rich.text import Text
 from refusion_cli.chat import ChatApp, ChatSession
 from refusion_cli.chat.session import chat_config
 from refusion_cli.chat.transcript import FileExists, check_target, check_writable, save_transcript
-from refusion_cli.cli.options import (PATH_OPTION, VARIANT_WHAT, MultiValues, route_stray_values, seed_value,
-                                      split_commas, text_value)
+from refusion_cli.cli.options import (PATH_OPTION, VARIANT_WHAT, CausalFirstOpt, CausalFixOpt, DecoderOpt, DeviceOpt,
+                                      DtypeOpt, ModelOpt, MultiValues, PresetOpt, RecheckOpt, SeedOpt, SetOpt,
+                                      TrustRemoteCodeOpt, in_panel, route_stray_values, split_commas, text_value)
 from refusion_cli.cli.output import console, err_console, quiet_library_output
-from refusion_cli.decoding.registry import DECODERS, decoder_spec
+from refusion_cli.decoding.registry import decoder_spec
 from refusion_cli.decoding.spec import DecoderChoice, parse_decoder_options, require_refusion
 from refusion_cli.decoding.variants import first_option
 from refusion_cli.errors import UserError
@@ -46,31 +47,20 @@ MODEL = "Model"
 DECODING = "Decoding"
 CONVERSATION = "Conversation"
 SAVE_HINT = "--save never replaces a file: remove it or choose another path"
+# --causal-fix, --causal-first, --recheck: a chat runs one decoder, so a variant changes it rather than adding rows
+DECODES_WITH = {name: f"ReFusion decodes with {name}=True: {what} (this toolkit's variant)"
+                for name, what in VARIANT_WHAT.items()}
 
 
 def chat(
-    model: Annotated[str | None, typer.Option("--model", parser=text_value, help="checkpoint: embedded name, local "
-                                              "directory or hub id, or DECODER=CHECKPOINT (default: the "
-                                              "decoder's embedded model, refusion-tiny for refusion)",
-                                              rich_help_panel=MODEL)] = None,
-    decoder: Annotated[str, typer.Option("--decoder", "-d", help=f"{', '.join(DECODERS)}",
-                                         rich_help_panel=DECODING)] = "refusion",
-    set_options: Annotated[list[str] | None, typer.Option("--set", help="decoder setting KEY=VALUE or "
-                                                          "DECODER.KEY=VALUE, e.g. slot_threshold=0.8 "
-                                                          "(repeatable; /set in the chat)",
-                                                          rich_help_panel=DECODING)] = None,
-    preset: Annotated[str | None, typer.Option("--preset", help="ReFusion settings: a paper benchmark's (gsm8k, "
-                                               "math, ...) or the toolkit's (synthetic_tiny), under --set",
-                                               rich_help_panel=DECODING)] = None,
-    causal_fix: Annotated[bool, typer.Option("--causal-fix", help="ReFusion decodes with causal_fix=True: "
-                                             f"{VARIANT_WHAT['causal_fix']} (this toolkit's variant)",
-                                             rich_help_panel=DECODING)] = False,
-    causal_first: Annotated[bool, typer.Option("--causal-first", help="ReFusion decodes with causal_first=True: "
-                                               f"{VARIANT_WHAT['causal_first']} (this toolkit's variant)",
-                                               rich_help_panel=DECODING)] = False,
-    recheck: Annotated[bool, typer.Option("--recheck", help="ReFusion decodes with recheck=True: "
-                                          f"{VARIANT_WHAT['recheck']} (this toolkit's variant)",
-                                          rich_help_panel=DECODING)] = False,
+    model: in_panel(ModelOpt, MODEL) = None,
+    decoder: in_panel(DecoderOpt, DECODING) = "refusion",
+    set_options: in_panel(SetOpt, DECODING, help="decoder setting KEY=VALUE or DECODER.KEY=VALUE, e.g. "
+                          "slot_threshold=0.8 (repeatable; /set in the chat)") = None,
+    preset: in_panel(PresetOpt, DECODING) = None,
+    causal_fix: in_panel(CausalFixOpt, DECODING, help=DECODES_WITH["causal_fix"]) = False,
+    causal_first: in_panel(CausalFirstOpt, DECODING, help=DECODES_WITH["causal_first"]) = False,
+    recheck: in_panel(RecheckOpt, DECODING, help=DECODES_WITH["recheck"]) = False,
     prompt: Annotated[str | None, typer.Option("--prompt", "-p", help="answer this one question and exit",
                                                rich_help_panel=DECODING)] = None,
     history: Annotated[bool, typer.Option("--history/--no-history", help="keep the conversation (default), or "
@@ -85,15 +75,10 @@ def chat(
     save: Annotated[Path | None, typer.Option("--save", help="write the conversation as JSON to this new file "
                                               "when the run ends (/save in the chat)",
                                               rich_help_panel=CONVERSATION, **PATH_OPTION)] = None,
-    seed: Annotated[int, typer.Option("--seed", parser=seed_value, help="seed of the sampling noise "
-                                      "(temperature > 0)", rich_help_panel=DECODING)] = 0,
-    device: Annotated[str | None, typer.Option("--device", parser=text_value, help="cpu, cuda, ... (default: cuda "
-                                               "when available)", rich_help_panel=MODEL)] = None,
-    dtype: Annotated[str | None, typer.Option("--dtype", help="float32, bfloat16, float16",
-                                              rich_help_panel=MODEL)] = None,
-    trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code", help="run the modelling code a "
-                                                    "checkpoint ships (not needed for LLaDA / Dream)",
-                                                    rich_help_panel=MODEL)] = False,
+    seed: in_panel(SeedOpt, DECODING, help="seed of the sampling noise (temperature > 0)") = 0,
+    device: in_panel(DeviceOpt, MODEL) = None,
+    dtype: in_panel(DtypeOpt, MODEL) = None,
+    trust_remote_code: in_panel(TrustRemoteCodeOpt, MODEL) = False,
     stray: Annotated[list[str] | None, typer.Argument(hidden=True, show_default=False, metavar="VALUES",
                                                       help="more values of --set")] = None,
 ) -> None:

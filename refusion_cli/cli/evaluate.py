@@ -22,8 +22,9 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from refusion_cli.cli.options import (PATH_OPTION, VARIANT_HELP, MultiValues, route_stray_values, seed_value,
-                                      split_commas, text_value)
+from refusion_cli.cli.options import (LIST_HELP, PATH_OPTION, CausalFirstOpt, CausalFixOpt, DecodersOpt, DeviceOpt,
+                                      DtypeOpt, ModelsOpt, MultiValues, PresetOpt, RecheckOpt, SeedOpt, SetOpt,
+                                      TrustRemoteCodeOpt, in_panel, route_stray_values, split_commas)
 from refusion_cli.cli.output import console, debug_enabled, print_table
 from refusion_cli.distributed import leave_process_group
 
@@ -35,45 +36,32 @@ WHAT = "What to run"
 HOW = "Decoder settings"
 WHERE = "Data and output"
 
-LIST_HELP = "; several: repeat the option, separate with commas, or list them after it"
-
 
 def evaluate(
     task: Annotated[list[str], typer.Option("--task", "-t", help="benchmark: mmlu_pro, arc_challenge, gsm8k, math, gpqa, "
                                             "humaneval, mbpp, synthetic (or its lm-eval name), paper (the seven), all"
                                             + LIST_HELP, rich_help_panel=WHAT)],
-    decoder: Annotated[list[str], typer.Option("--decoder", "-d", help="refusion, ar, llada, dream" + LIST_HELP,
-                                               rich_help_panel=WHAT)] = ["refusion"],  # noqa: B006
-    model: Annotated[list[str] | None, typer.Option("--model", "-m", help="checkpoint for every decoder, or "
-                                                    "DECODER=PATH for one (default: the decoder's embedded model)",
-                                                    rich_help_panel=WHAT)] = None,
+    decoder: in_panel(DecodersOpt, WHAT) = ["refusion"],  # noqa: B006
+    model: in_panel(ModelsOpt, WHAT, "-m") = None,
     limit: Annotated[int | None, typer.Option("--limit", help="first N documents of each lm-eval task (0: check "
                                               "the data and tasks, with --download fetch the data, evaluate "
                                               "nothing)", rich_help_panel=WHAT)] = None,
     protocol: Annotated[str, typer.Option("--protocol", help="whose task definitions: paper (the paper's prompts, "
                                           "answer handling and scoring) or lm-eval (the installed lm-eval's own "
                                           "tasks)", rich_help_panel=WHAT)] = "paper",
-    preset: Annotated[str | None, typer.Option("--preset", help="ReFusion preset for every task (default: the "
-                                               "task's paper preset from evals/suite.yaml)", rich_help_panel=HOW)] = None,
-    set_: Annotated[list[str] | None, typer.Option("--set", help="decoder option KEY=VALUE for every decoder that has "
-                                                   "it, or DECODER.KEY=VALUE for one (e.g. slot_size=16)",
-                                                   rich_help_panel=HOW)] = None,
+    preset: in_panel(PresetOpt, HOW, help="ReFusion preset for every task (default: the task's paper preset from "
+                      "evals/suite.yaml)") = None,
+    set_: in_panel(SetOpt, HOW) = None,
     batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="requests decoded together (every "
                                             "answer is the one of batch 1; above 1 the TPS column is throughput)",
                                             rich_help_panel=HOW)] = 1,
-    causal_fix: Annotated[bool, typer.Option("--causal-fix", help=VARIANT_HELP["causal_fix"],
-                                             rich_help_panel=HOW)] = False,
-    causal_first: Annotated[bool, typer.Option("--causal-first", help=VARIANT_HELP["causal_first"],
-                                               rich_help_panel=HOW)] = False,
-    recheck: Annotated[bool, typer.Option("--recheck", help=VARIANT_HELP["recheck"], rich_help_panel=HOW)] = False,
-    seed: Annotated[int, typer.Option("--seed", parser=seed_value, help="per-request generator seed and lm-eval's "
-                                      "task seed", rich_help_panel=HOW)] = 0,
-    device: Annotated[str | None, typer.Option("--device", parser=text_value, help="cpu, cuda, cuda:1 ... "
-                                               "(default: cuda if available)", rich_help_panel=HOW)] = None,
-    dtype: Annotated[str | None, typer.Option("--dtype", help="float32, bfloat16, float16",
-                                              rich_help_panel=HOW)] = None,
-    trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code", help="run the modelling code a "
-                                                    "checkpoint ships (not needed for LLaDA / Dream)", rich_help_panel=HOW)] = False,
+    causal_fix: in_panel(CausalFixOpt, HOW) = False,
+    causal_first: in_panel(CausalFirstOpt, HOW) = False,
+    recheck: in_panel(RecheckOpt, HOW) = False,
+    seed: in_panel(SeedOpt, HOW, help="per-request generator seed and lm-eval's task seed") = 0,
+    device: in_panel(DeviceOpt, HOW) = None,
+    dtype: in_panel(DtypeOpt, HOW) = None,
+    trust_remote_code: in_panel(TrustRemoteCodeOpt, HOW) = False,
     output: Annotated[Path | None, typer.Option("--output", "-o", **PATH_OPTION, help="run directory; rerunning "
                                                 "into it resumes (default: results/<date>-<task>/)",
                                                 rich_help_panel=WHERE)] = None,

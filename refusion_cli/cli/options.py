@@ -1,9 +1,12 @@
-"""Value parsers shared by the commands' options (typer ``parser=``): a bad value is click's one-line usage error."""
+"""The options the commands share, each declared once as a typed ``Annotated`` alias, and the value parsers
+behind them (typer ``parser=``): a bad value is click's one-line usage error."""
 
 from __future__ import annotations
 
+from copy import copy
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated, Any, get_args
 
 import typer
 
@@ -58,6 +61,51 @@ def seed_value(value: str | int) -> int:
     if not 0 <= seed < SEED_LIMIT:
         raise typer.BadParameter(f"must be a whole number from 0 to {SEED_LIMIT - 1}, got {seed}")
     return seed
+
+
+# --- the options eval, bench and chat share -------------------------------------------------------
+# A command takes one as ``device: in_panel(DeviceOpt, MACHINE) = None``: the default after ``=``, the help
+# panel and anything else that differs from one command to the next (see :func:`in_panel`) where it is used.
+
+LIST_HELP = "; several: repeat the option, separate with commas, or list them after it"
+DECODER_NAMES = ", ".join(DECODERS)  # the registry's decoders, the one list of them
+
+DecoderOpt = Annotated[str, typer.Option("--decoder", "-d", help=DECODER_NAMES)]  # one decoder (chat)
+DecodersOpt = Annotated[list[str] | None, typer.Option("--decoder", "-d", help=DECODER_NAMES + LIST_HELP)]
+ModelOpt = Annotated[str | None, typer.Option(  # the checkpoint of the one decoder (chat)
+    "--model", parser=text_value, help="checkpoint: embedded name, local directory or hub id, or "
+    "DECODER=CHECKPOINT (default: the decoder's embedded model, refusion-tiny for refusion)")]
+ModelsOpt = Annotated[list[str] | None, typer.Option(
+    "--model", help="CHECKPOINT for every decoder, or DECODER=CHECKPOINT for one (embedded name, directory or hub "
+    "id); default: each decoder's embedded model")]
+SetOpt = Annotated[list[str] | None, typer.Option(
+    "--set", help="decoder option KEY=VALUE for every decoder that has it, or DECODER.KEY=VALUE for one "
+    "(e.g. slot_size=16)")]
+PresetOpt = Annotated[str | None, typer.Option(
+    "--preset", help="ReFusion settings: a paper benchmark's (gsm8k, math, ...) or a preset of evals/suite.yaml "
+    "(synthetic_tiny), under --set")]
+CausalFixOpt = Annotated[bool, typer.Option("--causal-fix", help=VARIANT_HELP["causal_fix"])]
+CausalFirstOpt = Annotated[bool, typer.Option("--causal-first", help=VARIANT_HELP["causal_first"])]
+RecheckOpt = Annotated[bool, typer.Option("--recheck", help=VARIANT_HELP["recheck"])]
+SeedOpt = Annotated[int, typer.Option("--seed", parser=seed_value)]  # help: what the seed seeds in that command
+DeviceOpt = Annotated[str | None, typer.Option("--device", parser=text_value, help="cpu, cuda, cuda:1, ... "
+                                               "(default: cuda when available)")]
+DtypeOpt = Annotated[str | None, typer.Option("--dtype", help="float32, bfloat16, float16 (default: bf16 on "
+                                              "GPUs that have it, else float32)")]
+TrustRemoteCodeOpt = Annotated[bool, typer.Option("--trust-remote-code", help="run the modelling code a "
+                                                  "checkpoint ships (not needed for LLaDA / Dream)")]
+
+
+def in_panel(alias: Any, panel: str, *more_names: str, help: str | None = None) -> Any:  # noqa: A002 (typer's)
+    """The shared option ``alias`` as one command shows it: under that command's help panel ``panel``, with
+    what differs there: ``more_names`` (a short name such as ``-m``) and its own ``help``."""
+    kind, declared = get_args(alias)
+    option = copy(declared)  # the alias stays as declared for the other commands
+    option.param_decls = (*option.param_decls, *more_names)
+    option.rich_help_panel = panel
+    if help is not None:
+        option.help = help
+    return Annotated[kind, option]
 
 
 # --- options with several values ----------------------------------------------------------------

@@ -41,6 +41,7 @@ def train(
                                        "{prompt, completion} or {question, answer} records", rich_help_panel=RUN)],
     output: Annotated[Path, typer.Option("--output", **PATH_OPTION, help="directory for checkpoints, the final "
                                          "model and loss_log.jsonl", rich_help_panel=RUN)],
+    # not options.ModelOpt: the one checkpoint training starts from (no DECODER=CHECKPOINT, no empty check)
     model: Annotated[str | None, typer.Option("--model", help="checkpoint to start from: embedded name, local "
                                               "directory or hub id", rich_help_panel=SOURCE)] = None,
     init: Annotated[str | None, typer.Option("--init", help=f"start from a fresh model with a named config "
@@ -87,6 +88,7 @@ def train(
                                             rich_help_panel=RUN)] = 500,
     keep_checkpoints: Annotated[int, typer.Option("--keep-checkpoints", help="keep only the newest N checkpoints "
                                                   "(0: all)", rich_help_panel=RUN)] = 0,
+    # not options.SeedOpt: TrainConfig takes any seed below torch's 2**64, SeedOpt stops at 2**63
     seed: Annotated[int, typer.Option("--seed", help="data order, masking draws and --init weights",
                                       rich_help_panel=RUN)] = 0,
     stop_at: Annotated[int | None, typer.Option("--stop-at", help="end this run after this step (the LR schedule "
