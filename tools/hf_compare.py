@@ -24,7 +24,9 @@ from typing import Any
 from refusion_cli.cli.output import fail
 from refusion_cli.errors import UserError
 from refusion_cli.harness.journal import read_records
-from refusion_cli.harness.runner import EvalOptions, plan_eval, seed_lm_eval
+from refusion_cli.harness.manifest import EvalProtocol
+from refusion_cli.harness.evaluation import run_task
+from refusion_cli.harness.runner import EvalOptions, plan_eval
 from refusion_cli.harness.suite import Benchmark
 from refusion_cli.paths import check_output_dir
 
@@ -44,16 +46,8 @@ def refusion_samples(run: Path, benchmark: Benchmark) -> dict[tuple[str, int], d
 def hf_samples(lm: Any, benchmark: Benchmark, task_dict: dict[str, Any], gen_length: int, limit: int | None,
                seed: int) -> dict[tuple[str, int], dict[str, Any]]:
     """(lm-eval task, doc id) -> lm-eval's logged sample (its filter's response and metric) for ``benchmark``."""
-    import lm_eval.evaluator
-
-    for task in task_dict["tasks"].values():
-        task.set_config(key="num_fewshot", value=benchmark.num_fewshot)
-        task.set_config(key="generation_kwargs", value={"max_gen_toks": gen_length}, update=True)
-        task.set_fewshot_seed(seed=seed)
-    seed_lm_eval(seed)
-    evaluation = lm_eval.evaluator.evaluate(lm=lm, task_dict=task_dict, limit=limit, log_samples=True,
-                                            apply_chat_template=benchmark.chat_template, fewshot_as_multiturn=True,
-                                            confirm_run_unsafe_code=True)
+    evaluation = run_task(lm, benchmark, task_dict, gen_length=gen_length, limit=limit, seed=seed,
+                          confirm_run_unsafe_code=True)
     samples = {}
     for task_name, logged in evaluation["samples"].items():
         for sample in logged:
@@ -110,7 +104,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--run", type=Path, required=True, help="the refusion eval output folder to compare with")
     parser.add_argument("--model", required=True, help="the checkpoint that run decoded with the AR decoder")
     parser.add_argument("--task", required=True, help="the run's --task")
-    parser.add_argument("--protocol", default="paper", help="the run's --protocol")
+    parser.add_argument("--protocol", type=EvalProtocol, choices=list(EvalProtocol), default=EvalProtocol.PAPER,
+                        help="the run's --protocol")
     parser.add_argument("--limit", type=int, default=None, help="the run's --limit")
     parser.add_argument("--data-dir", type=Path, default=None, help="the run's --data-dir")
     parser.add_argument("--output", type=Path, required=True, help="folder for compare.json and compare.md")

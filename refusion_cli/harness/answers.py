@@ -33,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from refusion_cli.harness.manifest import EvalProtocol
 from refusion_cli.models.loading import LoadedModel
 
 
@@ -95,12 +96,11 @@ PAPER_RULES = {  # --protocol paper, per decoder: the script that produced the d
     "llada": AnswerRule("eval_llada.py", eos_only=False, to_text=retokenised_text),
     "dream": AnswerRule("dream eval.py", eos_only=False, to_text=dream_text),
 }
-ANSWER_PROTOCOLS = ("lm-eval", "paper")
 
 
-def answer_rule(decoder: str, protocol: str) -> AnswerRule:
-    """The rule of ``decoder`` under ``protocol`` (``paper`` or ``lm-eval``; a decoder without a paper
-    script of its own takes ``eval.py``'s)."""
-    if protocol == "paper":
+def answer_rule(decoder: str, protocol: EvalProtocol) -> AnswerRule:
+    """The rule of ``decoder`` under ``protocol`` (a decoder without a paper script of its own takes
+    ``eval.py``'s)."""
+    if protocol == EvalProtocol.PAPER:
         return PAPER_RULES.get(decoder, PAPER_RULES["refusion"])
     return STOCK

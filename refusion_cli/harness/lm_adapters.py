@@ -24,10 +24,10 @@ discovery). Contract of every adapter:
   is an error. Each request gets a
   fresh ``torch.Generator`` seeded with ``seed``, so an output never depends on request order.
   Every decoded request appends a :class:`SampleRecord` (tokens, forwards, seconds, TPS) to
-  ``adapter.samples``. Unless ``warmed_up`` is set, the first request an adapter decodes is decoded
+  ``adapter.samples``. Unless it is constructed ``warmed_up``, the first request an adapter decodes is decoded
   once more before it, untimed and discarded (warm-up: CUDA context, kernels and allocator are not
-  billed to one sample). An optional :class:`GenerationHook` sees every request first and may
-  return a stored output instead (the harness uses it to resume and to journal samples).
+  billed to one sample). An optional :class:`GenerationHook` (``hook=``, given at construction) sees every
+  request first and may return a stored output instead (the harness uses it to resume and to journal samples).
 - ``loglikelihood`` / ``loglikelihood_rolling`` are exact for the causal adapters (``refusion``,
   ``ar``): one causal pass per request, lm-eval's tokenisation rules (``TemplateLM``). The
   masked-diffusion adapters (``llada``, ``dream``) have no exact likelihood and refuse them.
@@ -57,7 +57,8 @@ from refusion_cli.decoding.spec import PRESET_DECODER, DecoderChoice
 from refusion_cli.decoding.stats import DecodeStats, batch_stats, float_logits
 from refusion_cli.decoding.variants import FLAGS, variant_options
 from refusion_cli.errors import UserError
-from refusion_cli.harness.answers import ANSWER_PROTOCOLS, answer_rule
+from refusion_cli.harness.answers import answer_rule
+from refusion_cli.harness.manifest import EvalProtocol
 from refusion_cli.models.loading import LoadedModel, load_model, parse_device
 
 # model_args keys that are not decoder settings
@@ -259,13 +260,17 @@ class DecoderLM(TemplateLM):
         causal_fix: bool | str = False,
         causal_first: bool | str = False,
         recheck: bool | str = False,
-        protocol: str = "lm-eval",
+        protocol: EvalProtocol | str = EvalProtocol.LM_EVAL,
+        hook: GenerationHook | None = None,
+        warmed_up: bool = False,
         **decoder_options: Any,
     ) -> None:
         super().__init__()
-        if protocol not in ANSWER_PROTOCOLS:
-            raise ConfigError(f"protocol must be one of {', '.join(ANSWER_PROTOCOLS)}, got {protocol!r}")
-        self.answers = answer_rule(self.decoder, protocol)
+        try:
+            self.answers = answer_rule(self.decoder, EvalProtocol(protocol))
+        except ValueError:
+            raise ConfigError(f"protocol must be one of {', '.join(p.value for p in EvalProtocol)}, "
+                              f"got {protocol!r}") from None
         check_model_args(self.decoder, set(decoder_options))  # unknown keys fail before anything loads
         self.batch_size = batch_size_value(batch_size)
         if max_batch_size is not None:
@@ -301,9 +306,9 @@ class DecoderLM(TemplateLM):
         self.model = self.loaded.model
         self.tokenizer = self.loaded.tokenizer
         self._device = next(self.model.parameters()).device
-        self.hook: GenerationHook | None = None
+        self.hook = hook  # sees every request first (the harness's journal: resume and records)
         self.samples: list[SampleRecord] = []
-        self.warmed_up = False  # the first decode is preceded by an untimed one
+        self.warmed_up = warmed_up  # False: the first decode is preceded by an untimed one
 
     # --- lm-eval plumbing -------------------------------------------------------------------
 

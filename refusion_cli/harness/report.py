@@ -5,7 +5,7 @@ Layout (paper Table 1): one row per decoder + model, one column per benchmark, e
 seconds, as the paper counts it), an ``avg`` column
 when there are several benchmarks; then the same rows and columns with TPF (tokens per forward);
 then, for cells run under the paper's protocol, each beside the paper's own Table 1 number for the
-row its decoder stands for (:data:`PAPER_TABLE1`) and the difference; then the other scores of the
+row its decoder and checkpoint stand for (the registry's Table 1, :func:`table1_row`) and the difference; then the other scores of the
 same answers where a benchmark reports more than one (:attr:`RunResult.also`). A benchmark a row did
 not run is ``-``. :class:`RunResult` (one cell) lives here, so the result files need nothing of the
 run that writes them. Nothing here prints; the CLI renders :func:`summary_tables`.
@@ -19,31 +19,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+from refusion_cli.harness.manifest import EvalProtocol, Table1Row, table1
 from refusion_cli.paths import write_atomically
 
 METRICS_FILE = "metrics.json"
 CSV_FILE = "summary.csv"
 MARKDOWN_FILE = "summary.md"
-
-# The paper's Table 1 (arXiv 2512.13586, single GPU, batch 1): accuracy (%) and TPS per benchmark, for
-# the rows a decoder here stands for. A run is matched to a row by its decoder; its own numbers are
-# comparable with these under --protocol paper, on the full benchmark, with the real checkpoint.
-PAPER_TABLE1_SOURCE = "arXiv 2512.13586, Table 1"
-PAPER_TABLE1: dict[str, tuple[str, dict[str, tuple[float, float]]]] = {
-    "refusion": ("ReFusion", {
-        "mmlu_pro": (45.94, 52.74), "arc_challenge": (89.76, 32.46), "gsm8k": (84.91, 81.24),
-        "math": (54.22, 81.77), "gpqa": (35.49, 64.11), "humaneval": (78.66, 103.90), "mbpp": (68.20, 92.09)}),
-    "ar": ("Qwen3-8B", {
-        "mmlu_pro": (67.25, 31.42), "arc_challenge": (90.36, 42.78), "gsm8k": (81.96, 31.20),
-        "math": (83.28, 30.11), "gpqa": (39.06, 30.43), "humaneval": (87.80, 30.95), "mbpp": (63.80, 30.07)}),
-    "llada": ("LLaDA-8B-Instruct", {
-        "mmlu_pro": (35.80, 18.21), "arc_challenge": (85.58, 0.03), "gsm8k": (76.35, 27.35),
-        "math": (38.78, 23.93), "gpqa": (32.37, 1.99), "humaneval": (45.12, 12.42), "mbpp": (25.60, 2.97)}),
-    "dream": ("Dream-7B-Instruct", {
-        "mmlu_pro": (40.05, 15.98), "arc_challenge": (88.31, 0.06), "gsm8k": (76.42, 20.30),
-        "math": (46.60, 18.99), "gpqa": (30.36, 1.81), "humaneval": (56.71, 3.51), "mbpp": (50.40, 1.23)}),
-}
-
 
 @dataclasses.dataclass
 class RunResult:
@@ -115,7 +96,7 @@ def summary_tables(results: list[RunResult]) -> list[Table]:
     title = ("accuracy (%) / TPS" if not batched else  # a batch's TPS is its throughput, not the paper's batch-1 rule
              f"accuracy (%) / TPS (batch {', '.join(map(str, batched))}: throughput, tokens over batched wall time)")
     tables = [Table(title, headers, accuracy_rows), Table("TPF (tokens per forward)", headers, tpf_rows)]
-    paper, other = paper_table(results), other_scores_table(results)
+    paper, other = table1_comparison(results), other_scores_table(results)
     return tables + [table for table in (paper, other) if table is not None]
 
 
@@ -128,21 +109,25 @@ def other_scores_table(results: list[RunResult]) -> Table | None:
                  rows) if rows else None
 
 
-def paper_reference(result: RunResult) -> tuple[str, float, float] | None:
-    """The paper's Table 1 row name, accuracy and TPS for ``result``'s decoder and benchmark (None: none)."""
-    row = PAPER_TABLE1.get(result.decoder)
-    if row is None or result.benchmark not in row[1]:
-        return None
-    return row[0], *row[1][result.benchmark]
+def table1_row(result: RunResult) -> Table1Row | None:
+    """The paper's Table 1 row ``result`` stands for: a row its decoder runs without an acceleration method
+    whose checkpoint's name is the run's model folder (``Meta-Llama-3-8B-Instruct``), else the row marked as the
+    decoder's ``fallback`` (``ar``: Qwen3-8B), else none; only a row with a number for its benchmark."""
+    _, rows = table1()
+    plain = [row for row in rows if row.decoder == result.decoder and not row.method and result.benchmark in row.cells]
+    model = result.model.rstrip("/").rsplit("/", 1)[-1].lower()
+    named = [row for row in plain if row.checkpoint.rsplit("/", 1)[-1].lower() == model]
+    fallback = [row for row in plain if row.fallback]
+    return (named or fallback or [None])[0]
 
 
-def paper_table(results: list[RunResult]) -> Table | None:
-    """Each paper-protocol cell beside the paper's Table 1 number for its decoder's row and the difference:
+def table1_comparison(results: list[RunResult]) -> Table | None:
+    """Each paper-protocol cell beside the paper's Table 1 number for its row and the difference:
     ``measured (paper, +difference)`` for accuracy, then for TPS. None when no cell has a paper number."""
     columns: list[tuple[str, str]] = []
     cells: dict[tuple[str, str], RunResult] = {}
     for result in results:
-        if result.protocol == "paper" and paper_reference(result) is not None:
+        if result.protocol == EvalProtocol.PAPER and table1_row(result) is not None:
             columns += [] if (result.benchmark, result.title) in columns else [(result.benchmark, result.title)]
             cells[(result.label, result.benchmark)] = result
     if not cells:
@@ -156,11 +141,12 @@ def paper_table(results: list[RunResult]) -> Table | None:
             if result is None:
                 row.append("-")
                 continue
-            name, accuracy, tps = paper_reference(result)
+            reference = table1_row(result)
+            name, (accuracy, tps) = reference.name, reference.cells[benchmark]
             row.append(f"{result.accuracy:.2f} ({accuracy:.2f}, {result.accuracy - accuracy:+.2f}) / "
                        f"{result.tps:.2f} ({tps:.2f}, {result.tps - tps:+.2f})")
         rows.append([f"{label} vs {name}", *row[1:]])
-    return Table(f"against the paper ({PAPER_TABLE1_SOURCE}, the row of each decoder): measured (paper, difference), "
+    return Table(f"against the paper ({table1()[0]}, the row of each decoder): measured (paper, difference), "
                  "accuracy / TPS", ["decoder:model vs paper row", *(title for _, title in columns)], rows)
 
 

@@ -38,7 +38,6 @@ import datetime as dt
 import hashlib
 import json
 import os
-import random
 import re
 import sys
 import tempfile
@@ -57,8 +56,11 @@ from refusion_cli.harness.download import download_missing
 from refusion_cli.harness.journal import JournalObserver, SampleJournal, journal_files, read_records
 from refusion_cli.harness.report import METRICS_FILE, RunResult, merge_results, read_results, write_reports
 from refusion_cli.harness.scoring import TaskScorer
-from refusion_cli.harness.suite import (DEFAULT_PROTOCOL, Benchmark, RenderedTask, Suite, check_data, check_protocol,
-                                        data_root, load_suite, load_tasks, render)
+from refusion_cli.harness.answers import answer_rule
+from refusion_cli.harness.evaluation import run_task, seed_lm_eval
+from refusion_cli.harness.manifest import EvalProtocol
+from refusion_cli.harness.suite import (Benchmark, RenderedTask, Suite, check_data, data_root, load_suite, load_tasks,
+                                        render)
 from refusion_cli.models.chat import require_chat_template
 from refusion_cli.models.loading import (EMBEDDED, check_model_fits, embedded_path, is_embedded, parse_device,
                                          parse_dtype)
@@ -86,10 +88,14 @@ class EvalOptions:
     causal_fix: bool = False  # also evaluate ReFusion with causal_fix=True (decoding.variants)
     causal_first: bool = False  # also evaluate ReFusion with causal_first=True (and both, with causal_fix)
     recheck: bool = False  # also evaluate ReFusion with recheck=True (and all three, with the other two)
-    protocol: str = DEFAULT_PROTOCOL  # whose task definitions: "paper" (its runs) or "lm-eval" (lm-eval's own)
+    protocol: EvalProtocol = EvalProtocol.PAPER  # whose task definitions: the paper's runs or lm-eval's own
 
     def __post_init__(self) -> None:
-        check_protocol(self.protocol)
+        try:
+            object.__setattr__(self, "protocol", EvalProtocol(self.protocol))
+        except ValueError:
+            raise UserError(f"unknown protocol '{self.protocol}'; choose from "
+                            f"{', '.join(p.value for p in EvalProtocol)}") from None
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise UserError(f"--batch-size must be a whole number >= 1, got {self.batch_size}")
 
@@ -184,7 +190,7 @@ ANSWERS_REVISION = 2
 
 def config_hash(decoder: str, config: Any, fingerprint: str, seed: int, chat_template: bool,
                 where: tuple[str, str], metric: str, stop_token_ids: tuple[int, ...] = (), batch_size: int = 1,
-                variant: Variant = PAPER, protocol: str = "") -> str:
+                variant: Variant = PAPER, protocol: EvalProtocol | None = None) -> str:
     """What a journaled sample is reused under: decoder settings, model files, seed, template, device
     and dtype (another dtype decodes other tokens; another device measures other timings), and the
     metric its stored score is (another metric must score it again), the decoder's revision past
@@ -205,8 +211,8 @@ def config_hash(decoder: str, config: Any, fingerprint: str, seed: int, chat_tem
         material["batch_size"] = batch_size
     if any(variant):
         material["variant"] = variant_options(variant)
-    if protocol == "paper":
-        material["protocol"] = protocol
+    if protocol == EvalProtocol.PAPER:
+        material["protocol"] = EvalProtocol.PAPER.value
         material["answers"] = ANSWERS_REVISION  # the answer handling of the paper's scripts (harness.answers)
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:12]
 
@@ -256,12 +262,6 @@ def has_results(output: Path) -> bool:
         return True
     samples = output / "samples"
     return samples.is_dir() and any(p.is_file() and p.stat().st_size > 0 for p in samples.rglob("*"))
-
-
-def seed_lm_eval(seed: int) -> None:
-    """lm-eval's task code draws from Python's global RNG (GPQA shuffles its choices with it), as
-    its ``simple_evaluate`` seeds it; seed it the same way so prompts, hence resume keys, repeat."""
-    random.seed(seed)
 
 
 # --- the run -----------------------------------------------------------------------------------
@@ -335,8 +335,6 @@ def run_eval(options: EvalOptions, observer: EvalObserver | None = None, suite: 
              plan: Plan | None = None) -> list[RunResult]:
     """Steps 1-3 (see the module docstring; ``plan`` skips step 1); returns the results rank 0
     reported (empty on other ranks)."""
-    import lm_eval.evaluator
-
     from refusion_cli.harness.lm_adapters import ADAPTERS, distributed_context
     from refusion_cli.models.loading import load_model
 
@@ -365,29 +363,21 @@ def run_eval(options: EvalOptions, observer: EvalObserver | None = None, suite: 
             if benchmark.chat_template:
                 require_chat_template(loaded[run.model].tokenizer, f"'{run.model}'")
             where = placement(loaded[run.model].model)
-            adapter = ADAPTERS[run.decoder](pretrained=loaded[run.model], config=config, seed=options.seed,
-                                            device=device, batch_size=options.batch_size,
-                                            protocol="paper" if benchmark.protocol == "paper" else "lm-eval",
-                                            **variant_options(run.variant))
+            end_ids = answer_rule(run.decoder, benchmark.answer_protocol).end_ids(loaded[run.model])
             digest = config_hash(run.decoder, config, model_fingerprint(run.model), options.seed,
-                                 benchmark.chat_template, where, benchmark.metric_key, adapter.end_ids,
-                                 options.batch_size, run.variant, benchmark.protocol)
-            adapter.warmed_up = (run.model, run.decoder) in warmed  # once per model and decoder, not per task
+                                 benchmark.chat_template, where, benchmark.metric_key, end_ids,
+                                 options.batch_size, run.variant, benchmark.task_protocol)
             journal = SampleJournal(options.output / "samples" / benchmark.name, benchmark=benchmark.name,
                                     decoder=run.decoder, model=run.model, label=run.file_label, config_hash=digest,
                                     scorer=scorer, rank=rank, observer=observer)
-            adapter.hook = journal
-            for task in task_dict["tasks"].values():
-                task.set_config(key="num_fewshot", value=benchmark.num_fewshot)
-                task.set_config(key="generation_kwargs", value={"max_gen_toks": config.gen_length}, update=True)
-                task.set_fewshot_seed(seed=options.seed)
+            adapter = ADAPTERS[run.decoder](pretrained=loaded[run.model], config=config, seed=options.seed,
+                                            device=device, batch_size=options.batch_size,
+                                            protocol=benchmark.answer_protocol, hook=journal,
+                                            warmed_up=(run.model, run.decoder) in warmed,  # once per model, decoder
+                                            **variant_options(run.variant))
             observer.on_run_start(benchmark, run.label, config)
-            seed_lm_eval(options.seed)
-            evaluation = lm_eval.evaluator.evaluate(
-                lm=adapter, task_dict=task_dict, limit=options.limit, log_samples=True,
-                apply_chat_template=benchmark.chat_template, fewshot_as_multiturn=True,
-                confirm_run_unsafe_code=options.confirm_run_unsafe_code,
-            )
+            evaluation = run_task(adapter, benchmark, task_dict, gen_length=config.gen_length, limit=options.limit,
+                                  seed=options.seed, confirm_run_unsafe_code=options.confirm_run_unsafe_code)
             if adapter.warmed_up:
                 warmed.add((run.model, run.decoder))
             if rank != 0 or evaluation is None:
@@ -433,7 +423,7 @@ def summarize(benchmark: Benchmark, run: DecoderRun, config: Any, digest: str, e
         lm_eval_results={name: _plain(values) for name, values in
                          {**evaluation["results"], **evaluation.get("groups", {})}.items()},
         device=where[0], dtype=where[1], prompts_cut=sum(r.get("prompt_cut", 0) > 0 for r in chosen),
-        batch_size=batch_size, protocol=benchmark.protocol,
+        batch_size=batch_size, protocol=benchmark.task_protocol.value if benchmark.task_protocol else "",
         also={key: 100.0 * float(top[key]) for key in benchmark.also if top.get(key) is not None},
     )
 

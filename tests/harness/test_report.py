@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from refusion_cli.harness.report import PAPER_TABLE1_SOURCE, RunResult, read_results, summary_tables, write_reports
+import pytest
+
+from refusion_cli.harness.manifest import EvalProtocol, table1
+from refusion_cli.harness.report import RunResult, read_results, summary_tables, write_reports
+from refusion_cli.harness.suite import load_suite
 
 
 def result(benchmark: str, title: str, decoder: str, accuracy: float, tps: float, protocol: str = "paper",
-           **extra) -> RunResult:
-    return RunResult(benchmark=benchmark, title=title, decoder=decoder, model="ckpt", label=f"{decoder}:ckpt",
+           model: str = "ckpt", **extra) -> RunResult:
+    return RunResult(benchmark=benchmark, title=title, decoder=decoder, model=model, label=f"{decoder}:{model}",
                      config_hash="abc", config={}, samples=10, accuracy=accuracy, lm_eval_accuracy=accuracy, tps=tps,
                      tpf=1.5, tokens=100, forwards=60, seconds=2.0, decoded=10, resumed=0, metric="m",
                      protocol=protocol, **extra)
@@ -19,7 +23,7 @@ def test_each_paper_cell_stands_beside_the_papers_number_for_its_decoders_row():
     results = [result("gsm8k", "GSM8K", "refusion", 80.0, 90.5), result("math", "MATH", "refusion", 50.0, 70.0),
                result("gsm8k", "GSM8K", "ar", 82.5, 30.0), result("mbpp", "MBPP", "llada", 20.0, 3.0)]
     *_, paper = summary_tables(results)  # no cell has other scores: the paper's table is the last
-    assert PAPER_TABLE1_SOURCE in paper.title
+    assert "arXiv 2512.13586, Table 1" in paper.title
     assert paper.headers == ["decoder:model vs paper row", "GSM8K", "MATH", "MBPP"]
     assert paper.rows == [
         ["refusion:ckpt vs ReFusion", "80.00 (84.91, -4.91) / 90.50 (81.24, +9.26)",
@@ -29,8 +33,28 @@ def test_each_paper_cell_stands_beside_the_papers_number_for_its_decoders_row():
     ]
 
 
+def test_a_model_named_like_a_rows_checkpoint_stands_beside_that_row():
+    llama = result("gsm8k", "GSM8K", "ar", 70.0, 40.0, model="/models/Meta-Llama-3-8B-Instruct/")
+    qwen = result("gsm8k", "GSM8K", "ar", 80.0, 30.0, model="Qwen3-8B")
+    *_, paper = summary_tables([llama, qwen])
+    assert paper.rows == [
+        ["ar:/models/Meta-Llama-3-8B-Instruct/ vs Llama-3-8B-Instruct", "70.00 (75.13, -5.13) / 40.00 (42.81, -2.81)"],
+        ["ar:Qwen3-8B vs Qwen3-8B", "80.00 (81.96, -1.96) / 30.00 (31.20, -1.20)"]]
+
+
+def test_the_registrys_table1_has_nine_rows_whose_cells_average_to_the_papers_avg_column():
+    _, rows = table1()
+    paper_benchmarks = {name for name, b in load_suite().benchmarks.items() if b.in_table1}
+    assert len(rows) == 9 and len({row.name for row in rows}) == 9
+    for row in rows:
+        assert set(row.cells) == paper_benchmarks, row.name
+        assert row.average == pytest.approx(row.printed_average, abs=0.005), row.name  # a mistyped cell shows here
+    for decoder in {row.decoder for row in rows}:
+        assert sum(row.fallback for row in rows if row.decoder == decoder) == 1, decoder
+
+
 def test_no_paper_table_for_other_protocols_or_tasks_the_paper_did_not_run():
-    results = [result("gsm8k", "GSM8K", "refusion", 80.0, 90.0, protocol="lm-eval"),
+    results = [result("gsm8k", "GSM8K", "refusion", 80.0, 90.0, protocol=EvalProtocol.LM_EVAL),
                result("synthetic", "Synthetic", "refusion", 70.0, 50.0)]
     assert [table.title for table in summary_tables(results)] == ["accuracy (%) / TPS", "TPF (tokens per forward)"]
 

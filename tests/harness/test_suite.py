@@ -10,6 +10,7 @@ import pytest
 from refusion_cli.decoding.spec import preset_config
 from refusion_cli.decoding.config import PRESETS, ReFusionConfig
 from refusion_cli.errors import UserError
+from refusion_cli.harness.manifest import EvalProtocol, subjects
 from refusion_cli.harness.runner import check_data_dir
 from refusion_cli.harness.suite import check_data, lm_eval_tasks_dir, load_suite, load_tasks, render
 
@@ -22,8 +23,7 @@ LM_EVAL = {**PAPER, "humaneval": "humaneval_instruct"}  # --protocol lm-eval: th
 BUILTIN_FOLDERS = {"mmlu_pro": "mmlu_pro", "arc_challenge_chat": "arc", "gsm8k_cot": "gsm8k",
                    "minerva_math": "benchmarks", "gpqa_main_generative_n_shot": "gpqa",
                    "humaneval_instruct": "humaneval", "mbpp": "mbpp"}
-MATH_SUBJECTS = ("algebra", "counting_and_probability", "geometry", "intermediate_algebra", "number_theory",
-                 "prealgebra", "precalculus")
+MATH_SUBJECTS = tuple(subjects("math"))
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> None:
@@ -82,19 +82,19 @@ def right_answer(benchmark: str, doc: dict) -> str:
 
 def test_the_manifest_lists_the_papers_seven_benchmarks_and_the_synthetic_task():
     suite = load_suite()
-    assert {name: b.lm_eval_task for name, b in suite.benchmarks.items() if b.paper} == PAPER
-    assert {name: b.lm_eval_task for name, b in load_suite(protocol="lm-eval").benchmarks.items() if b.paper} == LM_EVAL
-    assert all(b.protocol == ("paper" if b.paper else "") for b in suite.benchmarks.values())  # synthetic: one task
+    assert {name: b.lm_eval_task for name, b in suite.benchmarks.items() if b.in_table1} == PAPER
+    assert {name: b.lm_eval_task for name, b in load_suite(protocol=EvalProtocol.LM_EVAL).benchmarks.items()
+            if b.in_table1} == LM_EVAL
+    # synthetic: one task under both protocols
+    assert all(b.task_protocol == (EvalProtocol.PAPER if b.in_table1 else None) for b in suite.benchmarks.values())
     assert suite.benchmarks["gsm8k"].also == ("exact_match,strict-match",)  # both GSM8K scores, flexible heads
     assert (suite.benchmarks["math"].metric_key, suite.benchmarks["math"].also) == ("math_verify,none",
                                                                                       ("exact_match,none",))
-    with pytest.raises(UserError, match="unknown protocol 'papers'; choose from paper, lm-eval"):
-        load_suite(protocol="papers")
     for name, benchmark in suite.benchmarks.items():
         assert benchmark.num_fewshot == 0 and benchmark.chat_template
         assert benchmark.gen_length == (192 if name == "synthetic" else 512)
         assert isinstance(preset_config(benchmark.preset), ReFusionConfig)
-        if benchmark.paper:
+        if benchmark.in_table1:
             assert benchmark.preset in PRESETS
     assert suite.benchmarks["synthetic"].preset not in PRESETS  # the manifest's own entry, to be tuned
 
