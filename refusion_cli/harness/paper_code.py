@@ -2,7 +2,7 @@
 and its pass@1, as functions the task YAMLs of ``evals/tasks/paper/`` name with ``!function``.
 
 Contract: an answer arrives after the paper's fenced-python step
-(:func:`~refusion_cli.harness.paper_protocol.python_blocks`) and becomes the program the paper's harness
+(:func:`~refusion_cli.harness.paper_filters.python_blocks`) and becomes the program the paper's harness
 (its own task files under lm-eval 0.4.9.1, scored by ``code_eval``) ran; that program's pass@1 comes
 from the project's sandbox with the limits of :mod:`~refusion_cli.harness.code_tasks`, not from a
 metric fetched from the hub. The installed lm-eval has no ``humaneval_instruct_noprefix``: its

@@ -1,11 +1,13 @@
-"""The paper's evaluation protocol (``--protocol paper``): what its task files and ``eval.py`` did to
-an answer, as functions the task YAMLs of ``evals/tasks/paper/`` name with ``!function``.
+"""The paper protocol's answer filters and multiple-choice prompts (``--protocol paper``): what the
+paper's ``eval.py`` and its lm-eval 0.4.9.1 did to an answer or a document where the installed lm-eval
+(0.4.x) does otherwise, as functions the task YAMLs of ``evals/tasks/paper/`` name with ``!function``.
 
 The paper's runs (``eval.sh`` of ML-GSAI/ReFusion, commit 7c20c12) used lm-eval 0.4.9.1 with task
 files of their own and a model class (``eval.py``) that post-processed every answer. Where the
-installed lm-eval (0.4.x) behaves the same, the task YAMLs use it; what differs lives here (the code
-tasks' programs in :mod:`~refusion_cli.harness.paper_code`, MATH in
-:mod:`~refusion_cli.harness.paper_math`):
+installed lm-eval behaves the same, the task YAMLs use it; what differs lives here, in
+:mod:`~refusion_cli.harness.paper_code` (the code tasks' programs) and in
+:mod:`~refusion_cli.harness.paper_math` (MATH's scoring). The filters take lm-eval's responses (a
+list per document) and return them in the same shape.
 
 - :func:`python_blocks`: ``eval.py``'s last step, on every task: an answer holding a
   ```` ```python\\n...\\n``` ```` block is replaced by that block's content. It is the first step of
