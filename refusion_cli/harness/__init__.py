@@ -6,6 +6,8 @@
 - ``runner``: ``run_eval`` behind ``refusion eval`` (lm-eval runs, per-sample journal, resume, reports)
 - ``journal``, ``scoring``, ``report``: per-sample records, per-sample scores, result tables
 - ``task_hooks``: the ``!function`` hooks of the task YAMLs (synthetic exact match, code pass@1)
+- ``paper_filters``, ``paper_code``, ``paper_math``: the ``!function`` hooks of the paper's task YAMLs
+  (``--protocol paper``): answer filters and prompts, HumanEval / MBPP programs, MATH's scoring
 - ``sandbox``, ``code_tasks``: running model-written code for HumanEval / MBPP
 
 ``refusion lm-eval ...`` (``refusion_cli.cli.lm_eval``) is lm-eval's own command line with the adapters registered.

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from refusion_cli.harness.paper_protocol import first_python_block
+from refusion_cli.harness.paper_filters import first_python_block
 from tests.harness.parity import BENCHMARKS, HERE, differences, golden_records, toolkit_run
 from tools.paper_answers import piece_ids
 
