@@ -14,7 +14,7 @@ the adapters apply it to every response, the parity tests to fixed ids.
   ``<|endoftext|>``) is an ordinary token; the ids are decoded *with* special tokens, split at each
   stop string in the task's order, re-tokenised (the tokenizer's normaliser applies: Qwen's NFC) and
   decoded *without* special tokens. Its last step (the first ```` ```python ```` block) is the first
-  filter of every paper task (``paper_protocol.python_blocks``).
+  filter of every paper task (``paper_filters.python_blocks``).
 - ``eval_llada.py``: LLaDA's own script (``eval_llada.py`` of ML-GSAI/LLaDA): the same text steps as
   ``eval.py``, without the python-block step of the model (the paper tasks' filter still applies).
 - ``dream eval.py``: Dream's own script (``eval/eval.py`` of HKUNLP/Dream): decoded with special

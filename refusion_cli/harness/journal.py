@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 from lm_eval.api.instance import Instance
 
-from refusion_cli.harness.lm_adapters import SampleRecord
+from refusion_cli.harness.requests import SampleRecord
 from refusion_cli.harness.scoring import SampleScore
 
 

@@ -4,7 +4,7 @@ Importing this module registers them with ``lm_eval.api.registry`` (lm-eval has 
 discovery). Contract of every adapter:
 
 - ``model_args`` (``pretrained=refusion-tiny,slot_size=8,token_threshold=0.4``) hold adapter
-  options (``ADAPTER_OPTIONS``: where the model comes from and how it runs) and decoder options
+  options (``model_args.ADAPTER_OPTIONS``: where the model comes from and how it runs) and decoder options
   (the fields of the decoder's config dataclass, via ``registry.build_config``, starting from
   ``preset=<paper task>`` for ReFusion); the ReFusion adapter also takes ``causal_fix``, ``causal_first``
   and ``recheck`` (this toolkit's decoding variants, ``decoding.variants``). Any other key is an error,
@@ -42,8 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 import torch
 from lm_eval.api.instance import Instance
@@ -51,79 +50,19 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window, simple_parse_args_string
 
-from refusion_cli.decoding.config import ConfigError, config_fields
+from refusion_cli.decoding.config import ConfigError
 from refusion_cli.decoding.registry import check_decoder_fits, decoder_spec, default_model, run_decoder
-from refusion_cli.decoding.spec import PRESET_DECODER, DecoderChoice
-from refusion_cli.decoding.stats import DecodeStats, batch_stats, float_logits
+from refusion_cli.decoding.spec import PRESET_DECODER
+from refusion_cli.decoding.stats import batch_stats, float_logits
 from refusion_cli.decoding.variants import FLAGS, variant_options
 from refusion_cli.errors import UserError
 from refusion_cli.harness.answers import answer_rule
+from refusion_cli.harness.model_args import (as_bool, batch_size_value, check_model_args, decoder_choice,
+                                             lm_eval_default_device)
+from refusion_cli.harness.requests import (SAMPLING_KEYS, GenerationHook, PreparedRequest, SampleRecord,
+                                           asks_for_sampling, batches, stop_strings, with_gen_length)
 from refusion_cli.harness.manifest import EvalProtocol
 from refusion_cli.models.loading import LoadedModel, load_model, parse_device
-
-# model_args keys that are not decoder settings
-ADAPTER_OPTIONS: dict[str, str] = {
-    "pretrained": "checkpoint: embedded name, local directory or hub id (default: the decoder's embedded model)",
-    "device": "torch device (default: cuda if available, else cpu; the process's device under accelerate)",
-    "dtype": "float32, bfloat16, float16 or float64 (default: bf16 on GPUs that have it, else float32)",
-    "trust_remote_code": "run the modelling code a checkpoint ships (not needed for LLaDA / Dream)",
-    "preset": f"ReFusion preset to start from: {', '.join(decoder_spec(PRESET_DECODER).presets)}",
-    "seed": "seed of the per-request generator (Gumbel noise, random remasking)",
-    "enable_thinking": "passed to the chat template (Qwen3 templates read it)",
-    "protocol": "whose answer handling: lm-eval (default, lm-eval's hf model) or paper (the paper's harness: the "
-                "response ends at the tokenizer's EOS only, special tokens go after the stop strings)",
-    "batch_size": "requests decoded together (default 1, the paper's setting; every answer is the one of batch 1)",
-    "max_batch_size": "lm-eval's automatic batch search: not supported, leave unset",
-    **{flag: f"refusion only: decode with {flag}=True, one of this toolkit's decoding variants (default false)"
-       for flag in FLAGS},
-}
-SAMPLING_KEYS = frozenset({"do_sample", "temperature", "top_p", "top_k"})  # accepted when they ask for greedy decoding
-
-
-@dataclass
-class SampleRecord:
-    """One decoded request: the text lm-eval receives and the decode's counts."""
-
-    text: str  # the response as the answer rule hands it to the task (end token, special tokens, ``until``)
-    prompt_tokens: int  # the prompt as decoded (after any cut)
-    stats: DecodeStats  # forwards, tokens (up to EOS), seconds; tps and tpf derived
-    prompt_cut: int = 0  # tokens cut from the prompt's start to fit the model's positions
-    batch_rows: int = 1  # requests decoded in the same call
-    wall_share: float | None = None  # the call's wall seconds / batch_rows (None for a call of one request)
-
-
-@dataclass(frozen=True)
-class PreparedRequest:
-    """A generation request ready to decode."""
-
-    prompt_ids: list[int]
-    config: Any  # the adapter's config with the request's max_gen_toks
-    until: list[str]  # stop strings
-    cut: int  # tokens cut from the prompt's start
-
-
-def batches(pending: list[tuple[int, PreparedRequest]], size: int) -> list[list[tuple[int, PreparedRequest]]]:
-    """Consecutive requests of one config, at most ``size`` at a time."""
-    groups: list[list[tuple[int, PreparedRequest]]] = []
-    for item in pending:
-        if groups and len(groups[-1]) < size and groups[-1][0][1].config == item[1].config:
-            groups[-1].append(item)
-        else:
-            groups.append([item])
-    return groups
-
-
-class GenerationHook(Protocol):
-    """Sees the generation requests of an adapter (the harness's journal implements it)."""
-
-    def start(self, requests: list[Instance]) -> None:
-        """The requests of one ``generate_until`` call, before any is served."""
-
-    def lookup(self, request: Instance) -> str | None:
-        """A stored output for ``request`` (then it is not decoded), or None."""
-
-    def record(self, request: Instance, sample: SampleRecord) -> None:
-        """``request`` was just decoded."""
 
 
 def distributed_context(device: str | None = None) -> tuple[int, int, Any]:
@@ -139,105 +78,6 @@ def distributed_context(device: str | None = None) -> tuple[int, int, Any]:
     on_cpu = (device is not None and parse_device(device).type == "cpu") or not torch.cuda.is_available()
     accelerator = Accelerator(cpu=on_cpu)
     return accelerator.process_index, accelerator.num_processes, accelerator
-
-
-def lm_eval_default_device() -> str | None:
-    """The device lm-eval passes to a model when ``--device`` is not given (its config's default)."""
-    try:
-        from lm_eval.config.evaluate_config import EvaluatorConfig
-    except ImportError:  # lm-eval releases without that config pass None
-        return None
-    for config_field in dataclasses.fields(EvaluatorConfig):
-        if config_field.name == "device":
-            return config_field.default
-    return None
-
-
-def _as_bool(name: str, value: object) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in {"1", "true", "yes"}:
-        return True
-    if text in {"0", "false", "no"}:
-        return False
-    raise ConfigError(f"{name}: cannot read {value!r} as a boolean")
-
-
-def check_model_args(decoder: str, keys: set[str]) -> None:
-    """An unknown ``model_args`` key is an error that lists the decoder's and the adapter's options."""
-    fields = config_fields(decoder_spec(decoder).config_class)
-    unknown = sorted(keys - set(fields) - set(ADAPTER_OPTIONS))
-    if unknown:
-        raise ConfigError(
-            f"unknown model_args key(s) for the {decoder} adapter: {', '.join(unknown)}; "
-            f"decoder options: {', '.join(fields)}; adapter options: {', '.join(ADAPTER_OPTIONS)}"
-        )
-
-
-def decoder_choice(decoder: str, preset: str | None, options: dict[str, Any]) -> DecoderChoice:
-    """The decoder options of ``model_args``: a ReFusion preset (the paper's, or the toolkit's such as
-    ``synthetic_tiny``), then ``options`` (as refusion eval, bench and chat take theirs)."""
-    if preset is not None and decoder != PRESET_DECODER:
-        raise ConfigError(f"preset= applies to the {PRESET_DECODER} adapter only, not {decoder}")
-    return DecoderChoice(decoder, None, preset, options)
-
-
-def decoder_config(decoder: str, preset: str | None, options: dict[str, Any]) -> Any:
-    """The decoder's config from ``model_args`` options (:func:`decoder_choice`), validated."""
-    return decoder_choice(decoder, preset, options).config()
-
-
-def batch_size_value(value: int | str | None) -> int:
-    """lm-eval's ``batch_size``: a whole number >= 1 (None: 1); ``auto`` is not supported."""
-    if value is None:
-        return 1
-    try:
-        size = int(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"batch_size={value}: give a whole number of requests (automatic batch sizes are not "
-                          "supported)") from None
-    if size < 1:
-        raise ConfigError(f"batch_size must be at least 1, got {size}")
-    return size
-
-
-def with_gen_length(config: Any, gen_length: int, choice: DecoderChoice | None = None) -> Any:
-    """``config`` with another response budget (lm-eval's ``max_gen_toks``). Built from ``choice`` (the
-    ``model_args`` options) when there is one, so that the settings that follow the length move with it
-    (``registry.with_length``, the rule ``refusion eval`` applies) unless the options set them; a config
-    given as an object keeps its other fields."""
-    if config.gen_length == gen_length:
-        return config
-    try:
-        if choice is not None:
-            options = {key: value for key, value in choice.overrides.items() if key != "gen_length"}
-            return dataclasses.replace(choice, overrides=options).config(gen_length)
-        return dataclasses.replace(config, gen_length=gen_length)
-    except ConfigError as exc:
-        raise UserError(f"max_gen_toks={gen_length} does not fit the {type(config).__name__}: {exc}",
-                        hint="set gen_length (and steps / block_length for the MDM decoders) so that they agree") from exc
-
-
-def asks_for_sampling(gen_kwargs: dict[str, Any]) -> bool:
-    """Whether lm-eval's generation keys ask for sampling, read as lm-eval's HF model reads them:
-    ``do_sample`` when given, else a ``temperature`` above 0."""
-    do_sample = gen_kwargs.get("do_sample")
-    if do_sample is not None:
-        return _as_bool("do_sample", do_sample)
-    try:
-        return float(gen_kwargs.get("temperature") or 0.0) > 0.0
-    except (TypeError, ValueError):
-        raise UserError(f"generation key 'temperature' must be a number, got {gen_kwargs['temperature']!r}") from None
-
-
-def stop_strings(gen_kwargs: dict[str, Any]) -> list[str]:
-    until = gen_kwargs.get("until") or []
-    if isinstance(until, str):
-        return [until]
-    if not isinstance(until, (list, tuple)) or not all(isinstance(s, str) for s in until):
-        raise UserError(f"generation key 'until' must be a string or a list of strings, got {until!r}")
-    return list(until)
 
 
 class DecoderLM(TemplateLM):
@@ -284,14 +124,14 @@ class DecoderLM(TemplateLM):
         self.choice = None if config is not None else decoder_choice(self.decoder, preset, decoder_options)
         self.config = config if self.choice is None else self.choice.config()
         self.seed = int(seed)
-        variant = tuple(_as_bool(flag, value) for flag, value in zip(FLAGS, (causal_fix, causal_first, recheck)))
+        variant = tuple(as_bool(flag, value) for flag, value in zip(FLAGS, (causal_fix, causal_first, recheck)))
         if any(variant) and self.decoder != PRESET_DECODER:
             given = next(flag for flag, on in zip(FLAGS, variant) if on)
             raise ConfigError(f"{given} applies to the {PRESET_DECODER} adapter only, not {self.decoder}")
         self.variant = variant_options(variant)  # decode_refusion's variant flags (all False: the paper's decoder)
         self.chat_template_args: dict[str, Any] = {}
         if enable_thinking is not None:
-            self.chat_template_args["enable_thinking"] = _as_bool("enable_thinking", enable_thinking)
+            self.chat_template_args["enable_thinking"] = as_bool("enable_thinking", enable_thinking)
         self._rank, self._world_size, self.accelerator = distributed_context(device)
         if self.accelerator is not None:
             device = str(self.accelerator.device)
@@ -300,7 +140,7 @@ class DecoderLM(TemplateLM):
             self.loaded = pretrained
         else:
             self.loaded = load_model(pretrained or default_model(self.decoder), device, dtype,
-                                     trust_remote_code=_as_bool("trust_remote_code", trust_remote_code),
+                                     trust_remote_code=as_bool("trust_remote_code", trust_remote_code),
                                      require_mask=spec.needs_mask)
         check_decoder_fits(self.decoder, self.loaded.bidirectional, shifted=self.loaded.shifted)
         self.model = self.loaded.model

@@ -15,7 +15,7 @@ from refusion_cli.decoding.config import ARConfig
 from refusion_cli.decoding.spec import preset_config
 from refusion_cli.errors import UserError
 from refusion_cli.harness.journal import journal_files, read_records
-from refusion_cli.harness.lm_adapters import decoder_config as model_args_config
+from refusion_cli.harness.model_args import decoder_config as model_args_config
 from refusion_cli.harness.runner import EvalOptions, plan_eval, run_eval
 
 LENGTH = 192  # the synthetic benchmark's response budget, which eval takes from the suite

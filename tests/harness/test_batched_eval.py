@@ -8,7 +8,7 @@ import pytest
 
 from refusion_cli.decoding.config import ConfigError
 from refusion_cli.errors import UserError
-from refusion_cli.harness.lm_adapters import batch_size_value
+from refusion_cli.harness.model_args import batch_size_value
 from refusion_cli.harness.runner import EvalOptions, run_eval
 from tools.same_answers import compare
 
