@@ -56,7 +56,8 @@ from refusion_cli.decoding.spec import PRESET_DECODER, DecoderChoice
 from refusion_cli.decoding.stats import DecodeStats, batch_stats, float_logits
 from refusion_cli.decoding.variants import FLAGS, variant_options
 from refusion_cli.errors import UserError
-from refusion_cli.models.loading import LoadedModel, load_model, parse_device
+from refusion_cli.models.devices import parse_device
+from refusion_cli.models.loading import LoadedModel, load_model
 
 # model_args keys that are not decoder settings
 ADAPTER_OPTIONS: dict[str, str] = {
