@@ -11,19 +11,16 @@ caller passes ``trust_remote_code=True``. Whatever fails to load is a one-line `
 
 The hub is optional: a local directory always works; a hub id is tried only when the hub answers
 quickly, otherwise only the local Hugging Face cache is consulted and a miss is a one-line error.
-The device and dtype are parsed by :mod:`refusion_cli.models.devices`.
+The hub probe is :mod:`refusion_cli.models.hub`; the device and dtype are parsed by
+:mod:`refusion_cli.models.devices`.
 """
 
 from __future__ import annotations
 
-import os
-import socket
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 import torch
 
@@ -31,6 +28,7 @@ from refusion_cli.decoding.registry import check_decoder_fits
 from refusion_cli.errors import UserError
 from refusion_cli.models import gguf
 from refusion_cli.models.devices import default_dtype, parse_device, parse_dtype
+from refusion_cli.models.hub import offline_unless_hub_answers
 from refusion_cli.models.layouts import NativeLayout, native_layout
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
@@ -66,29 +64,6 @@ def is_embedded(name: str) -> bool:
     return name in EMBEDDED and not Path(name).expanduser().exists()
 
 
-def hub_endpoint() -> str:
-    """The hub's address: HF_ENDPOINT, else huggingface.co (no trailing slash)."""
-    return os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
-
-
-def hub_reachable(timeout: float = 3.0) -> bool:
-    """True when the model hub answers a TCP connection within ``timeout`` seconds (offline mode: False)."""
-    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}:
-        return False
-    return _probe(hub_endpoint(), timeout)
-
-
-@lru_cache(maxsize=4)
-def _probe(endpoint: str, timeout: float) -> bool:
-    url = urlparse(endpoint)
-    port = url.port or (443 if url.scheme == "https" else 80)
-    try:
-        with socket.create_connection((url.hostname or "", port), timeout=timeout):
-            return True
-    except OSError:
-        return False
-
-
 def resolve_source(name_or_path: str) -> tuple[str, bool]:
     """Return (what to pass to from_pretrained, local_files_only).
 
@@ -114,15 +89,6 @@ def resolve_source(name_or_path: str) -> tuple[str, bool]:
         raise UserError(f"no such checkpoint directory: '{name_or_path}'",
                         hint=f"give a local directory, a hub id such as GSAI-ML/ReFusion, or one of {', '.join(EMBEDDED)}")
     return name_or_path, offline_unless_hub_answers()
-
-
-def offline_unless_hub_answers() -> bool:
-    """For a hub id: False (download) when the hub answers; else True (the local cache only), with
-    HF_HUB_OFFLINE set so that no later call waits for the hub either."""
-    if hub_reachable():
-        return False
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    return True
 
 
 def read_config_dict(source: str, local_only: bool, name: str) -> dict[str, Any]:
