@@ -50,14 +50,8 @@ from refusion_cli.decoding.stats import DecodeResult, batch_stats, mean_tps, run
 from refusion_cli.decoding.variants import asked_variants, first_option, variant_label, variant_options
 from refusion_cli.errors import UserError
 from refusion_cli.models.chat import require_chat_template, user_prompt_ids
-from refusion_cli.models.loading import (
-    LoadedModel,
-    check_model_fits,
-    default_dtype,
-    load_model,
-    parse_device,
-    parse_dtype,
-)
+from refusion_cli.models.devices import default_dtype, parse_device, parse_dtype
+from refusion_cli.models.loading import LoadedModel, check_model_fits, load_model
 from refusion_cli.tasks.synthetic import is_correct
 
 DEFAULT_DECODERS = ("refusion", "ar", "llada")

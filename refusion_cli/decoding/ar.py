@@ -11,9 +11,9 @@ from typing import overload
 
 import torch
 
+from refusion_cli.decoding.batching import Prompt, Prompts, batch_prompts
 from refusion_cli.decoding.cache import Lane, Lanes, LaneStep, drive
 from refusion_cli.decoding.config import ConfigError
-from refusion_cli.decoding.refusion import Prompt, Prompts, batch_prompts
 from refusion_cli.decoding.stats import BatchClock, DecodeResult, DecodeStats, EosIds, eos_ids
 
 

@@ -30,6 +30,7 @@ from typing import Callable, overload
 
 import torch
 
+from refusion_cli.decoding.batching import Generators, Prompt, Prompts
 from refusion_cli.decoding.config import ConfigError, check_non_negative, check_positive, check_probability
 from refusion_cli.decoding.mdm import (
     Canvas,
@@ -44,7 +45,6 @@ from refusion_cli.decoding.mdm import (
     sample,
     uniform,
 )
-from refusion_cli.decoding.refusion import Generators, Prompt, Prompts
 from refusion_cli.decoding.stats import DecodeResult, EosIds
 
 ALGORITHMS = ("origin", "maskgit_plus", "topk_margin", "entropy")

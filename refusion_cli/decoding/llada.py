@@ -27,6 +27,7 @@ from typing import Callable, overload
 
 import torch
 
+from refusion_cli.decoding.batching import Generators, Prompt, Prompts, gumbel_argmax, token_probs
 from refusion_cli.decoding.config import ConfigError, check_non_negative
 from refusion_cli.decoding.mdm import (
     Block,
@@ -41,7 +42,6 @@ from refusion_cli.decoding.mdm import (
     forbid_mask,
     uniform,
 )
-from refusion_cli.decoding.refusion import Generators, Prompt, Prompts, gumbel_argmax, token_probs
 from refusion_cli.decoding.stats import DecodeResult, EosIds, wide_float
 
 REMASKING = ("low_confidence", "random")

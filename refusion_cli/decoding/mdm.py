@@ -30,10 +30,10 @@ from typing import Callable, Generator, Iterator, TypeVar
 import torch
 from transformers import DynamicCache
 
+from refusion_cli.decoding.batching import (Generators, Prompt, Prompts, batch_prompts, row_callback,
+                                            row_generators)
 from refusion_cli.decoding.cache import additive_mask, drive, mask_argument
 from refusion_cli.decoding.config import ConfigError, check_non_negative, check_positive, check_probability
-from refusion_cli.decoding.refusion import (Generators, Prompt, Prompts, batch_prompts, row_callback,
-                                            row_generators)
 from refusion_cli.decoding.stats import (BatchClock, DecodeResult, DecodeStats, EosIds, cache_argument, count_call,
                                          cut_after_eos, timed_call, wide_float)
 

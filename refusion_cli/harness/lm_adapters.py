@@ -57,12 +57,13 @@ from refusion_cli.decoding.stats import batch_stats, float_logits
 from refusion_cli.decoding.variants import FLAGS, variant_options
 from refusion_cli.errors import UserError
 from refusion_cli.harness.answers import answer_rule
+from refusion_cli.harness.manifest import EvalProtocol
 from refusion_cli.harness.model_args import (as_bool, batch_size_value, check_model_args, decoder_choice,
                                              lm_eval_default_device)
 from refusion_cli.harness.requests import (SAMPLING_KEYS, GenerationHook, PreparedRequest, SampleRecord,
                                            asks_for_sampling, batches, stop_strings, with_gen_length)
-from refusion_cli.harness.manifest import EvalProtocol
-from refusion_cli.models.loading import LoadedModel, load_model, parse_device
+from refusion_cli.models.devices import parse_device
+from refusion_cli.models.loading import LoadedModel, load_model
 
 
 def distributed_context(device: str | None = None) -> tuple[int, int, Any]:

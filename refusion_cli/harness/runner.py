@@ -62,8 +62,8 @@ from refusion_cli.harness.manifest import EvalProtocol
 from refusion_cli.harness.suite import (Benchmark, RenderedTask, Suite, check_data, data_root, load_suite, load_tasks,
                                         render)
 from refusion_cli.models.chat import require_chat_template
-from refusion_cli.models.loading import (EMBEDDED, check_model_fits, embedded_path, is_embedded, parse_device,
-                                         parse_dtype)
+from refusion_cli.models.devices import parse_device, parse_dtype
+from refusion_cli.models.loading import EMBEDDED, check_model_fits, embedded_path, is_embedded
 from refusion_cli.paths import check_output_dir
 
 

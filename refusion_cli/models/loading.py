@@ -11,24 +11,24 @@ caller passes ``trust_remote_code=True``. Whatever fails to load is a one-line `
 
 The hub is optional: a local directory always works; a hub id is tried only when the hub answers
 quickly, otherwise only the local Hugging Face cache is consulted and a miss is a one-line error.
+The hub probe is :mod:`refusion_cli.models.hub`; the device and dtype are parsed by
+:mod:`refusion_cli.models.devices`.
 """
 
 from __future__ import annotations
 
-import os
-import socket
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 import torch
 
 from refusion_cli.decoding.registry import check_decoder_fits
 from refusion_cli.errors import UserError
 from refusion_cli.models import gguf
+from refusion_cli.models.devices import default_dtype, parse_device, parse_dtype
+from refusion_cli.models.hub import offline_unless_hub_answers
 from refusion_cli.models.layouts import NativeLayout, native_layout
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
@@ -64,29 +64,6 @@ def is_embedded(name: str) -> bool:
     return name in EMBEDDED and not Path(name).expanduser().exists()
 
 
-def hub_endpoint() -> str:
-    """The hub's address: HF_ENDPOINT, else huggingface.co (no trailing slash)."""
-    return os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
-
-
-def hub_reachable(timeout: float = 3.0) -> bool:
-    """True when the model hub answers a TCP connection within ``timeout`` seconds (offline mode: False)."""
-    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}:
-        return False
-    return _probe(hub_endpoint(), timeout)
-
-
-@lru_cache(maxsize=4)
-def _probe(endpoint: str, timeout: float) -> bool:
-    url = urlparse(endpoint)
-    port = url.port or (443 if url.scheme == "https" else 80)
-    try:
-        with socket.create_connection((url.hostname or "", port), timeout=timeout):
-            return True
-    except OSError:
-        return False
-
-
 def resolve_source(name_or_path: str) -> tuple[str, bool]:
     """Return (what to pass to from_pretrained, local_files_only).
 
@@ -112,50 +89,6 @@ def resolve_source(name_or_path: str) -> tuple[str, bool]:
         raise UserError(f"no such checkpoint directory: '{name_or_path}'",
                         hint=f"give a local directory, a hub id such as GSAI-ML/ReFusion, or one of {', '.join(EMBEDDED)}")
     return name_or_path, offline_unless_hub_answers()
-
-
-def offline_unless_hub_answers() -> bool:
-    """For a hub id: False (download) when the hub answers; else True (the local cache only), with
-    HF_HUB_OFFLINE set so that no later call waits for the hub either."""
-    if hub_reachable():
-        return False
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    return True
-
-
-def default_device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def parse_device(device: str | torch.device | None) -> torch.device:
-    """``--device``: a torch device this machine has (None: CUDA when available, else the CPU).
-
-    A misspelt name, or a CUDA/MPS device this machine does not have, is a UserError.
-    """
-    if device is None or device == "":
-        return default_device()
-    try:
-        parsed = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise UserError(f"unknown device '{device}'", hint="use cpu, cuda, cuda:N or mps") from None
-    if parsed.type == "cuda":
-        if not torch.cuda.is_available():
-            raise UserError(f"device '{device}' asked for, but this torch has no usable CUDA device",
-                            hint="use --device cpu, or install a CUDA build of torch")
-        if parsed.index is not None and parsed.index >= torch.cuda.device_count():
-            raise UserError(f"device '{device}' does not exist: this machine has {torch.cuda.device_count()} CUDA device(s)")
-    elif parsed.type == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
-        raise UserError(f"device '{device}' asked for, but MPS is not available here", hint="use --device cpu")
-    elif parsed.type not in ("cpu", "cuda", "mps"):
-        raise UserError(f"unsupported device '{device}'", hint="use cpu, cuda, cuda:N or mps")
-    return parsed
-
-
-def default_dtype(device: torch.device) -> torch.dtype:
-    """bfloat16 on a GPU that computes it natively (compute capability 8.0 or later), else float32."""
-    if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 8:
-        return torch.bfloat16
-    return torch.float32
 
 
 def read_config_dict(source: str, local_only: bool, name: str) -> dict[str, Any]:
@@ -426,12 +359,3 @@ def stop_ids(eos_id: int, generation_config, config, *, vocab_size: int | None =
 
 def is_token_id(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def parse_dtype(name: str) -> torch.dtype:
-    """``--dtype``: float32, bfloat16, float16, float64 (or fp32, bf16, fp16); anything else is a UserError."""
-    table = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
-             "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float64": torch.float64}
-    if name not in table:
-        raise UserError(f"unknown dtype '{name}'; choose one of {', '.join(table)}")
-    return table[name]

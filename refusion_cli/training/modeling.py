@@ -22,8 +22,8 @@ from huggingface_hub.errors import StrictDataclassError
 
 from refusion_cli.errors import UserError
 from refusion_cli.training.objectives import Objective
-from refusion_cli.models.loading import (MASK_TOKEN, embedded_path, find_mask_id, is_embedded, load_model,
-                                         offline_unless_hub_answers)
+from refusion_cli.models.hub import offline_unless_hub_answers
+from refusion_cli.models.loading import MASK_TOKEN, embedded_path, find_mask_id, is_embedded, load_model
 
 # Named configs for --init; every field can be overridden with --model-config.
 TINY_CONFIGS: dict[str, dict[str, int | float | bool]] = {

@@ -85,7 +85,7 @@ class FakeHub:
 def hub(monkeypatch) -> FakeHub:
     fake = FakeHub()
     monkeypatch.setattr(download, "fetch_split", fake)
-    monkeypatch.setattr("refusion_cli.models.loading.hub_reachable", lambda timeout=3.0: True)
+    monkeypatch.setattr("refusion_cli.models.hub.hub_reachable", lambda timeout=3.0: True)
     return fake
 
 
@@ -154,7 +154,7 @@ def test_files_already_there_are_used_and_not_fetched_again(hub, monkeypatch, tm
     def unreachable(timeout=3.0):
         raise AssertionError("the hub is asked for nothing when every file is there")
 
-    monkeypatch.setattr("refusion_cli.models.loading.hub_reachable", unreachable)
+    monkeypatch.setattr("refusion_cli.models.hub.hub_reachable", unreachable)
     download_missing(rendered(["gsm8k", "math"], data, tmp_path), data.resolve(), lines.append)
     assert len(hub.calls) == 4
 
@@ -248,7 +248,7 @@ def test_an_unreachable_hub_stops_a_benchmark_only_it_has_before_anything_is_fet
     def no_pip(wheel, folder):
         raise AssertionError("nothing is fetched from PyPI either")
 
-    monkeypatch.setattr("refusion_cli.models.loading.hub_reachable", lambda timeout=3.0: False)
+    monkeypatch.setattr("refusion_cli.models.hub.hub_reachable", lambda timeout=3.0: False)
     monkeypatch.setattr("refusion_cli.harness.wheel_data._pip_download", no_pip)
     monkeypatch.delenv("HF_ENDPOINT", raising=False)
     start = time.monotonic()

