@@ -44,7 +44,7 @@ import torch
 from refusion_cli.bench.machine import Machine, PeakMemory, describe_machine
 from refusion_cli.bench.prompts import BenchPrompt
 from refusion_cli.bench.sweep import check_swept_overrides, setting_label, sweep_configs
-from refusion_cli.decoding.registry import check_decoder_fits, decoder_spec, default_model, run_decoder
+from refusion_cli.decoding.registry import decoder_spec, default_model, run_decoder
 from refusion_cli.decoding.spec import DecoderChoice, preset_config, require_refusion
 from refusion_cli.decoding.stats import DecodeResult, batch_stats, mean_tps, run_tps
 from refusion_cli.decoding.variants import asked_variants, first_option, variant_label, variant_options
@@ -296,8 +296,7 @@ class ModelSlot:
             self.loaded = load_model(model, self.settings.device, self.settings.dtype,
                                      trust_remote_code=self.settings.trust_remote_code, require_mask=key[1])
             self.key = key
-        assert self.loaded is not None
-        check_decoder_fits(decoder, self.loaded.bidirectional, shifted=self.loaded.shifted)
+        assert self.loaded is not None  # its fit to ``decoder`` was checked while planning (check_model_fits)
         return self.loaded
 
     def release(self) -> None:

@@ -62,12 +62,12 @@ from refusion_cli.harness.model_args import (as_bool, batch_size_value, check_mo
                                              lm_eval_default_device)
 from refusion_cli.harness.requests import (SAMPLING_KEYS, GenerationHook, PreparedRequest, SampleRecord,
                                            asks_for_sampling, batches, stop_strings, with_gen_length)
-from refusion_cli.models.devices import parse_device
 from refusion_cli.models.loading import LoadedModel, load_model
 
 
-def distributed_context(device: str | None = None) -> tuple[int, int, Any]:
-    """(rank, world size, accelerator) of this process; one process without an accelerator.
+def distributed_context(device: str | torch.device | None = None) -> tuple[int, int, Any]:
+    """(rank, world size, accelerator) of this process; one process without an accelerator. ``device`` is
+    one the caller checked (``refusion eval``: at planning; the adapters: ``load_model``).
 
     Several processes on CPUs (``--device cpu``, or no GPU) join a gloo group: Accelerate only
     does that when asked for the CPU explicitly.
@@ -76,7 +76,7 @@ def distributed_context(device: str | None = None) -> tuple[int, int, Any]:
         return 0, 1, None
     from accelerate import Accelerator
 
-    on_cpu = (device is not None and parse_device(device).type == "cpu") or not torch.cuda.is_available()
+    on_cpu = (device is not None and torch.device(device).type == "cpu") or not torch.cuda.is_available()
     accelerator = Accelerator(cpu=on_cpu)
     return accelerator.process_index, accelerator.num_processes, accelerator
 
@@ -136,14 +136,13 @@ class DecoderLM(TemplateLM):
         self._rank, self._world_size, self.accelerator = distributed_context(device)
         if self.accelerator is not None:
             device = str(self.accelerator.device)
-        parse_device(device)  # a misspelt or absent device fails before the model loads
-        if isinstance(pretrained, LoadedModel):
+        if isinstance(pretrained, LoadedModel):  # loaded, and fitted to its decoders, by the caller (eval: at planning)
             self.loaded = pretrained
-        else:
+        else:  # load_model checks the device and dtype before it loads
             self.loaded = load_model(pretrained or default_model(self.decoder), device, dtype,
                                      trust_remote_code=as_bool("trust_remote_code", trust_remote_code),
                                      require_mask=spec.needs_mask)
-        check_decoder_fits(self.decoder, self.loaded.bidirectional, shifted=self.loaded.shifted)
+            check_decoder_fits(self.decoder, self.loaded.bidirectional, shifted=self.loaded.shifted)
         self.model = self.loaded.model
         self.tokenizer = self.loaded.tokenizer
         self._device = next(self.model.parameters()).device

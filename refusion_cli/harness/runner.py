@@ -44,7 +44,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from refusion_cli.decoding.registry import decoder_spec
 from refusion_cli.decoding.spec import (PRESET_DECODER, DecoderChoice, parse_assignments, parse_decoder_options,
@@ -65,6 +65,9 @@ from refusion_cli.models.chat import require_chat_template
 from refusion_cli.models.devices import parse_device, parse_dtype
 from refusion_cli.models.loading import EMBEDDED, check_model_fits, embedded_path, is_embedded
 from refusion_cli.paths import check_output_dir
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -274,6 +277,8 @@ class Plan:
     configs: dict[tuple[str, str], Any]  # (benchmark, decoder) -> config
     rendered: dict[str, RenderedTask]
     tasks: dict[str, dict[str, Any]]  # benchmark -> lm-eval's task dict, built over the local data
+    device: torch.device  # --device, resolved (default: CUDA when available)
+    dtype: torch.dtype | None  # --dtype, resolved (None: the device's default)
     sandbox: str | None = None  # how code benchmarks' candidates are isolated here (None: no code benchmark)
 
 
@@ -298,9 +303,8 @@ def plan_eval(options: EvalOptions, suite: Suite | None = None,
     if options.limit is not None and options.limit > sys.maxsize:
         raise UserError(f"--limit {options.limit} is larger than any benchmark",
                         hint="leave --limit out to run every document")
-    parse_device(options.device)  # a misspelt device, or CUDA this machine lacks
-    if options.dtype is not None:
-        parse_dtype(options.dtype)
+    device = parse_device(options.device)  # a misspelt device, or CUDA this machine lacks: checked here, once
+    dtype = parse_dtype(options.dtype) if options.dtype is not None else None  # None: the device's default
     check_output_dir(options.output, hint="give a folder for metrics.json, the summaries and the samples")
     if options.download and int(os.environ.get("WORLD_SIZE", "1")) > 1:  # each process would fetch the same files
         raise UserError("--download fetches the data in one process, not under accelerate launch or torchrun",
@@ -328,7 +332,7 @@ def plan_eval(options: EvalOptions, suite: Suite | None = None,
         for benchmark in benchmarks:
             seed_lm_eval(options.seed)  # GPQA shuffles its choices while it is built
             tasks[benchmark.name] = load_tasks(rendered[benchmark.name], Path(scratch) / benchmark.name)
-    return Plan(benchmarks, runs, configs, rendered, tasks, sandbox)
+    return Plan(benchmarks, runs, configs, rendered, tasks, device, dtype, sandbox)
 
 
 def run_eval(options: EvalOptions, observer: EvalObserver | None = None, suite: Suite | None = None,
@@ -342,8 +346,8 @@ def run_eval(options: EvalOptions, observer: EvalObserver | None = None, suite: 
     plan = plan or plan_eval(options, suite)
     if options.limit == 0:
         return []
-    rank, _, accelerator = distributed_context(options.device)
-    device = str(accelerator.device) if accelerator is not None else options.device  # one device per process
+    rank, _, accelerator = distributed_context(plan.device)
+    device = accelerator.device if accelerator is not None else plan.device  # one device per process
     needs_mask = {run.model: any(decoder_spec(r.decoder).needs_mask for r in plan.runs if r.model == run.model)
                   for run in plan.runs}
     loaded: dict[str, Any] = {}  # model -> LoadedModel, shared by the decoders that run on it
@@ -357,7 +361,7 @@ def run_eval(options: EvalOptions, observer: EvalObserver | None = None, suite: 
         for run in plan.runs:
             config = plan.configs[(benchmark.name, run.label)]
             if run.model not in loaded:
-                loaded[run.model] = load_model(run.model, device, options.dtype,
+                loaded[run.model] = load_model(run.model, device, plan.dtype,
                                                trust_remote_code=options.trust_remote_code,
                                                require_mask=needs_mask[run.model])
             if benchmark.chat_template:
