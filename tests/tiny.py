@@ -8,6 +8,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 VOCAB = 64
 MASK_ID = 63  # the last id plays <|mask|>
 EOS_ID = 62
+PAD_ID = 0  # what the training tests pad their batches with
 
 
 def tiny_qwen3(seed: int = 0, *, causal: bool = True, dtype: torch.dtype = torch.float64, vocab: int = VOCAB,

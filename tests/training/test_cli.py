@@ -9,22 +9,9 @@ import sys
 import pytest
 import torch
 
-from refusion_cli.cli.app import main
 from refusion_cli.models.loading import load_model
-from tests.training.training_helpers import MICRO_CONFIG, arithmetic_records, save_tokenizer, write_jsonl
-
-
-def run_cli(args: list[str], capsys, monkeypatch) -> tuple[int, str, str]:
-    """Run `refusion <args>` in this process; return (exit code, stdout, stderr)."""
-    monkeypatch.setenv("COLUMNS", "500")  # keep Rich from wrapping the one-line messages
-    monkeypatch.setattr(sys, "argv", ["refusion", *args])
-    try:
-        main()
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    out, err = capsys.readouterr()
-    return code, out, err
+from tests.training.training_helpers import (MICRO_CONFIG, arithmetic_records, error_line, run_cli, save_tokenizer,
+                                             write_jsonl)
 
 
 @pytest.fixture
@@ -35,12 +22,6 @@ def fresh(tmp_path) -> list[str]:
     return ["train", "--data", str(tmp_path / "data.jsonl"), "--output", str(tmp_path / "run"), "--init", "tiny",
             "--tokenizer", str(tmp_path / "tokenizer"), "--model-config", json.dumps(MICRO_CONFIG),
             "--steps", "2", "--batch-size", "2", "--lr", "1e-3", "--max-length", "48", "--save-every", "1"]
-
-
-def error_line(err: str) -> str:
-    lines = [line for line in err.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1, err
-    return lines[0]
 
 
 def test_a_tiny_run_trains_reports_skipped_records_and_saves_a_loadable_model(fresh, tmp_path, capsys, monkeypatch):

@@ -6,12 +6,12 @@ from functools import partial
 
 import pytest
 import torch
-from tests.tiny import EOS_ID, MASK_ID, tiny_qwen3
+from tests.tiny import EOS_ID, MASK_ID, PAD_ID, tiny_qwen3
 
 from refusion_cli.training.data import HeldOutDataset, derived_seed
 from refusion_cli.training.evaluation import evaluate, score_examples, share
 from refusion_cli.training.objectives import OBJECTIVES, Example, collate, pad_with_eos
-from tests.training.test_objectives import PAD_ID, expected_loss
+from tests.training.losses import expected_loss
 
 SEED = 5
 CANVAS = 30  # LLaDA pads to the training set's longest response: longer than every eval response here

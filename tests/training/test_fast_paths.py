@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tests.tiny import EOS_ID, MASK_ID, tiny_qwen3
+from tests.tiny import EOS_ID, MASK_ID, PAD_ID, tiny_qwen3
 
 from refusion_cli.training.objectives import (
     IGNORE_INDEX,
@@ -32,7 +32,6 @@ from refusion_cli.training.objectives import (
     weighted_losses,
 )
 
-PAD_ID = 0
 FIELDS = ("input_ids", "position_ids", "labels", "loss_weights", "loss_kinds")
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tests.tiny import EOS_ID, MASK_ID, tiny_qwen3
+from tests.tiny import EOS_ID, MASK_ID, PAD_ID, tiny_qwen3
 
 from refusion_cli.training.objectives import (
     IGNORE_INDEX,
@@ -27,8 +27,8 @@ from refusion_cli.training.objectives import (
     mask_probability,
     model_attention_mask,
 )
+from tests.training.losses import expected_loss, manual_ce, row_logits
 
-PAD_ID = 0
 PROMPT = (10, 11, 12)
 RESPONSE = (20, 21, 22, 23, 24, 25, 26, 27, 28, EOS_ID)  # 10 tokens, ends with EOS
 
@@ -196,15 +196,6 @@ def test_collate_pads_right_and_never_scores_padding():
 # --- the model side: attention, positions, and the loss ---------------------------------------------
 
 
-def row_logits(model, sample, bidirectional: bool) -> torch.Tensor:
-    """Logits of one unpadded sample, computed alone."""
-    batch = collate([sample], pad_id=PAD_ID)
-    allowed = attention_allowed(batch["lengths"], batch["input_ids"].shape[1], bidirectional)
-    out = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"],
-                attention_mask=model_attention_mask(model, allowed))
-    return out.logits[0]
-
-
 def test_refusion_attention_is_causal_over_the_buffer_with_true_positions():
     model = tiny_qwen3(seed=1, init_std=0.2)
     plan = RefusionPlan(slot_size=4, mask_prob=0.5, masked=(False, True, False), clean_order=(2, 0))
@@ -240,32 +231,6 @@ def test_llada_attention_is_bidirectional():
                            sample.loss_kinds)
     changed.input_ids[-1] = 5
     assert not torch.allclose(row_logits(model, sample, True)[0], row_logits(model, changed, True)[0])
-
-
-def manual_ce(logits: torch.Tensor, target: int) -> float:
-    """-log softmax(logits)[target], written out."""
-    shifted = logits - logits.max()
-    return float(torch.log(torch.exp(shifted).sum()) - shifted[target])
-
-
-def expected_loss(model, samples, bidirectional: bool) -> tuple[float, float, float]:
-    """Per example: mean CE over AR labels + Σ CE / p / response length over masks; then mean over examples."""
-    ar_parts, mdm_parts = [], []
-    for sample, response_length in samples:
-        logits = row_logits(model, sample, bidirectional)
-        ar_terms, mdm_sum = [], 0.0
-        for i, label in enumerate(sample.labels.tolist()):
-            if label == IGNORE_INDEX:
-                continue
-            ce = manual_ce(logits[i], label)
-            if sample.loss_kinds[i] == LossKind.AR:
-                ar_terms.append(ce)
-            else:
-                mdm_sum += ce / sample.mask_prob
-        ar_parts.append(sum(ar_terms) / len(ar_terms) if ar_terms else 0.0)
-        mdm_parts.append(mdm_sum / response_length)
-    n = len(samples)
-    return (sum(ar_parts) + sum(mdm_parts)) / n, sum(ar_parts) / n, sum(mdm_parts) / n
 
 
 def test_refusion_loss_equals_a_hand_computed_value():

@@ -16,8 +16,8 @@ from refusion_cli.training.loop import train_model
 from refusion_cli.training.modeling import BEGIN_TOKEN, ensure_mask_token
 from refusion_cli.training.recipes import RECIPES, apply_recipe
 from tests.tiny import tiny_qwen3
-from tests.training.test_cli import error_line, run_cli
-from tests.training.training_helpers import MASK, MICRO_CONFIG, arithmetic_records, make_tokenizer, write_jsonl
+from tests.training.training_helpers import (MASK, MICRO_CONFIG, arithmetic_records, error_line, make_tokenizer, run_cli,
+                                             write_jsonl)
 from tools.standins import qwen3_tokenizer
 
 QWEN3_VOCAB = 151669  # Qwen3's tokenizer: 151643 BPE ranks, then 26 added tokens (<|endoftext|> ... </think>)

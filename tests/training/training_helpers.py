@@ -1,8 +1,10 @@
-"""A word-level chat tokenizer and toy JSONL data for the training tests (no hub, no real tokenizer)."""
+"""A word-level chat tokenizer and toy JSONL data for the training tests (no hub, no real tokenizer), and
+`refusion train` run in-process."""
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -53,3 +55,24 @@ def arithmetic_records(count: int) -> list[dict[str, str]]:
 def write_jsonl(path: Path, records: list[dict]) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     return path
+
+
+def run_cli(args: list[str], capsys, monkeypatch) -> tuple[int, str, str]:
+    """Run `refusion <args>` in this process; return (exit code, stdout, stderr)."""
+    from refusion_cli.cli.app import main
+
+    monkeypatch.setenv("COLUMNS", "500")  # keep Rich from wrapping the one-line messages
+    monkeypatch.setattr(sys, "argv", ["refusion", *args])
+    try:
+        main()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def error_line(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, err
+    return lines[0]
