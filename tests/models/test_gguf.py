@@ -14,7 +14,7 @@ import torch
 
 from refusion_cli.errors import UserError
 from refusion_cli.models.loading import ASSETS, check_model_fits, load_model
-from tests.harness.test_eval_cli import run_cli
+from tests.harness.helpers import run_cli
 
 gguf = pytest.importorskip("gguf")
 

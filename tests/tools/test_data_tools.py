@@ -11,7 +11,7 @@ import zipfile
 from pathlib import Path
 
 from refusion_cli.harness import wheel_data
-from tests.harness.test_wheel_data import build_wheel
+from tests.harness.helpers import build_wheel
 from tools.data_provenance import ARC_VALIDATION_HUB, ARC_VALIDATION_REQUESTS
 from tools.data_provenance import main as provenance_main
 from tools.reference_solutions import REPORT
