@@ -19,13 +19,11 @@ from pathlib import Path
 import pexpect
 import pytest
 
-from refusion_cli.models.loading import embedded_path
 from refusion_cli.tasks.synthetic import is_correct, read_jsonl
+from tests.chat.helpers import EMBEDDED_MISSING, EMBEDDED_SKIP, QUESTION, SYSTEM
 from tests.envs import cache_env
 
 REPO = Path(__file__).resolve().parents[2]
-QUESTION = "Mia has 3 apples. She buys 4 more apples. How many apples does Mia have now?"
-SYSTEM = "You are a careful tutor. End every answer with #### and the number."
 STATS = r"\d+ tokens · [\d.]+ tokens/s · [\d.]+ tokens/forward · \d+ forwards · [\d.]+ s"
 STATS_NUMBERS = re.compile(r"(\d+) tokens · [\d.]+ tokens/s · ([\d.]+) tokens/forward · (\d+) forwards")
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -36,9 +34,6 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 # "The embedded models"); with chat's default settings it answers 13 of the first 20 (problems 0-3, 6-9,
 # 11-13, 15 and 16: measured, not assumed), problem 7 among them.
 EMBEDDED_QUESTION_INDEX = 7
-EMBEDDED_MISSING = not (embedded_path("refusion-tiny") / "config.json").is_file()
-EMBEDDED_SKIP = "the embedded refusion-tiny is not built in this checkout (refusion_cli/assets/refusion-tiny/" \
-                "config.json is missing; build it with `make models`)"
 
 
 def cli_env(**extra: str) -> dict[str, str]:

@@ -15,10 +15,7 @@ from refusion_cli.chat.transcript import scratch_path
 from refusion_cli.chat.view import MASKED, PALETTE
 from refusion_cli.errors import UserError
 from refusion_cli.models import load_model
-from tests.chat.test_chat_cli import EMBEDDED_MISSING, EMBEDDED_SKIP
-
-QUESTION = "Mia has 3 apples. She buys 4 more apples. How many apples does Mia have now?"
-SYSTEM = "You are a careful tutor. End every answer with #### and the number."
+from tests.chat.helpers import EMBEDDED_MISSING, EMBEDDED_SKIP, QUESTION, SYSTEM
 
 
 @pytest.fixture(scope="module")
