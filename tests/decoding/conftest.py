@@ -7,6 +7,7 @@ from typing import Callable
 import pytest
 import torch
 
+from tests.decoding.reference import MODEL_SEEDS
 from tests.tiny import VOCAB, tiny_qwen3
 
 @pytest.fixture(scope="session")
@@ -25,6 +26,12 @@ def bidirectional_model() -> torch.nn.Module:
 def causal_model() -> torch.nn.Module:
     """A causal tiny Qwen3 (the AR / ReFusion family)."""
     return tiny_qwen3(seed=2, causal=True, init_std=0.4)
+
+
+@pytest.fixture(scope="module")
+def models() -> dict[int, torch.nn.Module]:
+    """A causal tiny Qwen3 per seed of ``MODEL_SEEDS`` (init_std 0.6), for the sweeps over ``CONFIGS``."""
+    return {seed: tiny_qwen3(seed, init_std=0.6) for seed in MODEL_SEEDS}
 
 
 @pytest.fixture

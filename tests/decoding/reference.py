@@ -26,6 +26,20 @@ from __future__ import annotations
 
 import torch
 
+# The settings the exactness tests sweep, against this reference and batched against one prompt at a time:
+# (slot_size, block_size, gen_length, slot_threshold, token_threshold), on a tiny model per seed
+CONFIGS = [
+    (4, 8, 24, 0.3, 0.3),
+    (4, None, 20, 0.5, 0.1),
+    (2, 4, 13, 0.2, 0.4),
+    (3, 9, 18, 0.0, 0.2),
+    (4, 16, 32, 0.6, 0.05),
+    (8, 8, 24, 0.1, 0.2),
+    (1, 4, 7, 0.5, 0.5),
+    (4, 4, 16, 1.0, 1.0),
+]
+MODEL_SEEDS = [0, 1, 2]
+
 
 class ReferenceReFusion:
     def __init__(self, model, prompt: list[int], *, mask_id: int, eos_id: int | None, siblings_visible: bool = False):

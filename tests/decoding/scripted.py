@@ -10,6 +10,9 @@ distribution with one likely token:
 
 Everything else shares the remaining mass, so a drafted token that is not the truth gets a tiny
 AR probability. Each call is recorded (fed tokens and positions) for the test to inspect.
+
+:class:`FixedRowsModel` is the same for the MDM decoders (LLaDA, Dream): a bidirectional stand-in whose
+logits at each canvas position are a row the test gives (:func:`log_probs` writes one from probabilities).
 """
 
 from __future__ import annotations
@@ -64,3 +67,24 @@ class ScriptedModel(torch.nn.Module):
                 rows.append(self._distribution(EOS, 0.99))
         logits = torch.tensor([rows], dtype=torch.float64)
         return type("Output", (), {"logits": logits, "cache": None})()
+
+
+class FixedRowsModel(torch.nn.Module):
+    """A bidirectional stand-in whose logits at canvas position p are always ``rows[p]`` (``default`` elsewhere)."""
+
+    def __init__(self, rows: dict[int, list[float]], default: list[float], dtype: torch.dtype = torch.float64):
+        super().__init__()
+        self.rows, self.default = rows, default
+        self.embed = torch.nn.Embedding(len(default), 1).to(dtype)  # the vocabulary size, device and dtype
+        self.config = type("Config", (), {"is_causal": False, "max_position_embeddings": 64})()
+
+    def get_input_embeddings(self) -> torch.nn.Embedding:
+        return self.embed
+
+    def forward(self, input_ids: torch.Tensor, **_ignored):
+        rows = [self.rows.get(p, self.default) for p in range(input_ids.shape[1])]
+        return type("Output", (), {"logits": torch.tensor([rows], dtype=self.embed.weight.dtype)})()
+
+
+def log_probs(probs: list[float]) -> list[float]:
+    return [math.log(p) for p in probs]

@@ -16,15 +16,10 @@ from refusion_cli.decoding import (DreamConfig, LLaDAConfig, ReFusionConfig, dec
                                    decode_refusion)
 from refusion_cli.decoding.stats import batch_stats
 from refusion_cli.errors import UserError
-from tests.decoding.test_refusion_reference import CONFIGS, MODEL_SEEDS
+from tests.decoding.reference import CONFIGS, MODEL_SEEDS
 from tests.tiny import MASK_ID, tiny_qwen3
 
 PROMPT_LENGTHS = [1, 9, 4, 6, 2]
-
-
-@pytest.fixture(scope="module")
-def models():
-    return {seed: tiny_qwen3(seed, init_std=0.6) for seed in MODEL_SEEDS}
 
 
 def prompts_for(seed: int) -> list[list[int]]:

@@ -10,7 +10,7 @@ import torch
 from refusion_cli.decoding import ConfigError, DreamConfig, decode_dream
 from refusion_cli.decoding.dream import filter_logits
 from refusion_cli.errors import UserError
-from tests.decoding.test_llada import FixedRowsModel, log_probs
+from tests.decoding.scripted import FixedRowsModel, log_probs
 from tests.tiny import MASK_ID, VOCAB, tiny_qwen3
 
 GREEDY = DreamConfig(gen_length=16, steps=8, alg="maskgit_plus", temperature=0.0, top_p=None)

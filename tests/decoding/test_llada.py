@@ -11,6 +11,7 @@ import torch
 from refusion_cli.decoding import ConfigError, LLaDAConfig, decode_llada
 from refusion_cli.decoding.llada import even_schedule
 from refusion_cli.errors import UserError
+from tests.decoding.scripted import FixedRowsModel, log_probs
 from tests.tiny import MASK_ID, VOCAB, tiny_qwen3
 
 SMALL = LLaDAConfig(gen_length=16, steps=8, block_length=8)  # 2 blocks, 4 steps each, 2 tokens a step
@@ -234,23 +235,6 @@ def test_mask_id_outside_the_vocabulary_is_refused(bidirectional_model, prompt):
 # token for token against LLaDA's generate.py
 
 
-class FixedRowsModel(torch.nn.Module):
-    """A bidirectional stand-in whose logits at canvas position p are always ``rows[p]`` (``default`` elsewhere)."""
-
-    def __init__(self, rows: dict[int, list[float]], default: list[float], dtype: torch.dtype = torch.float64):
-        super().__init__()
-        self.rows, self.default = rows, default
-        self.embed = torch.nn.Embedding(len(default), 1).to(dtype)  # the vocabulary size, device and dtype
-        self.config = type("Config", (), {"is_causal": False, "max_position_embeddings": 64})()
-
-    def get_input_embeddings(self) -> torch.nn.Embedding:
-        return self.embed
-
-    def forward(self, input_ids: torch.Tensor, **_ignored):
-        rows = [self.rows.get(p, self.default) for p in range(input_ids.shape[1])]
-        return type("Output", (), {"logits": torch.tensor([rows], dtype=self.embed.weight.dtype)})()
-
-
 def reference_llada(model, prompt: list[int], *, steps: int, gen_length: int, block_length: int,
                     cfg_scale: float, mask_id: int) -> list[int]:
     """LLaDA's ``generate`` at temperature 0 restated slowly, position by position: one pass per
@@ -296,10 +280,6 @@ def test_tokens_equal_a_restatement_of_the_reference(prompt, dtype, config):
                                block_length=config.block_length, cfg_scale=config.cfg_scale, mask_id=MASK_ID)
     assert MASK_ID not in expected  # the reference never predicted the mask here: no deliberate difference
     assert run(model, prompt, config).tokens == expected
-
-
-def log_probs(probs: list[float]) -> list[float]:
-    return [math.log(p) for p in probs]
 
 
 def test_confidence_is_the_float64_softmax():

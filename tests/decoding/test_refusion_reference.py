@@ -8,22 +8,10 @@ import pytest
 import torch
 
 from refusion_cli.decoding import ReFusionConfig, decode_refusion
-from tests.decoding.reference import ReferenceReFusion
-from tests.tiny import MASK_ID, tiny_qwen3
+from tests.decoding.reference import CONFIGS, MODEL_SEEDS, ReferenceReFusion
+from tests.tiny import MASK_ID
 
-# (slot_size, block_size, gen_length, slot_threshold, token_threshold)
-CONFIGS = [
-    (4, 8, 24, 0.3, 0.3),
-    (4, None, 20, 0.5, 0.1),
-    (2, 4, 13, 0.2, 0.4),
-    (3, 9, 18, 0.0, 0.2),
-    (4, 16, 32, 0.6, 0.05),
-    (8, 8, 24, 0.1, 0.2),
-    (1, 4, 7, 0.5, 0.5),
-    (4, 4, 16, 1.0, 1.0),
-]
 PROMPT_LENGTHS = [1, 9]
-MODEL_SEEDS = [0, 1, 2]
 
 
 def run_both(model, prompt, config, eos_id, kv_reuse=True):
@@ -38,11 +26,6 @@ def eos_inside(model, prompt, config):
     """A token the decoder commits mid-response when there is no EOS: used as EOS to force the EOS branches."""
     tokens = decode_refusion(model, prompt, config, mask_token_id=MASK_ID, eos_token_id=None).tokens
     return tokens[len(tokens) // 2]
-
-
-@pytest.fixture(scope="module")
-def models():
-    return {seed: tiny_qwen3(seed, init_std=0.6) for seed in MODEL_SEEDS}
 
 
 def test_cached_decoder_matches_reference_token_for_token(models):
