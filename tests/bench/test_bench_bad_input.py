@@ -6,45 +6,12 @@ Through the real entry point, in-process (for speed). The output directory holds
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from refusion_cli.bench.plots import FRONTIER_FILE, LENGTH_FILE
-
-PREVIOUS_RUN = {"bench.csv": "old rows\n", "samples.csv": "old samples\n", "bench.md": "# old report\n",
-                "machine.json": "{}\n", FRONTIER_FILE: "old plot", LENGTH_FILE: "old plot"}
-
-
-def previous_run(folder: Path) -> dict[str, bytes]:
-    """A finished run's files in ``folder``; returns what they hold."""
-    folder.mkdir(parents=True, exist_ok=True)
-    for name, text in PREVIOUS_RUN.items():
-        (folder / name).write_text(text)
-    return files_in(folder)
-
-
-def files_in(folder: Path) -> dict[str, bytes]:
-    return {path.name: path.read_bytes() for path in sorted(folder.iterdir())}
-
-
-def run_bench_cli(args: list[str], monkeypatch, capsys) -> tuple[int, str, str]:
-    from refusion_cli.cli.app import main
-
-    monkeypatch.setattr(sys, "argv", ["refusion", "bench", "--tps", *args])
-    with pytest.raises(SystemExit) as exit_info:
-        main()
-    out = capsys.readouterr()
-    return exit_info.value.code, out.out, out.err
-
-
-def error_line(err: str) -> str:
-    """The one ``error:`` line of stderr (asserting there is exactly one and no traceback)."""
-    errors = [line for line in err.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "Traceback" not in err, err
-    return errors[0]
+from tests.bench.helpers import error_line, files_in, previous_run, run_bench_cli
 
 
 @pytest.mark.parametrize("args, message", [

@@ -7,7 +7,6 @@ counts, the columns and the relations between them are.
 
 from __future__ import annotations
 
-import csv
 import os
 import subprocess
 import sys
@@ -18,6 +17,7 @@ import pytest
 
 from refusion_cli.bench.prompts import load_prompts
 from refusion_cli.tasks.synthetic import is_correct
+from tests.bench.helpers import read_csv
 from tests.envs import cache_env
 
 REPO = Path(__file__).resolve().parents[2]
@@ -38,11 +38,6 @@ def refusion(*args: str) -> subprocess.CompletedProcess:
 
 def model_args(causal: Path, bidirectional: Path) -> list[str]:
     return ["--model", f"refusion={causal}", f"ar={causal}", f"llada={bidirectional}"]
-
-
-def read_csv(path: Path) -> list[dict[str, str]]:
-    with path.open(newline="", encoding="utf-8") as handle:
-        return list(csv.DictReader(handle))
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,6 @@ import dataclasses
 import io
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,10 +20,8 @@ import torch
 from refusion_cli.bench.prompts import load_prompts, prompts_digest
 from refusion_cli.bench.report import ROW_FIELDS, CsvRows, read_records, row_from_record
 from refusion_cli.bench.runner import BenchRow, decoder_config
-from refusion_cli.cli.bench import BenchRun
 from refusion_cli.errors import UserError
-from tests.bench.test_bench_bad_input import error_line, files_in, previous_run
-from tests.bench.test_bench_cli import read_csv
+from tests.bench.helpers import bench, error_line, files_in, previous_run, read_csv, watch
 
 LABELS = ("ar", "refusion", "refusion (recompute)")  # the plan of bench_args, in measuring order
 N_PROMPTS, REPEATS = 2, 2
@@ -35,32 +32,6 @@ def bench_args(checkpoint: Path, output: Path, *more: str) -> list[str]:
     return ["--decoder", "ar", "refusion", "--model", f"ar={checkpoint}", f"refusion={checkpoint}", "--limit",
             str(N_PROMPTS), "--gen-length", "16", "--warmup", "0", "--repeats", str(REPEATS), "-o", str(output),
             *more]
-
-
-def bench(patch: pytest.MonkeyPatch, args: list[str]) -> int:
-    """``refusion bench --tps ARGS`` in this process; its exit code."""
-    from refusion_cli.cli.app import main
-
-    patch.setattr(sys, "argv", ["refusion", "bench", "--tps", *args])
-    with pytest.raises(SystemExit) as exit_info:
-        main()
-    return exit_info.value.code
-
-
-def watch(patch: pytest.MonkeyPatch, hook: str, interrupt_at: int | None = None) -> list:
-    """What BenchRun's ``hook`` (sample_done or row_done) is given, in order; with ``interrupt_at``, Ctrl-C
-    (a KeyboardInterrupt) right after that many calls."""
-    original = getattr(BenchRun, hook)
-    seen = []
-
-    def hooked(run: BenchRun, item) -> None:
-        original(run, item)
-        seen.append(item)
-        if len(seen) == interrupt_at:
-            raise KeyboardInterrupt
-
-    patch.setattr(BenchRun, hook, hooked)
-    return seen
 
 
 def interrupted_run(folder: Path, checkpoint: Path, hook: str, count: int) -> tuple[Path, str, str]:

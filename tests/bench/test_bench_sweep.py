@@ -17,9 +17,7 @@ from refusion_cli.bench.frontier import on_pareto_front
 from refusion_cli.bench.runner import BenchSettings, plan_entries
 from refusion_cli.bench.sweep import SWEEP_GRIDS, setting_label, sweep_configs
 from refusion_cli.decoding.dream import DreamConfig
-from tests.bench.test_bench_bad_input import error_line, run_bench_cli
-from tests.bench.test_bench_cli import read_csv
-from tests.bench.test_bench_resume import bench, watch
+from tests.bench.helpers import bench, error_line, read_csv, run_bench_cli, watch
 
 LENGTH = 32
 COMMON = ["--limit", "2", "--gen-length", str(LENGTH), "--warmup", "0", "--no-ablation", "--device", "cpu"]
