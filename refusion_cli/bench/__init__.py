@@ -2,9 +2,11 @@
 
 prompts.py  which prompts are decoded (the synthetic task, or a JSONL file)
 runner.py   what is measured and how: settings, the rows to run, the timed decodes, the means
+sweep.py    --sweep: each decoder over a grid of its parallelism settings, a row per setting
 machine.py  what it ran on, and the peak-memory measurement
 report.py   the CSV rows (written as they are measured, read back to resume), the Markdown report
 resume.py   run.json, and continuing an interrupted run (--resume) after checking it is the same run
+frontier.py a --sweep run's accuracy/speed frontier: its points, their Pareto fronts, frontier.csv
 plots.py    accuracy-vs-TPS frontier, TPS and latency against the response length
 
 Nothing here prints; ``refusion_cli.cli.bench`` drives it and owns the terminal.

@@ -1,3 +1,4 @@
 """Training: data construction per objective (objectives, data), the model to train (modeling), the run's
-settings (config), Accelerate's set-up (accelerator), the loop (loop), the resume checks (resume) and the
-checkpoints (checkpoint). Usage: docs/training.md."""
+settings (config) and named recipes of them (recipes), Accelerate's set-up (accelerator), the loop (loop),
+the validation loss (evaluation), the resume checks (resume) and the checkpoints (checkpoint). Usage:
+docs/training.md."""
