@@ -65,7 +65,13 @@ def options(name: str, directory: Path) -> list[str]:
             *[item for value in sets for item in ("--set", value)]]
 
 
-@pytest.mark.parametrize("name", sorted(RUNS))
+def split(default: set[str]) -> list:
+    """The stand-ins, those outside ``default`` marked slow (``make test-all``): chat and bench each run two by
+    default, together all four; eval runs all four by default."""
+    return [name if name in default else pytest.param(name, marks=pytest.mark.slow) for name in sorted(RUNS)]
+
+
+@pytest.mark.parametrize("name", split({"refusion", "llada-8b-instruct"}))
 def test_chat_answers_on_each_stand_in(standin, name, monkeypatch, capsys):
     code, out, err = run(monkeypatch, capsys, "chat", *options(name, standin(name)), "--set",
                          f"gen_length={GEN_LENGTH}", "--prompt", "What is 12 + 7?")
@@ -73,7 +79,7 @@ def test_chat_answers_on_each_stand_in(standin, name, monkeypatch, capsys):
     assert out.strip() and "tokens/forward" in out + err  # the answer, then its counts
 
 
-@pytest.mark.parametrize("name", sorted(RUNS))
+@pytest.mark.parametrize("name", split({"qwen3-8b", "dream-v0-instruct-7b"}))
 def test_bench_times_batch_1_and_2_on_each_stand_in(standin, name, monkeypatch, capsys, tmp_path):
     code, _, err = run(monkeypatch, capsys, "bench", "--tps", *options(name, standin(name)), "--gen-length",
                        str(GEN_LENGTH), "--limit", "2", "--batch-size", "1,2", "--repeats", "1", "--warmup", "0",
