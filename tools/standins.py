@@ -1,6 +1,7 @@
-"""Build stand-ins of the four public checkpoints the toolkit is pointed at, offline.
+"""Build stand-ins of the public checkpoints the toolkit is pointed at, offline.
 
-    python -m tools.standins --out DIR [--only refusion qwen3-8b llada-8b-instruct dream-v0-instruct-7b]
+    python -m tools.standins --out DIR [--only refusion qwen3-8b llada-8b-instruct dream-v0-instruct-7b
+                                               llama-3-8b-instruct]
 
 Each stand-in is a checkpoint directory laid out as the real one is: the real ``config.json`` fields
 (only the dimensions are cut to a 2-layer, 16-wide stack), the real vocabulary size, special-token
@@ -21,6 +22,10 @@ Tokenizers, honestly:
   (126080-126348, ``<|mdm_mask|>`` 126336, ``<|eot_id|>`` 126348), its chat template and special
   tokens, over the first 126,080 Qwen BPE ranks in place of LLaDA's own merges: text tokenises to
   other ids than the real LLaDA's, special tokens and the template to the same.
+- ``llama-3-8b-instruct``: likewise Llama 3's 256 special tokens at their real ids (128000-128255:
+  ``<|begin_of_text|>``, ``<|end_of_text|>``, ``<|start_header_id|>``, ``<|end_header_id|>``, ``<|eot_id|>``
+  and the reserved ones), its BOS post-processor, chat template and both end ids (128001, 128009), over
+  the first 128,000 Qwen BPE ranks.
 
 The test suite builds them into temporary folders (``tests/standins``); ``tools/golden_logits.py``
 runs the authors' modelling code on the LLaDA and Dream stand-ins. Qwen3's added tokens (``QWEN3_ADDED``)
@@ -189,6 +194,26 @@ DREAM_GENERATION = {"_from_model_config": True, "alg": "origin", "alg_temp": Non
 # configs with tiny dimensions
 
 
+# meta-llama/Meta-Llama-3-8B-Instruct: config.json, generation_config.json (both end ids), its special tokens
+LLAMA3_CONFIG = {
+    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 128000,
+    "eos_token_id": 128009, "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+    "intermediate_size": 14336, "max_position_embeddings": 8192, "model_type": "llama", "num_attention_heads": 32,
+    "num_hidden_layers": 32, "num_key_value_heads": 8, "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+    "rope_scaling": None, "rope_theta": 500000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "use_cache": True, "vocab_size": 128256}
+LLAMA3_GENERATION = {"bos_token_id": 128000, "eos_token_id": [128001, 128009], "do_sample": True, "temperature": 0.6,
+                     "max_length": 4096, "top_p": 0.9}
+LLAMA3_BPE_SIZE = 128000  # the special tokens follow: 128000-128255
+LLAMA3_NAMED = {128000: "<|begin_of_text|>", 128001: "<|end_of_text|>", 128006: "<|start_header_id|>",
+                128007: "<|end_header_id|>", 128009: "<|eot_id|>"}  # the others are <|reserved_special_token_N|>
+LLAMA3_CHAT_TEMPLATE = (
+    "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + "
+    "message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}"
+    "{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}")
+
+
 def tiny_qwen_config(real: dict[str, Any], kv_heads: int = 1) -> dict[str, Any]:
     """A Qwen2/Qwen3-style config with the stack cut to ``TINY`` (every other field as published)."""
     cut = {"hidden_size": TINY["hidden"], "intermediate_size": TINY["mlp"], "num_hidden_layers": TINY["layers"],
@@ -272,6 +297,42 @@ def write_llada_tokenizer(directory: Path) -> None:
         "model_input_names": ["input_ids", "attention_mask"], "model_max_length": 1000000000000000019884624838656,
         "tokenizer_class": "PreTrainedTokenizerFast", "trust_remote_code": True, "vocab_file": None})
     _write_json(directory / "special_tokens_map.json", {"additional_special_tokens": LLADA_TAIL[:6], **roles})
+
+
+def llama3_added() -> list[tuple[str, bool]]:
+    """Llama 3's 256 special tokens, 128000-128255, in id order."""
+    names, reserved = [], 0
+    for token_id in range(LLAMA3_BPE_SIZE, LLAMA3_BPE_SIZE + 256):
+        if token_id in LLAMA3_NAMED:
+            names.append(LLAMA3_NAMED[token_id])
+        else:
+            names.append(f"<|reserved_special_token_{reserved}|>")
+            reserved += 1
+    return [(name, True) for name in names]
+
+
+def write_llama3_tokenizer(directory: Path) -> None:
+    """Llama 3's special tokens at their ids, its BOS post-processor and tokenizer config, over the first 128,000
+    Qwen BPE ranks in place of its own (not available offline): text tokenises to other ids than the real one's,
+    special tokens and the chat template to the same."""
+    from tokenizers import processors
+
+    tokenizer = fast_tokenizer(qwen_backend(LLAMA3_BPE_SIZE), llama3_added(), LLAMA3_BPE_SIZE)
+    backend = tokenizer.backend_tokenizer
+    backend.post_processor = processors.Sequence([
+        processors.ByteLevel(trim_offsets=False),
+        processors.TemplateProcessing(single="<|begin_of_text|> $A", pair="<|begin_of_text|> $A <|begin_of_text|> $B",
+                                      special_tokens=[("<|begin_of_text|>", LLAMA3_BPE_SIZE)])])
+    backend.save(str(directory / "tokenizer.json"))
+    decoder = {str(LLAMA3_BPE_SIZE + i): {"content": content, "lstrip": False, "normalized": False, "rstrip": False,
+                                          "single_word": False, "special": special}
+               for i, (content, special) in enumerate(llama3_added())}
+    _write_json(directory / "tokenizer_config.json", {
+        "added_tokens_decoder": decoder, "bos_token": "<|begin_of_text|>", "chat_template": LLAMA3_CHAT_TEMPLATE,
+        "clean_up_tokenization_spaces": True, "eos_token": "<|eot_id|>",
+        "model_input_names": ["input_ids", "attention_mask"], "model_max_length": 1000000000000000019884624838656,
+        "tokenizer_class": "PreTrainedTokenizerFast"})
+    _write_json(directory / "special_tokens_map.json", {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"})
 
 
 def write_dream_tokenizer(directory: Path) -> None:
@@ -380,11 +441,21 @@ def build_dream(directory: Path, seed: int) -> None:
     write_dream_tokenizer(directory)
 
 
+def build_llama3(directory: Path, seed: int) -> None:
+    config = {**LLAMA3_CONFIG, "hidden_size": TINY["hidden"], "intermediate_size": TINY["mlp"],
+              "num_hidden_layers": TINY["layers"], "num_attention_heads": TINY["heads"], "num_key_value_heads": 1}
+    _write_json(directory / "config.json", config)
+    _write_json(directory / "generation_config.json", LLAMA3_GENERATION)
+    write_sharded(directory, random_weights(stock_shapes("LlamaForCausalLM", config), seed))
+    write_llama3_tokenizer(directory)
+
+
 STANDINS: dict[str, Callable[[Path, int], None]] = {
     "refusion": lambda directory, seed: build_qwen3(directory, seed, refusion=True),  # GSAI-ML/ReFusion
     "qwen3-8b": lambda directory, seed: build_qwen3(directory, seed, refusion=False),  # Qwen/Qwen3-8B
     "llada-8b-instruct": build_llada,  # GSAI-ML/LLaDA-8B-Instruct
     "dream-v0-instruct-7b": build_dream,  # Dream-org/Dream-v0-Instruct-7B
+    "llama-3-8b-instruct": build_llama3,  # meta-llama/Meta-Llama-3-8B-Instruct (Table 1's second AR row)
 }
 
 

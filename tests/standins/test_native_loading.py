@@ -1,4 +1,4 @@
-"""The four public checkpoints' layouts load with transformers' own classes, and decode batched as alone."""
+"""The public checkpoints' layouts load with transformers' own classes, and decode batched as alone."""
 
 from __future__ import annotations
 
@@ -22,14 +22,15 @@ EXPECTED = {
     "qwen3-8b": ("Qwen3ForCausalLM", None, 151645, (151645, 151643), False, None),
     "llada-8b-instruct": ("LlamaForCausalLM", 126336, 126081, (126081,), True, False),
     "dream-v0-instruct-7b": ("Qwen2ForCausalLM", 151666, 151643, (151643,), True, True),
-}
+    "llama-3-8b-instruct": ("LlamaForCausalLM", None, 128009, (128009, 128001), False, None),  # <|eot_id|>, then
+}                                                                                          # <|end_of_text|>
 QUESTIONS = ("What is 12 + 7?", "Mia has 12 apples. She buys 7 more and gives 5 to Max. How many are left?")
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_each_checkpoint_loads_with_stock_classes_and_its_ids(standin, name):
     model_class, mask_id, eos_id, stops, bidirectional, shifted = EXPECTED[name]
-    for trust in (False, True):  # --trust-remote-code changes nothing for these four
+    for trust in (False, True):  # --trust-remote-code changes nothing for these
         loaded = load_model(str(standin(name)), "cpu", torch.float32, trust_remote_code=trust,
                             require_mask=mask_id is not None)
         assert type(loaded.model).__name__ == model_class
