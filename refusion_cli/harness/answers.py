@@ -23,8 +23,8 @@ the adapters apply it to every response, the parity tests to fixed ids.
 
 LLaDA's and Dream's scripts decode the whole canvas and never stop early; their rules here end the
 response at the checkpoint's first end token, as the toolkit's decoders count tokens. The two give
-the same text whenever only end and padding tokens follow the first end token, which is how both
-models fill the rest of a canvas.
+the same text whenever only end and padding tokens follow the first end token; ordinary text after
+an end token, which their scripts would keep, is dropped here.
 """
 
 from __future__ import annotations
