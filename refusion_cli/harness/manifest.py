@@ -128,13 +128,14 @@ class Table1Row:
         return sum(accuracy) / len(accuracy), sum(tps) / len(tps)
 
 
-def table1(path: Path = SUITE_FILE) -> tuple[str, list[Table1Row]]:
-    """(the source, the rows in the paper's order)."""
+@functools.cache
+def table1(path: Path = SUITE_FILE) -> tuple[str, tuple[Table1Row, ...]]:
+    """(the source, the rows in the paper's order), built once per process and path."""
     entry = read_manifest(path)["table1"]
-    rows = [Table1Row(name=row["name"], decoder=row["decoder"], checkpoint=row["checkpoint"],
+    rows = tuple(Table1Row(name=row["name"], decoder=row["decoder"], checkpoint=row["checkpoint"],
                       cells={key: (float(cell[0]), float(cell[1])) for key, cell in row["cells"].items()},
                       method=row.get("method", ""), adapter=row.get("adapter", ""),
                       printed_average=(float(row["average"][0]), float(row["average"][1])),
                       fallback=bool(row.get("fallback", False)))
-            for row in entry["rows"]]
+                 for row in entry["rows"])
     return entry["source"], rows

@@ -125,11 +125,12 @@ def table1_comparison(results: list[RunResult]) -> Table | None:
     """Each paper-protocol cell beside the paper's Table 1 number for its row and the difference:
     ``measured (paper, +difference)`` for accuracy, then for TPS. None when no cell has a paper number."""
     columns: list[tuple[str, str]] = []
-    cells: dict[tuple[str, str], RunResult] = {}
+    cells: dict[tuple[str, str], tuple[RunResult, Table1Row]] = {}  # (label, benchmark) -> the cell and its row
     for result in results:
-        if result.protocol == EvalProtocol.PAPER and table1_row(result) is not None:
+        reference = table1_row(result) if result.protocol == EvalProtocol.PAPER else None
+        if reference is not None:
             columns += [] if (result.benchmark, result.title) in columns else [(result.benchmark, result.title)]
-            cells[(result.label, result.benchmark)] = result
+            cells[(result.label, result.benchmark)] = result, reference
     if not cells:
         return None
     labels = list(dict.fromkeys(label for label, _ in cells))
@@ -137,11 +138,10 @@ def table1_comparison(results: list[RunResult]) -> Table | None:
     for label in labels:
         row, name = [label], ""
         for benchmark, _ in columns:
-            result = cells.get((label, benchmark))
-            if result is None:
+            if (label, benchmark) not in cells:
                 row.append("-")
                 continue
-            reference = table1_row(result)
+            result, reference = cells[(label, benchmark)]
             name, (accuracy, tps) = reference.name, reference.cells[benchmark]
             row.append(f"{result.accuracy:.2f} ({accuracy:.2f}, {result.accuracy - accuracy:+.2f}) / "
                        f"{result.tps:.2f} ({tps:.2f}, {result.tps - tps:+.2f})")

@@ -356,6 +356,7 @@ def _describe(launch: _Launch) -> str:
     return f"{', '.join(parts)}, {launch.interpreter}"
 
 
+@functools.cache
 def package_folders() -> tuple[str, ...]:
     """The evaluator's site-packages folders: what a program run in a fork of the evaluator (as
     ``code_eval`` runs it) could import, the candidate can import too. Read-only to a throwaway user."""

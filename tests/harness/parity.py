@@ -100,6 +100,15 @@ def toolkit_run(name: str, tokenizer: Any, answers: dict[str, list[int]], limit:
     return adapter, evaluation, TaskScorer(task_dict["tasks"], benchmark.metric, benchmark.metric_filter)
 
 
+def toolkit_runs_of(golden: dict[str, list[dict[str, Any]]], tokenizer: Any, answer_ids: Any,
+                    limit: dict[str, int], tmp_path_factory: Any) -> dict[str, tuple[Any, dict[str, Any], TaskScorer]]:
+    """:func:`toolkit_run` for every benchmark, each golden record answered with ``answer_ids(record)``;
+    ``limit``: documents per task for each benchmark."""
+    return {name: toolkit_run(name, tokenizer, {r["prompt"]: answer_ids(r) for r in golden[name]}, limit[name],
+                              tmp_path_factory.mktemp(name))
+            for name in BENCHMARKS}
+
+
 def single(filtered: Any) -> Any:
     """A filtered response; the paper's HumanEval filter leaves it in a one-item list (its metric takes lists)."""
     return filtered[0] if isinstance(filtered, list) and len(filtered) == 1 else filtered

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from refusion_cli.harness.paper_filters import first_python_block
-from tests.harness.parity import BENCHMARKS, HERE, differences, golden_records, toolkit_run
+from tests.harness.parity import BENCHMARKS, HERE, differences, golden_records, toolkit_runs_of
 from tools.paper_answers import piece_ids
 
 GOLDEN = HERE / "paper_adversarial.json"
@@ -32,11 +32,8 @@ def golden() -> dict[str, list[dict[str, Any]]]:
 
 @pytest.fixture(scope="module")
 def toolkit_runs(golden, qwen3, tmp_path_factory) -> dict[str, tuple[Any, dict[str, Any], Any]]:
-    runs = {}
-    for name in BENCHMARKS:
-        answers = {r["prompt"]: piece_ids(qwen3, r["pieces"]) for r in golden[name]}
-        runs[name] = toolkit_run(name, qwen3, answers, SCORED.get(name, LIMIT), tmp_path_factory.mktemp(name))
-    return runs
+    return toolkit_runs_of(golden, qwen3, lambda record: piece_ids(qwen3, record["pieces"]),
+                           {name: SCORED.get(name, LIMIT) for name in BENCHMARKS}, tmp_path_factory)
 
 
 @pytest.mark.parametrize("name", BENCHMARKS)

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from refusion_cli.harness.paper_filters import first_python_block
-from tests.harness.parity import BENCHMARKS, HERE, differences, golden_records, toolkit_run
+from tests.harness.parity import BENCHMARKS, HERE, differences, golden_records, toolkit_runs_of
 
 GOLDEN = HERE / "paper_golden.json"
 # documents scored per task: the golden file's answered ones (24; MATH's seven subjects four each)
@@ -38,11 +38,8 @@ def golden() -> dict[str, list[dict[str, Any]]]:
 @pytest.fixture(scope="module")
 def toolkit_runs(golden, qwen3, tmp_path_factory) -> dict[str, tuple[Any, dict[str, Any], Any]]:
     """Each benchmark through the toolkit's paper tasks with the golden file's answers (text, then EOS)."""
-    runs = {}
-    for name in BENCHMARKS:
-        answers = {r["prompt"]: qwen3(r["answer"])["input_ids"] + [qwen3.eos_token_id] for r in golden[name]}
-        runs[name] = toolkit_run(name, qwen3, answers, SCORED.get(name, ANSWERED), tmp_path_factory.mktemp(name))
-    return runs
+    return toolkit_runs_of(golden, qwen3, lambda record: qwen3(record["answer"])["input_ids"] + [qwen3.eos_token_id],
+                           {name: SCORED.get(name, ANSWERED) for name in BENCHMARKS}, tmp_path_factory)
 
 
 @pytest.mark.parametrize("name", BENCHMARKS)
