@@ -34,7 +34,6 @@ Contract:
 from __future__ import annotations
 
 import dataclasses
-import gc
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,12 +44,12 @@ from refusion_cli.bench.machine import Machine, PeakMemory, describe_machine
 from refusion_cli.bench.prompts import BenchPrompt
 from refusion_cli.bench.sweep import check_swept_overrides, setting_label, sweep_configs
 from refusion_cli.decoding.registry import decoder_spec, default_model, run_decoder
-from refusion_cli.decoding.spec import DecoderChoice, preset_config, require_refusion
+from refusion_cli.decoding.spec import DecoderChoice, check_preset, require_refusion
 from refusion_cli.decoding.stats import DecodeResult, batch_stats, mean_tps, run_tps
 from refusion_cli.decoding.variants import asked_variants, first_option, variant_label, variant_options
 from refusion_cli.errors import UserError
 from refusion_cli.models.chat import require_chat_template, user_prompt_ids
-from refusion_cli.models.devices import default_dtype, parse_device, parse_dtype
+from refusion_cli.models.devices import default_dtype, free_device_memory, parse_device, parse_dtype
 from refusion_cli.models.loading import LoadedModel, check_model_fits, load_model
 from refusion_cli.tasks.synthetic import is_correct
 
@@ -66,7 +65,7 @@ class BenchSettings:
     batch_sizes: tuple[int, ...] = (1,)  # prompts decoded together; 1 is the paper's setting
     models: dict[str, str] = field(default_factory=dict)  # decoder -> checkpoint (default: its embedded model)
     overrides: dict[str, dict[str, str]] = field(default_factory=dict)  # decoder -> {config option: value}
-    preset: str | None = None  # a ReFusion preset (the paper's or evals/suite.yaml's), under the overrides
+    preset: str | None = None  # a preset of the decoders that have it (registry), under the overrides
     ablation: bool = True  # also time ReFusion with kv_reuse=False
     causal_fix: bool = False  # also time ReFusion with causal_fix=True
     causal_first: bool = False  # also time ReFusion with causal_first=True (and both, with causal_fix)
@@ -99,14 +98,12 @@ class BenchSettings:
             if stray:
                 raise UserError(f"{option} names {', '.join(stray)}, which is not among the decoders benchmarked "
                                 f"({', '.join(self.decoders)})")
-        option = "--preset" if self.preset is not None else first_option(self.causal_fix, self.causal_first,
-                                                                          self.recheck)
-        if option is not None:
+        if (option := first_option(self.causal_fix, self.causal_first, self.recheck)) is not None:
             require_refusion(option, self.decoders, "benchmarked")
         if self.sweep:
             check_swept_overrides(self.overrides)
         if self.preset is not None:
-            preset_config(self.preset)  # an unknown name fails here, before any model is loaded
+            check_preset(self.preset, self.decoders, "benchmarked")  # before any model is loaded
         if self.warmup < 0:
             raise UserError(f"--warmup must be >= 0, got {self.warmup}")
         if self.repeats < 1:
@@ -192,7 +189,7 @@ class BenchRow:
 def decoder_config(decoder: str, gen_length: int, overrides: dict[str, str] | None = None,
                    preset: str | None = None) -> Any:
     """The config a decoder is benchmarked with at ``gen_length``: its defaults (LLaDA and Dream:
-    one token per step; LLaDA: blocks of 32 when 32 divides the length), a ReFusion preset, then
+    one token per step; LLaDA: blocks of 32 when 32 divides the length), its preset of that name, then
     ``overrides`` (:class:`~refusion_cli.decoding.spec.DecoderChoice`, as eval and chat build theirs)."""
     overrides = dict(overrides or {})
     if "gen_length" in overrides:
@@ -304,9 +301,7 @@ class ModelSlot:
             return
         device = next(self.loaded.model.parameters()).device
         self.loaded, self.key = None, None
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        free_device_memory(device)
 
 
 def run_bench(

@@ -51,8 +51,8 @@ def evaluate(
     protocol: Annotated[EvalProtocol, typer.Option("--protocol", help="whose task definitions: paper (the paper's "
                                                    "prompts, answer handling and scoring) or lm-eval (the installed "
                                                    "lm-eval's own tasks)", rich_help_panel=WHAT)] = EvalProtocol.PAPER,
-    preset: in_panel(PresetOpt, HOW, help="ReFusion preset for every task (default: the task's paper preset from "
-                      "evals/suite.yaml)") = None,
+    preset: in_panel(PresetOpt, HOW, help="named settings for every task, for each decoder that has them "
+                      "(default: the task's preset from evals/suite.yaml, where the decoder has it)") = None,
     set_: in_panel(SetOpt, HOW) = None,
     batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="requests decoded together (every "
                                             "answer is the one of batch 1; above 1 the TPS column is throughput)",

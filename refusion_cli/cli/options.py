@@ -82,8 +82,8 @@ SetOpt = Annotated[list[str] | None, typer.Option(
     "--set", help="decoder option KEY=VALUE for every decoder that has it, or DECODER.KEY=VALUE for one "
     "(e.g. slot_size=16)")]
 PresetOpt = Annotated[str | None, typer.Option(
-    "--preset", help="ReFusion settings: a paper benchmark's (gsm8k, math, ...) or a preset of evals/suite.yaml "
-    "(synthetic_tiny), under --set")]
+    "--preset", help="named decoder settings, for each decoder that has them, under --set: ReFusion's per paper "
+    "benchmark (gsm8k, math, ...) or synthetic_tiny; the accelerated baselines' (docs/options.md)")]
 CausalFixOpt = Annotated[bool, typer.Option("--causal-fix", help=VARIANT_HELP["causal_fix"])]
 CausalFirstOpt = Annotated[bool, typer.Option("--causal-first", help=VARIANT_HELP["causal_first"])]
 RecheckOpt = Annotated[bool, typer.Option("--recheck", help=VARIANT_HELP["recheck"])]

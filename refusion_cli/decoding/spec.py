@@ -8,8 +8,10 @@ read their decoder options here, as strings, the same way:
   one decoder (which wins over the shared one); without either a decoder runs on its embedded model;
 - ``--set KEY=VALUE`` sets ``KEY`` for every selected decoder whose config has it, ``--set
   DECODER.KEY=VALUE`` for one decoder (which wins over a plain ``KEY=``, whatever their order);
-- ``--preset NAME``: a ReFusion preset (the paper's per-benchmark settings, or the toolkit's own),
-  under the ``--set`` overrides.
+- ``--preset NAME``: named settings from the registry, for every selected decoder that has a preset of
+  that name (ReFusion's per-benchmark settings of the paper and the toolkit's own; the accelerated
+  baselines' settings), under the ``--set`` overrides; a benchmark's own preset name stands in where
+  none was chosen.
 
 A value given twice with two meanings (two checkpoints for one decoder, two values for one key) is
 an error, never "the last one wins". Everything is checked when it is parsed, before a model loads.
@@ -26,7 +28,7 @@ from refusion_cli.decoding.config import ConfigError, config_fields
 from refusion_cli.decoding.registry import DECODERS, build_config, decoder_spec, default_model, with_length
 from refusion_cli.errors import UserError
 
-PRESET_DECODER = "refusion"  # the decoder the presets are for
+PRESET_DECODER = "refusion"  # the decoder with a preset for every benchmark, and with the variants
 
 
 def split_values(values: Sequence[str]) -> list[str]:
@@ -60,18 +62,27 @@ def select_decoders(names: Sequence[str]) -> list[str]:
 
 
 def require_refusion(option: str, decoders: Sequence[str], where: str = "given") -> None:
-    """An option of the ReFusion decoder alone (``--preset``, a variant's) needs it among the decoders."""
+    """An option of the ReFusion decoder alone (a variant's) needs it among the decoders."""
     if PRESET_DECODER not in decoders:
         raise UserError(f"{option} applies to the {PRESET_DECODER} decoder, which is not among the decoders {where} "
                         f"({', '.join(decoders)})", hint=f"add {PRESET_DECODER} to --decoder, or leave {option} out")
 
 
-def preset_config(name: str) -> Any:
-    """A ReFusion preset by name (the registry entry's presets: the paper's and the toolkit's)."""
-    presets = decoder_spec(PRESET_DECODER).presets
+def preset_config(name: str, decoder: str = PRESET_DECODER) -> Any:
+    """A decoder's preset by name (its registry entry's presets; ReFusion's: the paper's and the toolkit's)."""
+    presets = decoder_spec(decoder).presets
     if name not in presets:
-        raise ConfigError(f"unknown ReFusion preset '{name}'; choose one of {', '.join(presets)}")
+        raise ConfigError(f"unknown {decoder} preset '{name}'; choose one of {', '.join(presets) or 'none'}")
     return presets[name]
+
+
+def check_preset(name: str, decoders: Sequence[str], where: str = "given") -> None:
+    """``--preset NAME`` must name a preset of at least one of the ``decoders``."""
+    if any(name in decoder_spec(decoder).presets for decoder in decoders):
+        return
+    known = "; ".join(f"{d}: {', '.join(decoder_spec(d).presets)}" for d in decoders if decoder_spec(d).presets)
+    raise UserError(f"--preset {name}: none of the decoders {where} ({', '.join(decoders)}) has a preset of that "
+                    f"name", hint=f"presets: {known}" if known else "leave --preset out: these decoders have none")
 
 
 def parse_models(values: Sequence[str], decoders: Sequence[str]) -> dict[str, str]:
@@ -137,7 +148,7 @@ class DecoderChoice:
 
     decoder: str
     model: str | None = None  # embedded name, local directory or hub id (None: not needed for the config)
-    preset: str | None = None  # ReFusion only
+    preset: str | None = None  # a preset of this decoder (a --preset the decoder lacks is left out)
     overrides: Mapping[str, Any] = field(default_factory=dict)  # config field -> value (strings allowed)
 
     def config(self, gen_length: int | None = None, preset: str | None = None) -> Any:
@@ -148,7 +159,8 @@ class DecoderChoice:
         if gen_length is not None:
             values = {"gen_length": gen_length, **values}
         name = self.preset or preset
-        base = preset_config(name) if name is not None and self.decoder == PRESET_DECODER else None
+        presets = decoder_spec(self.decoder).presets
+        base = presets[name] if name in presets else None
         return build_config(self.decoder, with_length(self.decoder, values), base=base)
 
 
@@ -157,13 +169,12 @@ def parse_decoder_options(decoders: Sequence[str], models: Sequence[str] = (), s
     """The decoders, checkpoints, ``--set`` values and preset of one command line, checked."""
     chosen = select_decoders(split_values(decoders))
     if preset is not None:
-        require_refusion("--preset", chosen)
-        preset_config(preset)
+        check_preset(preset, chosen)
     checkpoints = parse_models(models, chosen)
     overrides = parse_overrides(sets, chosen)
-    return [DecoderChoice(name, checkpoints[name], preset if name == PRESET_DECODER else None, overrides[name])
-            for name in chosen]
+    return [DecoderChoice(name, checkpoints[name], preset if preset in decoder_spec(name).presets else None,
+                          overrides[name]) for name in chosen]
 
 
-__all__ = ["DecoderChoice", "parse_assignments", "parse_decoder_options", "parse_models", "parse_overrides",
-           "preset_config", "require_refusion", "select_decoders", "split_values"]
+__all__ = ["DecoderChoice", "check_preset", "parse_assignments", "parse_decoder_options", "parse_models",
+           "parse_overrides", "preset_config", "require_refusion", "select_decoders", "split_values"]

@@ -9,7 +9,7 @@ from typing import Any
 
 from refusion_cli.decoding.config import ConfigError, config_fields
 from refusion_cli.decoding.registry import decoder_spec
-from refusion_cli.decoding.spec import PRESET_DECODER, DecoderChoice
+from refusion_cli.decoding.spec import PRESET_DECODER, DecoderChoice, preset_config
 from refusion_cli.decoding.variants import FLAGS
 
 # model_args keys that are not decoder settings
@@ -18,7 +18,7 @@ ADAPTER_OPTIONS: dict[str, str] = {
     "device": "torch device (default: cuda if available, else cpu; the process's device under accelerate)",
     "dtype": "float32, bfloat16, float16 or float64 (default: bf16 on GPUs that have it, else float32)",
     "trust_remote_code": "run the modelling code a checkpoint ships (not needed for LLaDA / Dream)",
-    "preset": f"ReFusion preset to start from: {', '.join(decoder_spec(PRESET_DECODER).presets)}",
+    "preset": f"the decoder's preset to start from (ReFusion's: {', '.join(decoder_spec(PRESET_DECODER).presets)})",
     "seed": "seed of the per-request generator (Gumbel noise, random remasking)",
     "enable_thinking": "passed to the chat template (Qwen3 templates read it)",
     "protocol": "whose answer handling: lm-eval (default, lm-eval's hf model) or paper (the paper's harness: the "
@@ -65,10 +65,10 @@ def check_model_args(decoder: str, keys: set[str]) -> None:
 
 
 def decoder_choice(decoder: str, preset: str | None, options: dict[str, Any]) -> DecoderChoice:
-    """The decoder options of ``model_args``: a ReFusion preset (the paper's, or the toolkit's such as
-    ``synthetic_tiny``), then ``options`` (as refusion eval, bench and chat take theirs)."""
-    if preset is not None and decoder != PRESET_DECODER:
-        raise ConfigError(f"preset= applies to the {PRESET_DECODER} adapter only, not {decoder}")
+    """The decoder options of ``model_args``: a preset of the decoder (ReFusion's: the paper's, or the
+    toolkit's such as ``synthetic_tiny``), then ``options`` (as refusion eval, bench and chat take theirs)."""
+    if preset is not None:
+        preset_config(preset, decoder)  # an unknown name is an error, not the defaults
     return DecoderChoice(decoder, None, preset, options)
 
 

@@ -2,8 +2,8 @@
 
 Contract of :func:`run_eval`:
 
-1) plan      every (benchmark, decoder) config is built first (the ReFusion preset of the suite
-             manifest or ``preset``, the benchmark's response budget, then ``--set`` overrides,
+1) plan      every (benchmark, decoder) config is built first (``preset`` or the preset the suite
+             names for the benchmark, where the decoder has one; the benchmark's response budget, then ``--set`` overrides,
              parsed and validated by ``decoding.spec``; with ``causal_fix`` / ``causal_first`` /
              ``recheck``, ReFusion's variants of ``decoding.variants`` are runs of their own after the
              paper's decoder); the benchmarks' task YAMLs are rendered
@@ -12,8 +12,9 @@ Contract of :func:`run_eval`:
              ``--dtype``, ``--output`` and ``--data-dir``; then the lm-eval tasks are built over
              that data (in a temporary folder). Any mistake is a ``UserError`` before a model is
              loaded or a file is written (downloaded data aside). With ``limit=0`` the run ends here.
-2) evaluate  per benchmark, the task YAML is kept in the run folder; per decoder, an adapter
-             (``lm_adapters``) with a :class:`~refusion_cli.harness.journal.SampleJournal` as its
+2) evaluate  the task YAMLs are kept in the run folder; one model at a time (loaded once, let go
+             before the next: nine 8B checkpoints need not fit together), per benchmark and per
+             decoder on that model, an adapter (``lm_adapters``) with a :class:`~refusion_cli.harness.journal.SampleJournal` as its
              generation hook runs lm-eval's ``evaluate`` (zero-shot, the chat template, the suite's
              ``max_gen_toks``). Each sample is scored and appended to the journal as it is
              produced; samples already in the journal are not decoded again (resume).
@@ -62,7 +63,7 @@ from refusion_cli.harness.manifest import EvalProtocol
 from refusion_cli.harness.suite import (Benchmark, RenderedTask, Suite, check_data, data_root, load_suite, load_tasks,
                                         render)
 from refusion_cli.models.chat import require_chat_template
-from refusion_cli.models.devices import parse_device, parse_dtype
+from refusion_cli.models.devices import free_device_memory, parse_device, parse_dtype
 from refusion_cli.models.loading import EMBEDDED, check_model_fits, embedded_path, is_embedded
 from refusion_cli.paths import check_output_dir
 
@@ -77,7 +78,7 @@ class EvalOptions:
     output: Path
     models: list[str] = field(default_factory=list)  # "PATH" (every decoder) or "decoder=PATH"
     overrides: list[str] = field(default_factory=list)  # "key=value" or "decoder.key=value"
-    preset: str | None = None  # ReFusion preset for every benchmark (default: the manifest's)
+    preset: str | None = None  # a preset for every benchmark, of each decoder that has it (default: the suite's)
     limit: int | None = None  # documents per lm-eval task (0: plan and check only, evaluate nothing)
     data_dir: Path | None = None
     data_files: list[str] = field(default_factory=list)  # "benchmark=PATH"
@@ -129,7 +130,7 @@ class DecoderRun:
     variant: Variant = PAPER  # ReFusion's decoding variant (decoding.variants)
 
     def config(self, benchmark: Benchmark) -> Any:
-        """The decoder config for one benchmark: the ``--preset`` or the benchmark's own ReFusion preset, the
+        """The decoder config for one benchmark: the ``--preset`` or the benchmark's own preset, the
         benchmark's response budget, then the ``--set`` overrides."""
         return self.choice.config(benchmark.gen_length, preset=benchmark.preset)
 
@@ -348,48 +349,48 @@ def run_eval(options: EvalOptions, observer: EvalObserver | None = None, suite: 
         return []
     rank, _, accelerator = distributed_context(plan.device)
     device = accelerator.device if accelerator is not None else plan.device  # one device per process
-    needs_mask = {run.model: any(decoder_spec(r.decoder).needs_mask for r in plan.runs if r.model == run.model)
-                  for run in plan.runs}
-    loaded: dict[str, Any] = {}  # model -> LoadedModel, shared by the decoders that run on it
     results: list[RunResult] = []
     earlier = read_results(options.output) if rank == 0 else []  # cells of earlier runs into this folder
-    warmed: set[tuple[str, str]] = set()  # (model, decoder) pairs whose adapter has warmed up
     for benchmark in plan.benchmarks:
         plan.rendered[benchmark.name].write()  # the task YAML, kept with the results
-        task_dict = plan.tasks[benchmark.name]
-        scorer = TaskScorer(task_dict["tasks"], benchmark.metric, benchmark.metric_filter)
-        for run in plan.runs:
-            config = plan.configs[(benchmark.name, run.label)]
-            if run.model not in loaded:
-                loaded[run.model] = load_model(run.model, device, plan.dtype,
-                                               trust_remote_code=options.trust_remote_code,
-                                               require_mask=needs_mask[run.model])
+    scorers = {benchmark.name: TaskScorer(plan.tasks[benchmark.name]["tasks"], benchmark.metric,
+                                          benchmark.metric_filter) for benchmark in plan.benchmarks}
+    for model in dict.fromkeys(run.model for run in plan.runs):  # one model in memory at a time
+        runs = [run for run in plan.runs if run.model == model]
+        loaded = load_model(model, device, plan.dtype, trust_remote_code=options.trust_remote_code,
+                            require_mask=any(decoder_spec(run.decoder).needs_mask for run in runs))
+        fingerprint, where = model_fingerprint(model), placement(loaded.model)
+        warmed: set[str] = set()  # decoders whose adapter has warmed up on this model
+        for benchmark in plan.benchmarks:
             if benchmark.chat_template:
-                require_chat_template(loaded[run.model].tokenizer, f"'{run.model}'")
-            where = placement(loaded[run.model].model)
-            end_ids = answer_rule(run.decoder, benchmark.answer_protocol).end_ids(loaded[run.model])
-            digest = config_hash(run.decoder, config, model_fingerprint(run.model), options.seed,
-                                 benchmark.chat_template, where, benchmark.metric_key, end_ids,
-                                 options.batch_size, run.variant, benchmark.task_protocol)
-            journal = SampleJournal(options.output / "samples" / benchmark.name, benchmark=benchmark.name,
-                                    decoder=run.decoder, model=run.model, label=run.file_label, config_hash=digest,
-                                    scorer=scorer, rank=rank, observer=observer)
-            adapter = ADAPTERS[run.decoder](pretrained=loaded[run.model], config=config, seed=options.seed,
-                                            device=device, batch_size=options.batch_size,
-                                            protocol=benchmark.answer_protocol, hook=journal,
-                                            warmed_up=(run.model, run.decoder) in warmed,  # once per model, decoder
-                                            **variant_options(run.variant))
-            observer.on_run_start(benchmark, run.label, config)
-            evaluation = run_task(adapter, benchmark, task_dict, gen_length=config.gen_length, limit=options.limit,
-                                  seed=options.seed, confirm_run_unsafe_code=options.confirm_run_unsafe_code)
-            if adapter.warmed_up:
-                warmed.add((run.model, run.decoder))
-            if rank != 0 or evaluation is None:
-                continue
-            result = summarize(benchmark, run, config, digest, evaluation, journal, where, options.batch_size)
-            results.append(result)
-            write_reports(options.output, merge_results(earlier, results))
-            observer.on_run_end(result)
+                require_chat_template(loaded.tokenizer, f"'{model}'")
+            for run in runs:
+                config = plan.configs[(benchmark.name, run.label)]
+                end_ids = answer_rule(run.decoder, benchmark.answer_protocol).end_ids(loaded)
+                digest = config_hash(run.decoder, config, fingerprint, options.seed, benchmark.chat_template, where,
+                                     benchmark.metric_key, end_ids, options.batch_size, run.variant,
+                                     benchmark.task_protocol)
+                journal = SampleJournal(options.output / "samples" / benchmark.name, benchmark=benchmark.name,
+                                        decoder=run.decoder, model=model, label=run.file_label, config_hash=digest,
+                                        scorer=scorers[benchmark.name], rank=rank, observer=observer)
+                adapter = ADAPTERS[run.decoder](pretrained=loaded, config=config, seed=options.seed, device=device,
+                                                batch_size=options.batch_size, protocol=benchmark.answer_protocol,
+                                                hook=journal, warmed_up=run.decoder in warmed,
+                                                **variant_options(run.variant))
+                observer.on_run_start(benchmark, run.label, config)
+                evaluation = run_task(adapter, benchmark, plan.tasks[benchmark.name], gen_length=config.gen_length,
+                                      limit=options.limit, seed=options.seed,
+                                      confirm_run_unsafe_code=options.confirm_run_unsafe_code)
+                if adapter.warmed_up:
+                    warmed.add(run.decoder)
+                if rank != 0 or evaluation is None:
+                    continue
+                result = summarize(benchmark, run, config, digest, evaluation, journal, where, options.batch_size)
+                results.append(result)
+                write_reports(options.output, merge_results(earlier, results))
+                observer.on_run_end(result)
+        loaded = adapter = None  # the next model loads into the memory this one held
+        free_device_memory(device)
     return results
 
 

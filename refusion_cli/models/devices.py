@@ -3,6 +3,8 @@ enters (a misspelt name, or a device this machine lacks, is a UserError)."""
 
 from __future__ import annotations
 
+import gc
+
 import torch
 
 from refusion_cli.errors import UserError
@@ -50,3 +52,10 @@ def parse_dtype(name: str) -> torch.dtype:
     if name not in table:
         raise UserError(f"unknown dtype '{name}'; choose one of {', '.join(table)}")
     return table[name]
+
+
+def free_device_memory(device: torch.device | str) -> None:
+    """Give the memory of models no longer referenced back (the next model loads into it)."""
+    gc.collect()
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()

@@ -50,8 +50,8 @@ def test_a_bad_option_leaves_the_previous_run_untouched(args, message, tmp_path,
     (["--decoder", ",", "--gen-length", "16"], "error: --decoder is empty (hint: leave --decoder out for the default)"),
     (["--decoder", "ar", "--gen-length", ""], "error: --gen-length is empty (hint: leave --gen-length out for the "
                                               "default)"),
-    (["--decoder", "ar", "--gen-length", "16", "--preset", "gsm8k"], "error: --preset applies to the refusion decoder, "
-     "which is not among the decoders given (ar) (hint: add refusion to --decoder, or leave --preset out)"),
+    (["--decoder", "ar", "--gen-length", "16", "--preset", "gsm8k"], "error: --preset gsm8k: none of the decoders "
+     "given (ar) has a preset of that name (hint: leave --preset out: these decoders have none)"),
     (["--decoder", "ar", "--gen-length", "16", "--causal-fix"], "error: --causal-fix applies to the refusion decoder"),
     (["--decoder", "ar", "--gen-length", "16", "--recheck"], "error: --recheck applies to the refusion decoder"),
     (["--decoder", "ar", "--gen-length", "16", "--output", ""], "error: Invalid value for '--output' / '-o': the path "

@@ -61,7 +61,7 @@ def test_model_args_become_the_decoder_config(causal_checkpoint):
 @pytest.mark.parametrize("arguments, last_line", [
     pytest.param(["--model", "refusion", "--model_args", "pretrained=refusion-tiny,preset=nope", "--tasks", "synthetic",
                   "--include_path", str(EVALS_DIR / "tasks")],
-                 "error: unknown ReFusion preset 'nope'; choose one of mmlu_pro, ",
+                 "error: unknown refusion preset 'nope'; choose one of mmlu_pro, ",
                  marks=pytest.mark.slow),  # `make test-all`: each case starts lm-eval (about 20 s)
     (["--model", "refusion", "--model_args", "pretrained=refusion-tiny", "--tasks", "no_such_task"],
      "error: Tasks not found: no_such_task (hint: check --tasks"),

@@ -312,7 +312,10 @@ def test_models_default_to_the_embedded_ones_and_take_per_decoder_overrides():
     (["--task", "synthetic", "--set", "slot_sise=8"], "no selected decoder has an option 'slot_sise'"),
     (["--task", "synthetic", "--set", "token_threshold=1.5"], "token_threshold must be in [0, 1]"),
     (["--task", "synthetic", "--decoder", "ar", "--set", "refusion.slot_size=8"], "'refusion' is not a selected decoder"),
-    (["--task", "synthetic", "--preset", "nope"], "unknown ReFusion preset 'nope'"),
+    (["--task", "synthetic", "--preset", "nope"], "--preset nope: none of the decoders given (refusion) has a preset "
+     "of that name (hint: presets: refusion: mmlu_pro, "),
+    (["--task", "synthetic", "--decoder", "ar", "--preset", "gsm8k"], "--preset gsm8k: none of the decoders given (ar) "
+     "has a preset of that name (hint: leave --preset out: these decoders have none)"),
     (["--task", "synthetic", "--decoder", "ar", "--recheck"],
      "--recheck applies to the refusion decoder, which is not among the decoders given (ar)"),
     (["--task", "humaneval", "--decoder", "ar"], "--confirm-run-unsafe-code"),

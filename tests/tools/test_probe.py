@@ -62,7 +62,7 @@ GOOD = '{"question": "Q", "answer": "#### 2", "target": "2"}'
     (["--data", "FILE"], b'{"question": "caf\xe9"}', "error: --data FILE is not UTF-8 text (byte 17)"),
     (["--output", "DIR"], None, "error: --output DIR is a directory; give a file name for the JSON"),
     (["--output", "FILE/rates.json"], "x", "error: --output FILE is a file, not a directory"),
-    (["--errors", "--preset", "nope"], None, "error: unknown ReFusion preset 'nope'"),
+    (["--errors", "--preset", "nope"], None, "error: unknown refusion preset 'nope'"),
     (["--errors", "--gen-length", "0"], None, "error: gen_length must be a positive integer, got 0"),
 ])
 def test_cli_refuses_bad_input_in_one_line_before_any_model_runs(args, content, message, tmp_path, capsys):
