@@ -71,7 +71,7 @@ from refusion_cli.cli.options import (DECODER_NAMES, PATH_OPTION, CausalFirstOpt
                                       DtypeOpt, ModelsOpt, MultiValues, PresetOpt, RecheckOpt, SeedOpt, SetOpt,
                                       TrustRemoteCodeOpt, in_panel, option_values, route_stray_values, split_commas)
 from refusion_cli.cli.output import console, print_table, quiet_library_output
-from refusion_cli.decoding.spec import parse_decoder_options
+from refusion_cli.decoding.spec import one_model_each, parse_decoder_options
 from refusion_cli.errors import UserError
 from refusion_cli.models.loading import LoadedModel
 from refusion_cli.paths import check_output_dir
@@ -191,6 +191,7 @@ def bench_settings(values: MultiValues, preset: str | None, **measuring: Any) ->
     """The run's settings from the options: the decoders, checkpoints, --set values and preset in the grammar
     eval and chat share (:func:`~refusion_cli.decoding.spec.parse_decoder_options`), the lengths, ``measuring``."""
     choices = parse_decoder_options(values.decoders or DEFAULT_DECODERS, values.models, values.overrides, preset)
+    one_model_each(choices, "refusion bench")
     return BenchSettings(
         decoders=tuple(choice.decoder for choice in choices),
         gen_lengths=tuple(parse_lengths(values.gen_lengths) or (DEFAULT_GEN_LENGTH,)),

@@ -37,7 +37,7 @@ from refusion_cli.cli.options import (PATH_OPTION, VARIANT_WHAT, CausalFirstOpt,
                                       TrustRemoteCodeOpt, in_panel, route_stray_values, split_commas, text_value)
 from refusion_cli.cli.output import console, err_console, quiet_library_output
 from refusion_cli.decoding.registry import decoder_spec
-from refusion_cli.decoding.spec import DecoderChoice, parse_decoder_options, require_refusion
+from refusion_cli.decoding.spec import DecoderChoice, one_model_each, parse_decoder_options, require_refusion
 from refusion_cli.decoding.variants import first_option
 from refusion_cli.errors import UserError
 from refusion_cli.models.chat import require_chat_template
@@ -180,6 +180,7 @@ def chat_choice(decoder: str, model: str | None, set_options: list[str] | None, 
     values = route_stray_values(list(stray), MultiValues([], [model] if model is not None else [],
                                                          split_commas(set_options)), "refusion chat")
     choices = parse_decoder_options([decoder], values.models, values.overrides, preset)
+    one_model_each(choices, "refusion chat")
     if len(choices) > 1:
         raise UserError(f"--decoder {decoder}: a chat runs one decoder", hint="pick one of them")
     return choices[0]

@@ -13,8 +13,10 @@ read their decoder options here, as strings, the same way:
   baselines' settings), under the ``--set`` overrides; a benchmark's own preset name stands in where
   none was chosen.
 
-A value given twice with two meanings (two checkpoints for one decoder, two values for one key) is
-an error, never "the last one wins". Everything is checked when it is parsed, before a model loads.
+A value given twice with two meanings (two values for one key, two checkpoints for every decoder) is
+an error, never "the last one wins"; ``DECODER=CHECKPOINT`` given with several checkpoints runs the
+decoder on each (``refusion eval``; bench and chat take one, :func:`one_model_each`). Everything is
+checked when it is parsed, before a model loads.
 """
 
 from __future__ import annotations
@@ -85,11 +87,11 @@ def check_preset(name: str, decoders: Sequence[str], where: str = "given") -> No
                     f"name", hint=f"presets: {known}" if known else "leave --preset out: these decoders have none")
 
 
-def parse_models(values: Sequence[str], decoders: Sequence[str]) -> dict[str, str]:
-    """Each selected decoder's checkpoint: ``CHECKPOINT`` for all, ``DECODER=CHECKPOINT`` for one, else
-    the decoder's embedded model."""
+def parse_models(values: Sequence[str], decoders: Sequence[str]) -> dict[str, list[str]]:
+    """Each selected decoder's checkpoints, in the order given: ``CHECKPOINT`` for all, ``DECODER=CHECKPOINT``
+    for one (given again with another checkpoint, the decoder runs on each), else the decoder's embedded model."""
     shared: str | None = None
-    per_decoder: dict[str, str] = {}
+    per_decoder: dict[str, list[str]] = {}
     for value in values:
         key, sep, path = value.partition("=")
         if not value.strip():
@@ -102,18 +104,27 @@ def parse_models(values: Sequence[str], decoders: Sequence[str]) -> dict[str, st
                 raise UserError(f"--model {value}: the {key} decoder is not selected (--decoder {' '.join(decoders)})")
             if not path.strip():
                 raise UserError(f"--model {value}: no checkpoint after '='")
-            if per_decoder.get(key, path) != path:
-                raise UserError(f"--model gives {key} two checkpoints: {per_decoder[key]} and {path}")
-            per_decoder[key] = path
+            checkpoints = per_decoder.setdefault(key, [])
+            checkpoints += [] if path in checkpoints else [path]
         elif sep and not Path(key).expanduser().exists() and not Path(value).expanduser().exists():
             raise UserError(f"--model {value}: '{key}' is not a decoder; DECODER=CHECKPOINT takes one of "
                             f"{', '.join(DECODERS)}", hint="or give a checkpoint alone, for every decoder")
         else:
             if shared not in (None, value):
                 raise UserError(f"--model gives every decoder two checkpoints: {shared} and {value}",
-                                hint="DECODER=CHECKPOINT gives one decoder its own checkpoint")
+                                hint="DECODER=CHECKPOINT gives one decoder its own checkpoint(s)")
             shared = value
-    return {name: per_decoder.get(name) or shared or default_model(name) for name in decoders}
+    return {name: per_decoder.get(name) or [shared or default_model(name)] for name in decoders}
+
+
+def one_model_each(choices: Sequence[DecoderChoice], command: str) -> None:
+    """A command that runs a decoder on one checkpoint refuses a decoder given several."""
+    seen: dict[str, str | None] = {}
+    for choice in choices:
+        if choice.decoder in seen:
+            raise UserError(f"--model gives {choice.decoder} two checkpoints: {seen[choice.decoder]} and {choice.model}",
+                            hint=f"{command} runs each decoder on one checkpoint; refusion eval runs it on each")
+        seen[choice.decoder] = choice.model
 
 
 def parse_overrides(values: Sequence[str], decoders: Sequence[str]) -> dict[str, dict[str, str]]:
@@ -172,9 +183,9 @@ def parse_decoder_options(decoders: Sequence[str], models: Sequence[str] = (), s
         check_preset(preset, chosen)
     checkpoints = parse_models(models, chosen)
     overrides = parse_overrides(sets, chosen)
-    return [DecoderChoice(name, checkpoints[name], preset if preset in decoder_spec(name).presets else None,
-                          overrides[name]) for name in chosen]
+    return [DecoderChoice(name, checkpoint, preset if preset in decoder_spec(name).presets else None, overrides[name])
+            for name in chosen for checkpoint in checkpoints[name]]
 
 
-__all__ = ["DecoderChoice", "check_preset", "parse_assignments", "parse_decoder_options", "parse_models",
-           "parse_overrides", "preset_config", "require_refusion", "select_decoders", "split_values"]
+__all__ = ["DecoderChoice", "check_preset", "parse_assignments", "parse_decoder_options", "one_model_each",
+           "parse_models", "parse_overrides", "preset_config", "require_refusion", "select_decoders", "split_values"]

@@ -14,6 +14,7 @@ from refusion_cli.bench.prompts import SYNTHETIC_TEST, BenchPrompt, load_prompts
 from refusion_cli.bench.runner import (BenchRow, BenchSettings, budget_notes, decoder_config, percentile, plan_entries,
                                        run_bench)
 from refusion_cli.cli.options import MultiValues, route_stray_values, split_commas
+from refusion_cli.cli.bench import bench_settings
 from refusion_cli.decoding.spec import parse_models, parse_overrides
 from refusion_cli.errors import UserError
 
@@ -40,8 +41,8 @@ def test_commas_and_bare_model_paths():
     # bench speaks the grammar of eval and chat (decoding.spec): a bare checkpoint is every decoder's,
     # a plain KEY=VALUE is every decoder's that has KEY (bench used to refuse both)
     assert split_commas(["refusion,ar", "llada"]) == ["refusion", "ar", "llada"]
-    assert parse_models(["path/to/ckpt"], ("refusion",)) == {"refusion": "path/to/ckpt"}
-    assert parse_models(["path/to/ckpt"], ("refusion", "ar")) == {"refusion": "path/to/ckpt", "ar": "path/to/ckpt"}
+    assert parse_models(["path/to/ckpt"], ("refusion",)) == {"refusion": ["path/to/ckpt"]}
+    assert parse_models(["path/to/ckpt"], ("refusion", "ar")) == {"refusion": ["path/to/ckpt"], "ar": ["path/to/ckpt"]}
     assert parse_overrides(["refusion.slot_size=16", "refusion.block_size=64"], ("refusion",)) == {
         "refusion": {"slot_size": "16", "block_size": "64"}}
     assert parse_overrides(["slot_size=16"], ("refusion", "ar")) == {"refusion": {"slot_size": "16"}, "ar": {}}
@@ -194,9 +195,13 @@ def test_switching_models_frees_the_previous_one_before_the_next_loads(causal_ch
 
 
 def test_one_decoder_given_two_checkpoints_or_one_option_two_values_is_refused():
-    with pytest.raises(UserError, match=r"^--model gives ar two checkpoints: ar-tiny and other$"):
-        parse_models(["ar=ar-tiny", "ar=other"], ("ar", "refusion"))
-    assert parse_models(["ar=ar-tiny", "ar=ar-tiny"], ("ar",)) == {"ar": "ar-tiny"}
+    # eval runs a decoder on each checkpoint given; bench measures one per decoder
+    assert parse_models(["ar=ar-tiny", "ar=other"], ("ar", "refusion")) == {"ar": ["ar-tiny", "other"],
+                                                                            "refusion": ["refusion-tiny"]}
+    with pytest.raises(UserError, match=r"^--model gives ar two checkpoints: ar-tiny and other$") as error:
+        bench_settings(MultiValues(["ar"], ["ar=ar-tiny", "ar=other"], []), None)
+    assert error.value.hint == "refusion bench runs each decoder on one checkpoint; refusion eval runs it on each"
+    assert parse_models(["ar=ar-tiny", "ar=ar-tiny"], ("ar",)) == {"ar": ["ar-tiny"]}
     with pytest.raises(UserError, match=r"^--set gives refusion.slot_size two values: 8 and 16$"):
         parse_overrides(["refusion.slot_size=8", "refusion.slot_size=16"], ("refusion",))
     assert parse_overrides(["refusion.slot_size=8", "refusion.slot_size=8"], ("refusion",)) == {
