@@ -120,6 +120,7 @@ class Table1Row:
     adapter: str = ""  # a PEFT adapter on the checkpoint, empty for none
     printed_average: tuple[float, float] = (0.0, 0.0)  # the paper's Avg column, as printed
     fallback: bool = False  # the row of its decoder for a run whose model is no row's checkpoint
+    tps_count: str = ""  # how the paper counted this row's TPS, beside the toolkit's one rule
 
     @property
     def average(self) -> tuple[float, float]:
@@ -136,6 +137,6 @@ def table1(path: Path = SUITE_FILE) -> tuple[str, tuple[Table1Row, ...]]:
                       cells={key: (float(cell[0]), float(cell[1])) for key, cell in row["cells"].items()},
                       method=row.get("method", ""), adapter=row.get("adapter", ""),
                       printed_average=(float(row["average"][0]), float(row["average"][1])),
-                      fallback=bool(row.get("fallback", False)))
+                      fallback=bool(row.get("fallback", False)), tps_count=row["tps_count"])
                  for row in entry["rows"])
     return entry["source"], rows

@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from refusion_cli.harness.manifest import EvalProtocol, Table1Row, table1
+from refusion_cli.harness.manifest import EvalProtocol, Table1Row, read_manifest, table1
 from refusion_cli.paths import write_atomically
 
 METRICS_FILE = "metrics.json"
@@ -110,44 +110,55 @@ def other_scores_table(results: list[RunResult]) -> Table | None:
 
 
 def table1_row(result: RunResult) -> Table1Row | None:
-    """The paper's Table 1 row ``result`` stands for: a row its decoder runs without an acceleration method
-    whose checkpoint's name is the run's model folder (``Meta-Llama-3-8B-Instruct``), else the row marked as the
-    decoder's ``fallback`` (``ar``: Qwen3-8B), else none; only a row with a number for its benchmark."""
+    """The paper's Table 1 row ``result`` stands for: a row of its decoder whose checkpoint's (or adapter's) name is
+    the run's model folder (``Meta-Llama-3-8B-Instruct``), else the row marked as the decoder's ``fallback``
+    (``ar``: Qwen3-8B), else none; only a row with a number for its benchmark."""
     _, rows = table1()
-    plain = [row for row in rows if row.decoder == result.decoder and not row.method and result.benchmark in row.cells]
+    own = [row for row in rows if row.decoder == result.decoder and result.benchmark in row.cells]
     model = result.model.rstrip("/").rsplit("/", 1)[-1].lower()
-    named = [row for row in plain if row.checkpoint.rsplit("/", 1)[-1].lower() == model]
-    fallback = [row for row in plain if row.fallback]
+    named = [row for row in own if model in {name.rsplit("/", 1)[-1].lower() for name in (row.checkpoint, row.adapter)
+                                             if name}]
+    fallback = [row for row in own if row.fallback]
     return (named or fallback or [None])[0]
 
 
 def table1_comparison(results: list[RunResult]) -> Table | None:
-    """Each paper-protocol cell beside the paper's Table 1 number for its row and the difference:
-    ``measured (paper, +difference)`` for accuracy, then for TPS. None when no cell has a paper number."""
-    columns: list[tuple[str, str]] = []
-    cells: dict[tuple[str, str], tuple[RunResult, Table1Row]] = {}  # (label, benchmark) -> the cell and its row
+    """The paper's Table 1, all nine rows in its order, with each paper-protocol cell beside the paper's number and
+    the difference: ``measured (paper, +difference)`` for accuracy, then for TPS, and the Avg column likewise (a
+    measured average once a run has all seven benchmarks). A row no run stands for shows the paper's numbers
+    alone; a row several runs stand for has a line per run. None when no cell is under the paper's protocol."""
+    source, rows = table1()
+    runs: dict[str, dict[str, dict[str, RunResult]]] = {row.name: {} for row in rows}  # row -> label -> benchmark -> cell
     for result in results:
         reference = table1_row(result) if result.protocol == EvalProtocol.PAPER else None
         if reference is not None:
-            columns += [] if (result.benchmark, result.title) in columns else [(result.benchmark, result.title)]
-            cells[(result.label, result.benchmark)] = result, reference
-    if not cells:
+            runs[reference.name].setdefault(result.label, {})[result.benchmark] = result
+    if not any(runs.values()):
         return None
-    labels = list(dict.fromkeys(label for label, _ in cells))
-    rows = []
-    for label in labels:
-        row, name = [label], ""
-        for benchmark, _ in columns:
-            if (label, benchmark) not in cells:
-                row.append("-")
-                continue
-            result, reference = cells[(label, benchmark)]
-            name, (accuracy, tps) = reference.name, reference.cells[benchmark]
-            row.append(f"{result.accuracy:.2f} ({accuracy:.2f}, {result.accuracy - accuracy:+.2f}) / "
-                       f"{result.tps:.2f} ({tps:.2f}, {result.tps - tps:+.2f})")
-        rows.append([f"{label} vs {name}", *row[1:]])
-    return Table(f"against the paper ({table1()[0]}, the row of each decoder): measured (paper, difference), "
-                 "accuracy / TPS", ["decoder:model vs paper row", *(title for _, title in columns)], rows)
+    benchmarks = list(rows[0].cells)
+    titles = {name: entry["title"] for name, entry in read_manifest()["benchmarks"].items()}
+    lines = []
+    for row in rows:
+        for label, cells in (runs[row.name] or {"-": {}}).items():
+            line = [row.name, label]
+            for benchmark in benchmarks:
+                measured = cells.get(benchmark)
+                line.append(_beside((measured.accuracy, measured.tps) if measured else None, row.cells[benchmark]))
+            complete = len(cells) == len(benchmarks)
+            average = (_mean([c.accuracy for c in cells.values()]), _mean([c.tps for c in cells.values()]))
+            line += [_beside(average if complete else None, row.printed_average), row.tps_count]
+            lines.append(line)
+    return Table(f"the paper's Table 1 ({source}), its nine rows: measured (paper, difference), accuracy / TPS",
+                 ["paper row", "decoder:model", *(titles[name] for name in benchmarks), "Avg",
+                  "the paper's TPS count"], lines)
+
+
+def _beside(measured: tuple[float, float] | None, paper: tuple[float, float]) -> str:
+    """``measured (paper, difference)`` for accuracy / TPS; ``- (paper)`` where nothing was measured."""
+    if measured is None:
+        return f"- ({paper[0]:.2f}) / - ({paper[1]:.2f})"
+    return " / ".join(f"{value:.2f} ({reference:.2f}, {value - reference:+.2f})"
+                      for value, reference in zip(measured, paper))
 
 
 def _mean(values: list[float]) -> float:
