@@ -1,19 +1,43 @@
-"""The command line: commands listed, user errors as one line with a non-zero exit."""
+"""The command line: commands listed, user errors as one line with a non-zero exit.
 
+The first two tests start ``python -m refusion_cli`` as a user's shell does; the others call the same entry
+point in-process (``main``, with ``sys.argv`` and the streams captured), which is what the process runs.
+"""
+
+import os
 import subprocess
 import sys
 
 import pytest
 
+from refusion_cli.cli.output import DEBUG_ENV
 from tests.envs import cache_env
 
 
-def refusion(*args: str, env_debug: bool = False) -> subprocess.CompletedProcess:
+def refusion(*args: str) -> subprocess.CompletedProcess:
     env = {"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", **cache_env()}
-    if env_debug:
-        env["REFUSION_DEBUG"] = "1"
     return subprocess.run([sys.executable, "-m", "refusion_cli", *args], capture_output=True, text=True, env=env,
                           timeout=120)
+
+
+@pytest.fixture
+def main_of(monkeypatch, capsys):
+    """``main_of(*args, env_debug=False)``: ``refusion ARGS`` through the console entry point, in-process, as a
+    CompletedProcess (exit code, stdout, stderr)."""
+    from refusion_cli.cli.app import main
+
+    def run(*args: str, env_debug: bool = False) -> subprocess.CompletedProcess:
+        monkeypatch.delenv(DEBUG_ENV, raising=False)
+        if env_debug:
+            monkeypatch.setenv(DEBUG_ENV, "1")
+        monkeypatch.setattr(sys, "argv", ["refusion", *args])
+        with pytest.raises(SystemExit) as exit_info:
+            main()
+        out = capsys.readouterr()
+        os.environ.pop(DEBUG_ENV, None)  # main sets it for --debug; monkeypatch would put it back at teardown
+        return subprocess.CompletedProcess(["refusion", *args], exit_info.value.code, out.out, out.err)
+
+    return run
 
 
 def test_help_lists_the_commands():
@@ -30,34 +54,34 @@ def test_a_user_error_is_one_line_without_traceback():
     assert out.stdout == ""
 
 
-def test_debug_shows_the_traceback_and_keeps_the_exit_code():
-    for out in (refusion("bench", "--tps", "--gen-length", "0", "--debug"),
-                refusion("bench", "--tps", "--gen-length", "0", env_debug=True)):
+def test_debug_shows_the_traceback_and_keeps_the_exit_code(main_of):
+    for out in (main_of("bench", "--tps", "--gen-length", "0", "--debug"),
+                main_of("bench", "--tps", "--gen-length", "0", env_debug=True)):
         assert out.returncode == 2 and "Traceback" in out.stderr
         assert out.stderr.splitlines()[-1].startswith("error: ")
-    out = refusion("bench", "--tps", "--bogus", "--debug")
+    out = main_of("bench", "--tps", "--bogus", "--debug")
     assert out.returncode == 2 and "Traceback" in out.stderr
     assert out.stderr.splitlines()[-1].startswith("error: No such option: --bogus")
 
 
-def test_unknown_command_is_one_clear_error():
-    out = refusion("frobnicate")
+def test_unknown_command_is_one_clear_error(main_of):
+    out = main_of("frobnicate")
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert out.stderr.splitlines() == ["error: No such command 'frobnicate'. (hint: refusion --help lists the commands)"]
 
 
-def test_option_parser_errors_are_one_line_too():
-    out = refusion("train", "--objective", "foo", "--data", "x", "--output", "y")
+def test_option_parser_errors_are_one_line_too(main_of):
+    out = main_of("train", "--objective", "foo", "--data", "x", "--output", "y")
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.splitlines() == ["error: Invalid value for '--objective': 'foo' is not one of 'refusion', "
                                        "'ar', 'llada', 'dream'. (hint: refusion train --help lists the options)"]
-    out = refusion("bench", "--tps", "--bogus")
+    out = main_of("bench", "--tps", "--bogus")
     assert out.returncode == 2
     assert out.stderr.splitlines() == ["error: No such option: --bogus (hint: refusion bench --help lists the options)"]
 
 
-def test_no_command_shows_the_help():
-    out = refusion()
+def test_no_command_shows_the_help(main_of):
+    out = main_of()
     assert out.returncode == 2 and "Usage: refusion" in out.stdout + out.stderr
 
 
