@@ -200,25 +200,24 @@ def test_a_run_interrupted_in_process_resumes_from_its_journal(causal_checkpoint
     assert cell["config_hash"] == replaced.config_hash != result.config_hash and cell["config"]["slot_threshold"] == 0.5
 
 
-@pytest.mark.slow  # `make test-all`: three eval commands; test_eval_variants resumes a folder of several rows by default
-def test_runs_into_one_folder_add_up_side_by_side(causal_checkpoint, tmp_path):
+def test_runs_into_one_folder_add_up_side_by_side(causal_checkpoint, tmp_path, capsys, monkeypatch):
     run_dir = tmp_path / "run"
     common = ("--task", "synthetic", "--model", str(causal_checkpoint), "--limit", "2", "--set", "gen_length=16",
               "--output", str(run_dir))
-    first = refusion("--decoder", "ar", *common)
-    assert first.returncode == 0, first.stderr
-    second = refusion("--decoder", "refusion", *common)
-    assert second.returncode == 0, second.stderr
+    code, _, stderr = run_cli(capsys, monkeypatch, "--decoder", "ar", *common)
+    assert code == 0, stderr
+    code, second, stderr = run_cli(capsys, monkeypatch, "--decoder", "refusion", *common)
+    assert code == 0, stderr
     metrics = json.loads((run_dir / "metrics.json").read_text())["results"]
     assert [(m["decoder"], m["samples"]) for m in metrics] == [("ar", 2), ("refusion", 2)]
     name = causal_checkpoint.name
     table = (run_dir / "summary.md").read_text()
     assert f"| ar:{name} |" in table and f"| refusion:{name} |" in table
-    assert f"ar:{name}" in second.stdout and "1 cell(s) above come from earlier runs into this folder" in second.stdout
-    again = refusion("--decoder", "ar", *common)  # a rerun of a cell resumes it and keeps the other one
-    assert again.returncode == 0, again.stderr
+    assert f"ar:{name}" in second and "1 cell(s) above come from earlier runs into this folder" in second
+    code, again, stderr = run_cli(capsys, monkeypatch, "--decoder", "ar", *common)  # resumes, keeps the other cell
+    assert code == 0, stderr
     assert [m["decoder"] for m in json.loads((run_dir / "metrics.json").read_text())["results"]] == ["ar", "refusion"]
-    assert "2 sample(s) were read back from earlier runs" in again.stdout
+    assert "2 sample(s) were read back from earlier runs" in again
 
 
 def test_a_decoder_given_two_checkpoints_runs_on_each_one_model_in_memory_at_a_time(causal_checkpoint, tmp_path,
