@@ -341,7 +341,8 @@ def test_save_writes_two_piped_turns_of_the_embedded_model(embedded_problem, tmp
     saved, at_end = tmp_path / "chat.json", tmp_path / "at-end.json"
     follow_up = "And if she eats 2 of them?"
     lines = f"/set slot_threshold 0.8\n{embedded_problem['question']}\n{follow_up}\n/save {saved}\n"
-    code, out = run_main(monkeypatch, capsys, "--system", SYSTEM, "--save", str(at_end), stdin=io.StringIO(lines))
+    code, out = run_main(monkeypatch, capsys, "--system", SYSTEM, "--save", str(at_end), "--set", "gen_length=128",
+                         stdin=io.StringIO(lines))
     assert code == 0, out.err
     record = json.loads(saved.read_text(encoding="utf-8"))
     answers = [message["content"] for message in record["messages"][1::2]]
@@ -349,7 +350,7 @@ def test_save_writes_two_piped_turns_of_the_embedded_model(embedded_problem, tmp
     assert record == {
         "model": "refusion-tiny",
         "decoder": "refusion",
-        "config": {"gen_length": 512, "slot_size": 8, "block_size": None, "slot_threshold": 0.8,
+        "config": {"gen_length": 128, "slot_size": 8, "block_size": None, "slot_threshold": 0.8,
                    "token_threshold": 0.9, "temperature": 0.0},
         "seed": 0,
         "history": True,
