@@ -155,6 +155,7 @@ class CanvasFeed:
     start: int = 0
     prefix: PrefixKV | None = None  # None: nothing cached (the fed tokens are the whole sequence)
     keep: int | None = None  # return the K/V of the first ``keep`` fed positions (None: keep none, no cache)
+    among: torch.Tensor | None = None  # [Q, Q] bool: fed token q sees fed token k (None: all, or the earlier ones)
 
 
 CanvasReply = tuple[torch.Tensor, PrefixKV | None]  # the fed positions' logits [Q, V], the kept K/V
@@ -168,8 +169,9 @@ class CanvasCalls:
     cache and every row is as long as the others is the plain call (no mask, default positions):
     with one row, the reference's own call. Otherwise each row gets explicit position ids and a 4-D
     mask: its fed tokens see its cached prefix and each other (all of them, or the earlier ones for
-    a causal model), never another row or padding; a pad sees only itself. Cached prefixes are laid
-    left-aligned, zero-padded to the longest, in one :class:`DynamicCache` made for the call.
+    a causal model; a feed's ``among`` narrows that), never another row or padding; a pad sees only
+    itself. Cached prefixes are laid left-aligned, zero-padded to the longest, in one
+    :class:`DynamicCache` made for the call.
     """
 
     def __init__(self, model: torch.nn.Module):
@@ -224,7 +226,7 @@ class CanvasCalls:
             input_ids[row, :n] = feed.ids
             position_ids[row, :n] = torch.arange(feed.start, feed.start + n, device=self.device)
             allowed[row, :n, : _prefix_length(feed)] = True
-            among = torch.ones(n, n, dtype=torch.bool, device=self.device)
+            among = torch.ones(n, n, dtype=torch.bool, device=self.device) if feed.among is None else feed.among
             allowed[row, :n, prefix_width: prefix_width + n] = among.tril() if self.causal else among
         return input_ids, position_ids, allowed
 
