@@ -85,6 +85,8 @@ SWEEP_GRIDS: dict[str, tuple[SweepPoint, ...]] = {
                       for slot_threshold, token_threshold in REFUSION_THRESHOLDS),
     "llada": MDM_GRID,
     "dream": MDM_GRID,
+    "llada-d2f": (),  # one point: its usual row
+    "dream-d2f": (),
 }
 
 SWEPT_FIELDS: dict[str, tuple[str, ...]] = {
@@ -92,6 +94,8 @@ SWEPT_FIELDS: dict[str, tuple[str, ...]] = {
     "refusion": ("slot_size", "block_size", "slot_threshold", "token_threshold"),
     "llada": ("steps", "threshold", "use_cache"),
     "dream": ("steps", "threshold", "use_cache"),
+    "llada-d2f": (),
+    "dream-d2f": (),
 }
 
 

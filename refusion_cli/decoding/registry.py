@@ -21,6 +21,7 @@ import torch
 from refusion_cli.decoding.ar import decode_ar
 from refusion_cli.decoding.batching import Generators, Prompt, Prompts
 from refusion_cli.decoding.config import PRESETS, TOOLKIT_PRESETS, ARConfig, ReFusionConfig, config_from_dict
+from refusion_cli.decoding.d2f import DREAM_PRESETS, LLADA_PRESETS, D2FConfig, decode_d2f
 from refusion_cli.decoding.dream import DreamConfig, decode_dream
 from refusion_cli.decoding.llada import LLaDAConfig, decode_llada
 from refusion_cli.decoding.refusion import decode_refusion
@@ -54,6 +55,13 @@ DECODERS: dict[str, DecoderSpec] = {
     "dream": DecoderSpec("dream", DreamConfig, None, True, True,
                          "Dream: masked diffusion with shifted logits (needs a Dream-style model)", revision=2,
                          shifted=True),
+    # D2F runs on the checkpoint with D2F's LoRA adapter (--model BASE+ADAPTER, docs/checkpoints.md)
+    "llada-d2f": DecoderSpec("llada-d2f", D2FConfig, None, True, True,
+                             "D2F on LLaDA: a pipeline of blocks decoded in parallel, finished blocks' K/V cached",
+                             presets=MappingProxyType(LLADA_PRESETS), shifted=False),
+    "dream-d2f": DecoderSpec("dream-d2f", D2FConfig, None, True, True,
+                             "D2F on Dream: a pipeline of blocks decoded in parallel (shifted logits)",
+                             presets=MappingProxyType(DREAM_PRESETS), shifted=True),
 }
 
 
@@ -71,8 +79,10 @@ def check_decoder_fits(decoder_name: str, bidirectional: bool, force: bool = Fal
     needs = spec.bidirectional
     if not force and needs and bidirectional and None not in (shifted, spec.shifted) and shifted != spec.shifted:
         trained = "Dream's shifted" if shifted else "LLaDA's unshifted"
+        fitting = [name for name, other in DECODERS.items()
+                   if other.config_class is spec.config_class and other.shifted == shifted]
         raise UserError(f"the {decoder_name} decoder does not fit this model: it was trained for {trained} logits",
-                        hint=f"use the {'dream' if shifted else 'llada'} decoder for it")
+                        hint=f"use the {fitting[0] if fitting else ('dream' if shifted else 'llada')} decoder for it")
     if force or needs == bidirectional:
         return
     if needs:
@@ -180,6 +190,9 @@ def run_decoder(
                                generator=generator, kv_reuse=kv_reuse, causal_fix=causal_fix,
                                causal_first=causal_first, recheck=recheck, on_step=on_step,
                                batch_size=batch_size)
+    if isinstance(config, D2FConfig):
+        return decode_d2f(model, prompt_ids, config, shifted=bool(spec.shifted), mask_token_id=mask_token_id,
+                          eos_token_id=eos_token_id, generator=generator, on_step=on_step, batch_size=batch_size)
     decode = decode_llada if decoder == "llada" else decode_dream
     return decode(model, prompt_ids, config, mask_token_id=mask_token_id, eos_token_id=eos_token_id,
                   generator=generator, on_step=on_step, batch_size=batch_size)

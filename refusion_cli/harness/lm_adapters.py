@@ -374,4 +374,19 @@ class DreamLM(DecoderLM):
     decoder = "dream"
 
 
-ADAPTERS: dict[str, type[DecoderLM]] = {cls.decoder: cls for cls in (ReFusionLM, ARLM, LLaDALM, DreamLM)}
+@register_model("llada-d2f")
+class LLaDAD2FLM(DecoderLM):
+    """D2F's pipelined block decoder on LLaDA (a checkpoint with D2F's LoRA adapter: --model BASE+ADAPTER)."""
+
+    decoder = "llada-d2f"
+
+
+@register_model("dream-d2f")
+class DreamD2FLM(DecoderLM):
+    """D2F's pipelined block decoder on Dream (shifted logits; a checkpoint with D2F's LoRA adapter)."""
+
+    decoder = "dream-d2f"
+
+
+ADAPTERS: dict[str, type[DecoderLM]] = {cls.decoder: cls for cls in (ReFusionLM, ARLM, LLaDALM, DreamLM, LLaDAD2FLM,
+                                                                     DreamD2FLM)}

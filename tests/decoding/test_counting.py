@@ -1,4 +1,4 @@
-"""One counting rule for AR, ReFusion, LLaDA and Dream, and the decoder <-> model family check.
+"""One counting rule for AR, ReFusion, LLaDA, Dream and D2F, and the decoder <-> model family check.
 
 The rule (decoding/stats.py): tokens = response tokens up to and including the first EOS,
 forwards = every model call, TPF = tokens / forwards, TPS = tokens / seconds. The forwards are
@@ -14,12 +14,14 @@ import pytest
 import torch
 
 from refusion_cli.decoding import (
+    D2FConfig,
     DecodeResult,
     DreamConfig,
     LLaDAConfig,
     ReFusionConfig,
     check_decoder_fits,
     decode_ar,
+    decode_d2f,
     decode_dream,
     decode_llada,
     decode_refusion,
@@ -29,6 +31,7 @@ from tests.tiny import MASK_ID
 
 LLADA = LLaDAConfig(gen_length=16, steps=8, block_length=8)
 DREAM = DreamConfig(gen_length=16, steps=8, alg="entropy", temperature=0.0, top_p=None)
+D2F = D2FConfig(gen_length=16, block_size=4, block_add_threshold=0.25, decoded_token_threshold=0.5, skip_threshold=0.3)
 
 # name -> (needs a bidirectional model, decode(model, prompt, eos_token_id) -> result)
 DECODERS: dict[str, tuple[bool, Callable[..., DecodeResult]]] = {
@@ -40,6 +43,9 @@ DECODERS: dict[str, tuple[bool, Callable[..., DecodeResult]]] = {
                                                             eos_token_id=eos)),
     "dream": (True, lambda model, prompt, eos: decode_dream(model, prompt, DREAM, mask_token_id=MASK_ID,
                                                             eos_token_id=eos)),
+    **{name: (True, lambda model, prompt, eos, shifted=shifted: decode_d2f(model, prompt, D2F, shifted=shifted,
+                                                                          mask_token_id=MASK_ID, eos_token_id=eos))
+       for name, shifted in (("llada-d2f", False), ("dream-d2f", True))},
 }
 
 

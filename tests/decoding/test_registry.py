@@ -13,6 +13,7 @@ def test_every_decoder_builds_its_config_from_strings():
     assert build_config("ar", {"gen_length": "64"}).gen_length == 64
     assert build_config("llada", {"steps": "64", "gen_length": "64", "block_length": "32"}).steps == 64
     assert build_config("dream", {"alg": "maskgit_plus"}).alg == "maskgit_plus"
+    assert build_config("llada-d2f", {"skip_threshold": "0.5", "top_p": "none"}).skip_threshold == 0.5
     with pytest.raises(UserError, match="unknown LLaDAConfig option"):
         build_config("llada", {"slot_size": "8"})
     with pytest.raises(UserError, match="unknown decoder 'beam'"):
@@ -34,12 +35,14 @@ def test_run_decoder_on_a_checkpoint_directory(causal_checkpoint, bidirectional_
     for name, loaded, overrides in [("refusion", causal, {"gen_length": "16", "slot_size": "4"}),
                                     ("ar", causal, {"gen_length": "16"}),
                                     ("llada", mdm, {"gen_length": "16", "steps": "16", "block_length": "8"}),
-                                    ("dream", mdm, {"gen_length": "16", "steps": "16"})]:
+                                    ("dream", mdm, {"gen_length": "16", "steps": "16"}),
+                                    ("llada-d2f", mdm, {"gen_length": "16", "block_size": "8"}),
+                                    ("dream-d2f", mdm, {"gen_length": "16", "block_size": "8"})]:
         result = run_decoder(name, loaded.model, prompt, build_config(name, overrides),
                              mask_token_id=loaded.mask_token_id, eos_token_id=loaded.eos_token_id)
         assert 1 <= result.stats.tokens <= 16 and result.stats.forwards >= 1
         assert loaded.mask_token_id not in result.tokens
-    assert set(DECODERS) == {"refusion", "ar", "llada", "dream"}
+    assert set(DECODERS) == {"refusion", "ar", "llada", "dream", "llada-d2f", "dream-d2f"}
 
 
 def test_length_settings_follow_gen_length_unless_given():

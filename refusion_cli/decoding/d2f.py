@@ -1,0 +1,263 @@
+"""D2F's decoder (Discrete Diffusion Forcing): a pipeline of blocks of masks, several decoded at once,
+the K/V of each finished block cached, on LLaDA (logits read unshifted) or Dream (shifted).
+
+Token ids in, token ids out. The response grows by blocks of ``block_size`` masks, at most
+``gen_length // block_size`` of them (a remainder of ``gen_length`` is never decoded). Attention is
+block-causal: the prompt is one block, and a response block sees the prompt, every earlier block
+and all of itself, never a later block. A block is *decoding*, then *finished* (no mask left, and
+no earlier block still decoding), then *cached* (its K/V kept from the next call on). Each step is
+one model call:
+
+1) add       a new block of masks joins at the end when the last block (the prompt counts as
+             decoded) is at least ``block_add_threshold`` decoded, while the budget has room and no
+             committed token was an EOS;
+2) complete  a block becomes *complete* once the block before it is at least
+             ``decoded_token_threshold`` decoded (the first response block at once); it stays so;
+3) feed      the call feeds every position right of the cached ones: the blocks finished at the
+             last step (their K/V is kept from this call) and the blocks still decoding;
+4) commit    each decoding block predicts its masks as Dream's sampler does (argmax at temperature
+             0; the mask token keeps its share of the probabilities but is never a prediction) and
+             commits every one whose token has probability > ``skip_threshold``; a complete block with
+             none over it commits its best one by ``forced_rank`` (the leftmost of equals);
+5) finish    a decoding block with no mask left is finished when no block before it is decoding.
+
+Decoding ends when no block is decoding and none can be added. ``shifted`` (Dream): the token at
+position p is read from the logits of p - 1; for the first fed position those come from the call
+that cached the position before it. A list of prompts is decoded as a batch, each row exactly as
+alone (mdm.decode_canvases); ``result.trace`` holds one record per block and step that committed.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Callable, overload
+
+import torch
+
+from refusion_cli.decoding.batching import Generators, Prompt, Prompts
+from refusion_cli.decoding.config import ConfigError, check_non_negative, check_positive, check_probability
+from refusion_cli.decoding.dream import DreamConfig, predict_tokens
+from refusion_cli.decoding.mdm import (Block, Canvas, CanvasFeed, CanvasStep, MDMStep, PrefixKV, choose_positions,
+                                       decode_canvases)
+from refusion_cli.decoding.stats import DecodeResult, EosIds, eos_ids
+
+# forced_rank -> the Dream ranking that computes it (D2F's sampling_strategy default / margin_confidence / neg_entropy)
+FORCED_RANKS = {"probability": "maskgit_plus", "margin": "topk_margin", "entropy": "entropy"}
+
+
+@dataclass(frozen=True)
+class D2FConfig:
+    """D2F's decoder settings. The defaults are the evaluation scripts' commonest LLaDA row (MATH and
+    HumanEval); its evaluation class's own defaults (4-token blocks, skip_threshold 1.0, sampling at
+    0.2) are placeholders every script overrides."""
+
+    gen_length: int = 512  # response budget: gen_length // block_size blocks at most
+    block_size: int = 32  # tokens per block
+    block_add_threshold: float = 0.1  # a block is added once the last one is this share decoded
+    decoded_token_threshold: float = 0.95  # a block this share decoded makes the next one complete
+    skip_threshold: float = 0.9  # a decoding block commits every mask whose token has probability > this
+    temperature: float = 0.0  # 0: argmax; > 0: tokens drawn from softmax(logits / temperature)
+    top_p: float | None = None  # nucleus filtering before sampling (None or 1 = off)
+    top_k: int | None = None  # top-k filtering before sampling (None = off)
+    forced_rank: str = "probability"  # a complete block's forced commit: best "probability", "margin" or "entropy"
+
+    def __post_init__(self) -> None:
+        check_positive("gen_length", self.gen_length)
+        check_positive("block_size", self.block_size)
+        if self.block_size > self.gen_length:
+            raise ConfigError(f"block_size ({self.block_size}) must not exceed gen_length ({self.gen_length})")
+        for name in ("block_add_threshold", "decoded_token_threshold", "skip_threshold"):
+            check_probability(name, getattr(self, name))
+        check_non_negative("temperature", self.temperature)
+        if self.top_p is not None:
+            check_probability("top_p", self.top_p)
+            if self.top_p == 0:
+                raise ConfigError("top_p must be > 0 (use None or 1 for no filtering)")
+        if self.top_k is not None:
+            check_positive("top_k", self.top_k)
+        if self.forced_rank not in FORCED_RANKS:
+            raise ConfigError(f"forced_rank must be one of {', '.join(FORCED_RANKS)}, got {self.forced_rank!r}")
+
+    @property
+    def blocks(self) -> int:
+        """The most blocks a response holds."""
+        return self.gen_length // self.block_size
+
+    @property
+    def response_length(self) -> int:
+        """The positions the blocks can fill: gen_length less its remainder."""
+        return self.blocks * self.block_size
+
+    @property
+    def token_sampling(self) -> DreamConfig:
+        """The settings of Dream's token prediction that D2F's equals (its ``sample_tokens`` is Dream's)."""
+        return DreamConfig(gen_length=1, steps=1, alg=FORCED_RANKS[self.forced_rank], temperature=self.temperature,
+                           top_p=self.top_p, top_k=self.top_k)
+
+
+# The settings of D2F's evaluation scripts per benchmark (temperature 0, sampling_strategy default), under the
+# toolkit's benchmark keys. LLaDA-8B-Instruct + its adapter, 512-token responses (eval_llada.sh):
+LLADA_PRESETS: dict[str, D2FConfig] = {
+    "gsm8k": D2FConfig(gen_length=512, block_size=64, block_add_threshold=0.7, decoded_token_threshold=0.95,
+                       skip_threshold=0.9),
+    "mbpp": D2FConfig(gen_length=512, block_size=32, block_add_threshold=0.9, decoded_token_threshold=0.95,
+                      skip_threshold=0.9),
+    "math": D2FConfig(gen_length=512, block_size=32, block_add_threshold=0.1, decoded_token_threshold=0.95,
+                      skip_threshold=0.9),  # minerva_math
+    "humaneval": D2FConfig(gen_length=512, block_size=32, block_add_threshold=0.1, decoded_token_threshold=0.95,
+                           skip_threshold=0.9),
+}
+# Dream: the only published settings are those of Dream-v0-Base-7B + its adapter, 256-token responses
+# (eval_dream.sh; gsm8k is its gsm8k_cot; mbpp's 48-token blocks fill 240 of the 256 positions)
+DREAM_PRESETS: dict[str, D2FConfig] = {
+    "gsm8k": D2FConfig(gen_length=256, block_size=32, block_add_threshold=0.1, decoded_token_threshold=0.95,
+                       skip_threshold=0.9),
+    "mbpp": D2FConfig(gen_length=256, block_size=48, block_add_threshold=0.1, decoded_token_threshold=0.95,
+                      skip_threshold=0.9),
+    "math": D2FConfig(gen_length=256, block_size=64, block_add_threshold=0.1, decoded_token_threshold=0.95,
+                      skip_threshold=0.9),  # minerva_math
+    "humaneval": D2FConfig(gen_length=256, block_size=32, block_add_threshold=0.9, decoded_token_threshold=0.95,
+                           skip_threshold=0.95),
+}
+
+
+class BlockState(enum.Enum):
+    DECODING = "decoding"  # has masks, or an earlier block is still decoding
+    FINISHED = "finished"  # its K/V is kept by the next call
+    CACHED = "cached"  # its K/V is in the row's cache
+
+
+@dataclass
+class PipelineBlock:
+    span: Block  # its canvas positions; span.index counts response blocks from 0 (-1: the prompt)
+    decoded: int = 0  # positions committed so far
+    complete: bool = False  # commits at least one token a step
+    state: BlockState = BlockState.DECODING
+
+    @property
+    def progress(self) -> float:
+        return self.decoded / self.span.length
+
+
+@overload
+def decode_d2f(model: torch.nn.Module, prompt_ids: Prompts, config: D2FConfig, *, shifted: bool, mask_token_id: int,
+               eos_token_id: EosIds, generator: Generators = None,
+               on_step: Callable[[int, MDMStep], None] | None = None,
+               batch_size: int | None = None) -> list[DecodeResult]: ...
+
+
+@overload
+def decode_d2f(model: torch.nn.Module, prompt_ids: Prompt, config: D2FConfig, *, shifted: bool, mask_token_id: int,
+               eos_token_id: EosIds, generator: torch.Generator | None = None,
+               on_step: Callable[[MDMStep], None] | None = None,
+               batch_size: int | None = None) -> DecodeResult: ...
+
+
+@torch.no_grad()
+def decode_d2f(
+    model: torch.nn.Module,
+    prompt_ids: Prompt | Prompts,
+    config: D2FConfig,
+    *,
+    shifted: bool,
+    mask_token_id: int,
+    eos_token_id: EosIds,
+    generator: Generators = None,
+    on_step: Callable[..., None] | None = None,
+    batch_size: int | None = None,
+) -> DecodeResult | list[DecodeResult]:
+    """Decode one response with D2F's decoder, or one per prompt of a batch (a list of prompts: results
+    in order, ``on_step(prompt_index, step)``); ``shifted``: read token p from the logits of p - 1 (Dream).
+
+    ``batch_size`` rows (None: all) decode at once in shared model calls, each exactly as alone; with
+    sampling, give one generator per prompt to draw each row's tokens as its own decode would."""
+    return decode_canvases(model, prompt_ids, config.response_length,
+                           lambda canvas, row_generator: d2f_row(canvas, config, shifted, row_generator),
+                           mask_token_id=mask_token_id, eos_token_id=eos_token_id, generator=generator,
+                           on_step=on_step, batch_size=batch_size)
+
+
+def d2f_row(canvas: Canvas, config: D2FConfig, shifted: bool,
+            generator: torch.Generator | None) -> CanvasStep[DecodeResult]:
+    """One prompt's D2F decode as a row program (see mdm.decode_canvases)."""
+    sampling = config.token_sampling
+    stops = set(eos_ids(canvas.eos_token_id))
+    prompt = PipelineBlock(Block(-1, 0, canvas.prompt_length), decoded=canvas.prompt_length, complete=True,
+                           state=BlockState.FINISHED)
+    blocks = [prompt]
+    cache: PrefixKV | None = None
+    cached = 0  # positions whose K/V the row holds
+    before_first: torch.Tensor | None = None  # shifted: logits [V] of the last cached position
+    eos_committed = False
+    step = 0
+    while True:
+        # 1) add
+        if len(blocks) - 1 < config.blocks and not eos_committed and blocks[-1].progress >= config.block_add_threshold:
+            start = blocks[-1].span.end
+            blocks.append(PipelineBlock(Block(len(blocks) - 1, start, start + config.block_size)))
+        # 2) complete
+        for earlier, later in zip(blocks, blocks[1:]):
+            if earlier.progress >= config.decoded_token_threshold:
+                later.complete = True
+        decoding = [block for block in blocks if block.state is BlockState.DECODING]
+        if not decoding:
+            break
+        # 3) feed
+        finished = [block for block in blocks if block.state is BlockState.FINISHED]
+        keep = finished[-1].span.end - cached if finished else None
+        end = blocks[-1].span.end
+        logits, kept = yield CanvasFeed(canvas.stats, canvas.ids[cached:end], start=cached, prefix=cache, keep=keep,
+                                        among=block_causal(canvas, config.block_size, cached, end))
+        if keep is not None:
+            cache = kept if cache is None else [(torch.cat([keys, new_keys], 1), torch.cat([values, new_values], 1))
+                                                for (keys, values), (new_keys, new_values) in zip(cache, kept)]
+            for block in finished:
+                block.state = BlockState.CACHED
+            before_first = logits[keep - 1]
+        fed_from, cached = cached, cached + (keep or 0)
+        # 4) commit
+        for block in decoding:
+            masked = canvas.masked(block.span).nonzero().flatten()  # block offsets of its masks
+            if masked.numel() == 0:
+                continue
+            rows = block_logits(logits, block.span, fed_from, before_first if shifted else None)[masked]
+            tokens, token_prob, confidence = predict_tokens(rows, sampling, canvas.mask_token_id, generator)
+            chosen = (token_prob > config.skip_threshold).nonzero().flatten()
+            if block.complete and chosen.numel() == 0:
+                chosen = choose_positions(confidence, token_prob, torch.ones_like(masked, dtype=torch.bool),
+                                          count=1, threshold=None)
+            if chosen.numel():
+                canvas.unmask(block.span, step, masked[chosen], tokens[chosen])
+                block.decoded += chosen.numel()
+                eos_committed = eos_committed or bool(stops & set(tokens[chosen].tolist()))
+        # 5) finish
+        for block in decoding:
+            earlier = blocks[: blocks.index(block)]
+            if not canvas.masked(block.span).any() and all(e.state is not BlockState.DECODING for e in earlier):
+                block.state = BlockState.FINISHED
+        step += 1
+    return canvas.result()
+
+
+def block_causal(canvas: Canvas, block_size: int, start: int, end: int) -> torch.Tensor:
+    """[Q, Q] bool over canvas positions start..end-1: q sees k when k's block is q's or an earlier one
+    (the prompt is the first block)."""
+    positions = torch.arange(start, end, device=canvas.device)
+    block_of = torch.div(positions - canvas.prompt_length, block_size, rounding_mode="floor").clamp(min=-1)
+    return block_of[None, :] <= block_of[:, None]
+
+
+def block_logits(logits: torch.Tensor, span: Block, fed_from: int, before_first: torch.Tensor | None) -> torch.Tensor:
+    """[B, V]: the logits that predict ``span``'s positions from a call that fed positions fed_from...;
+    unshifted: their own rows; shifted (``before_first`` given): the row before each, the first fed
+    position's being ``before_first``."""
+    first = span.start - fed_from
+    if before_first is None:
+        return logits[first: first + span.length]
+    if first == 0:
+        return torch.cat([before_first[None], logits[: span.length - 1]])
+    return logits[first - 1: first - 1 + span.length]
+
+
+__all__ = ["D2FConfig", "DREAM_PRESETS", "FORCED_RANKS", "LLADA_PRESETS", "decode_d2f"]
