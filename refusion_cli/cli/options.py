@@ -74,10 +74,11 @@ DecoderOpt = Annotated[str, typer.Option("--decoder", "-d", help=DECODER_NAMES)]
 DecodersOpt = Annotated[list[str] | None, typer.Option("--decoder", "-d", help=DECODER_NAMES + LIST_HELP)]
 ModelOpt = Annotated[str | None, typer.Option(  # the checkpoint of the one decoder (chat)
     "--model", parser=text_value, help="checkpoint: embedded name, local directory or hub id, or "
-    "DECODER=CHECKPOINT (default: the decoder's embedded model, refusion-tiny for refusion)")]
+    "DECODER=CHECKPOINT; with a LoRA adapter BASE+ADAPTER or the adapter's folder (default: the decoder's "
+    "embedded model, refusion-tiny for refusion)")]
 ModelsOpt = Annotated[list[str] | None, typer.Option(
     "--model", help="CHECKPOINT for every decoder, or DECODER=CHECKPOINT for one (embedded name, directory or hub "
-    "id); default: each decoder's embedded model")]
+    "id; with a LoRA adapter BASE+ADAPTER or the adapter's folder); default: each decoder's embedded model")]
 SetOpt = Annotated[list[str] | None, typer.Option(
     "--set", help="decoder option KEY=VALUE for every decoder that has it, or DECODER.KEY=VALUE for one "
     "(e.g. slot_size=16)")]

@@ -62,6 +62,7 @@ from refusion_cli.harness.evaluation import run_task, seed_lm_eval
 from refusion_cli.harness.manifest import EvalProtocol
 from refusion_cli.harness.suite import (Benchmark, RenderedTask, Suite, check_data, data_root, load_suite, load_tasks,
                                         render)
+from refusion_cli.models.adapters import adapter_fingerprint, parse_model
 from refusion_cli.models.chat import require_chat_template
 from refusion_cli.models.devices import free_device_memory, parse_device, parse_dtype
 from refusion_cli.models.loading import EMBEDDED, check_model_fits, embedded_path, is_embedded
@@ -161,7 +162,11 @@ def decoder_runs(choices: list[DecoderChoice], variants: list[Variant] | None = 
 
 
 def model_fingerprint(model: str) -> str:
-    """What identifies the weights: the directory's config and weight files (name, size, mtime)."""
+    """What identifies the weights: the directory's config and weight files (name, size, mtime); with a LoRA
+    adapter, the base's and the adapter's (its config and weight files)."""
+    spec = parse_model(model)
+    if spec.adapter is not None:
+        return f"{model_fingerprint(spec.base)}+{adapter_fingerprint(spec.adapter)}"
     path = embedded_path(model) if is_embedded(model) else Path(model).expanduser()
     if not path.is_dir():
         return model  # a hub id

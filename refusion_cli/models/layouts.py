@@ -14,8 +14,9 @@ something else.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from refusion_cli.errors import UserError
@@ -31,6 +32,20 @@ class NativeLayout:
     key_mapping: Mapping[str, str]  # regex on checkpoint weight names -> the stock model's names
     shifted: bool  # logits read shifted (position i-1 predicts token i: Dream) or not (LLaDA)
     tokenizer_class: str | None = None  # a stock tokenizer class in place of a remote-code one (None: AutoTokenizer)
+    # regex on the stock model's module names -> the checkpoint's own (the inverse of key_mapping, module by module);
+    # empty: the names are the same
+    own_names: Mapping[str, str] = field(default_factory=dict)
+
+    def own_module_name(self, stock_name: str) -> str | None:
+        """The checkpoint's own name of the stock model's module ``stock_name`` (what an adapter trained on the
+        checkpoint's own code calls it); None for a module the checkpoint's code has no counterpart of."""
+        if not self.own_names:
+            return stock_name
+        for pattern, replacement in self.own_names.items():
+            renamed, count = re.subn(pattern, replacement, stock_name)
+            if count:
+                return renamed
+        return None
 
 
 def _refuse(name: str, label: str, field: str, value: Any, expected: Any) -> UserError:
@@ -112,24 +127,29 @@ def _bidirectional(config: Any) -> Any:
     return config
 
 
-def _blocks(names: Mapping[str, str]) -> dict[str, str]:
-    """LLaDA block weight names -> Llama decoder-layer names."""
-    return {rf"^model\.transformer\.blocks\.(\d+)\.{old}\.": rf"model.layers.\1.{new}." for old, new in names.items()}
+# LLaDA's module names -> Llama's: under model.transformer, and in each of its blocks
+LLADA_TOP_NAMES = {"wte": "model.embed_tokens", "ln_f": "model.norm",
+                   "ff_out": "lm_head"}  # the output head; a block's ff_out is its down projection
+LLADA_BLOCK_NAMES = {"q_proj": "self_attn.q_proj", "k_proj": "self_attn.k_proj", "v_proj": "self_attn.v_proj",
+                     "attn_out": "self_attn.o_proj", "ff_proj": "mlp.gate_proj", "up_proj": "mlp.up_proj",
+                     "ff_out": "mlp.down_proj", "attn_norm": "input_layernorm", "ff_norm": "post_attention_layernorm"}
 
-
-LLADA_KEY_MAPPING: dict[str, str] = {
-    r"^model\.transformer\.wte\.": "model.embed_tokens.",
-    r"^model\.transformer\.ln_f\.": "model.norm.",
-    r"^model\.transformer\.ff_out\.": "lm_head.",  # the output head; a block's ff_out is its down projection
-    **_blocks({"q_proj": "self_attn.q_proj", "k_proj": "self_attn.k_proj", "v_proj": "self_attn.v_proj",
-               "attn_out": "self_attn.o_proj", "ff_proj": "mlp.gate_proj", "up_proj": "mlp.up_proj",
-               "ff_out": "mlp.down_proj", "attn_norm": "input_layernorm", "ff_norm": "post_attention_layernorm"}),
+LLADA_KEY_MAPPING: dict[str, str] = {  # on weight names (and adapter weight names): a prefix up to a dot
+    **{rf"^model\.transformer\.{old}\.": f"{new}." for old, new in LLADA_TOP_NAMES.items()},
+    **{rf"^model\.transformer\.blocks\.(\d+)\.{old}\.": rf"model.layers.\1.{new}."
+       for old, new in LLADA_BLOCK_NAMES.items()},
+}
+LLADA_OWN_NAMES: dict[str, str] = {  # on whole module names, the other way
+    **{rf"^{re.escape(new)}$": f"model.transformer.{old}" for old, new in LLADA_TOP_NAMES.items()},
+    **{rf"^model\.layers\.(\d+)\.{re.escape(new)}$": rf"model.transformer.blocks.\1.{old}"
+       for old, new in LLADA_BLOCK_NAMES.items()},
 }
 
 # keyed by config.json's model_type, lower-cased
 NATIVE_LAYOUTS: dict[str, NativeLayout] = {
     "llada": NativeLayout("LLaDA", "LlamaForCausalLM", llada_config, LLADA_KEY_MAPPING, shifted=False,
-                          tokenizer_class="PreTrainedTokenizerFast"),  # as its tokenizer_config.json names it
+                          tokenizer_class="PreTrainedTokenizerFast",  # as its tokenizer_config.json names it
+                          own_names=LLADA_OWN_NAMES),
     "dream": NativeLayout("Dream", "Qwen2ForCausalLM", dream_config, {}, shifted=True,
                           tokenizer_class="Qwen2Tokenizer"),  # DreamTokenizer is Qwen2's BPE shipped as code
 }
@@ -140,4 +160,5 @@ def native_layout(model_type: str | None) -> NativeLayout | None:
     return NATIVE_LAYOUTS.get(str(model_type or "").lower())
 
 
-__all__ = ["LLADA_KEY_MAPPING", "NATIVE_LAYOUTS", "NativeLayout", "dream_config", "llada_config", "native_layout"]
+__all__ = ["LLADA_KEY_MAPPING", "LLADA_OWN_NAMES", "NATIVE_LAYOUTS", "NativeLayout", "dream_config", "llada_config",
+           "native_layout"]

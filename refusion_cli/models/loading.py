@@ -9,6 +9,9 @@ always loads with transformers' own config and model classes (an ``auto_map`` in
 ignored); any other checkpoint with an ``auto_map`` loads with its own pair of classes, only when the
 caller passes ``trust_remote_code=True``. Whatever fails to load is a one-line ``UserError``.
 
+A ``--model`` value may also name a PEFT LoRA adapter with its base (``ADAPTER_DIR`` or ``BASE+ADAPTER``):
+the base loads as above and the adapter goes into it unmerged (:mod:`refusion_cli.models.adapters`).
+
 The hub is optional: a local directory always works; a hub id is tried only when the hub answers
 quickly, otherwise only the local Hugging Face cache is consulted and a miss is a one-line error.
 The hub probe is :mod:`refusion_cli.models.hub`; the device and dtype are parsed by
@@ -17,6 +20,7 @@ The hub probe is :mod:`refusion_cli.models.hub`; the device and dtype are parsed
 
 from __future__ import annotations
 
+import dataclasses
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +31,7 @@ import torch
 from refusion_cli.decoding.registry import check_decoder_fits
 from refusion_cli.errors import UserError
 from refusion_cli.models import gguf
+from refusion_cli.models.adapters import apply_adapter, parse_model, resolve_adapter
 from refusion_cli.models.devices import default_dtype, parse_device, parse_dtype
 from refusion_cli.models.hub import offline_unless_hub_answers
 from refusion_cli.models.layouts import NativeLayout, native_layout
@@ -53,6 +58,7 @@ class LoadedModel:
     # (Qwen3 chat checkpoints list <|im_end|> and <|endoftext|>), as transformers' generate stops
     stop_token_ids: tuple[int, ...]
     shifted: bool | None = None  # a masked-diffusion model trained for shifted logits (Dream); None: not recorded
+    adapter: str | None = None  # the folder of the LoRA adapter put into the model (None: none)
 
 
 def embedded_path(name: str) -> Path:
@@ -157,6 +163,7 @@ class CheckpointInfo:
     bidirectional: bool  # a masked-diffusion model (LLaDA, Dream, remote code, or config.is_causal False)
     shifted: bool | None = None  # reads token i from position i-1 (Dream) or not (LLaDA); None: not recorded
     layout: NativeLayout | None = None  # LLaDA or Dream, loaded onto a stock class (models.layouts)
+    adapter: Path | None = None  # a LoRA adapter's local folder, put into the model after its weights load
 
 
 def inspect_checkpoint(name_or_path: str, trust_remote_code: bool = False) -> CheckpointInfo:
@@ -164,7 +171,26 @@ def inspect_checkpoint(name_or_path: str, trust_remote_code: bool = False) -> Ch
 
     LLaDA and Dream get their stock config (``models.layouts``); a model type transformers knows gets
     transformers' own config class; any other with an ``auto_map`` gets its own, with ``trust_remote_code``.
+    A value naming a LoRA adapter (``ADAPTER_DIR`` or ``BASE+ADAPTER``, ``models.adapters``) is its base's
+    info with the adapter's folder.
     """
+    spec = parse_model(name_or_path)
+    if spec.adapter is None:
+        return inspect_base(name_or_path, trust_remote_code)
+    if gguf.is_gguf(spec.base):
+        raise UserError(f"--model {name_or_path}: an adapter cannot go on a GGUF file")
+    try:
+        info = inspect_base(spec.base, trust_remote_code)
+    except UserError as exc:
+        if not spec.base_from_adapter:
+            raise
+        raise UserError(f"the adapter '{spec.adapter}' is for '{spec.base}', which cannot be loaded: {exc}",
+                        hint=f"give the base with it: --model BASE+{spec.adapter}") from exc
+    return dataclasses.replace(info, adapter=resolve_adapter(spec.adapter))
+
+
+def inspect_base(name_or_path: str, trust_remote_code: bool = False) -> CheckpointInfo:
+    """:func:`inspect_checkpoint` of a checkpoint alone."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     source, local_only = resolve_source(name_or_path)
@@ -227,13 +253,16 @@ def load_model(
         raise UserError(f"'{name_or_path}' defines no EOS token")
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
     model = load_weights(info, name_or_path, dtype)
+    if info.adapter is not None:
+        apply_adapter(model, info.adapter, name_or_path, info.layout, family)
+        model.to(dtype)  # the LoRA weights in the model's dtype, as the authors' loaders cast them
     if info.bidirectional and not info.remote:
         make_bidirectional(model)
     model.to(device).eval().requires_grad_(False)
     stops = stop_ids(int(eos_id), getattr(model, "generation_config", None), model.config,
                      vocab_size=model.get_input_embeddings().num_embeddings, name=name_or_path)
     return LoadedModel(model, tokenizer, mask_id, int(eos_id), int(pad_id), family, info.bidirectional, info.source,
-                       stops, info.shifted)
+                       stops, info.shifted, None if info.adapter is None else str(info.adapter))
 
 
 def load_tokenizer(info: CheckpointInfo, name: str) -> Any:

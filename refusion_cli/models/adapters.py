@@ -1,0 +1,190 @@
+"""PEFT LoRA adapters on a checkpoint, named together with it in one ``--model`` value.
+
+- ``--model ADAPTER_DIR``: a folder holding peft's ``adapter_config.json`` and no ``config.json``; its
+  base is the config's ``base_model_name_or_path``, resolved like any ``--model``.
+- ``--model BASE+ADAPTER``: the base (an embedded name, a directory or a hub id) and the adapter (a
+  directory or a hub id); a value that is an existing path is never split.
+
+The base loads as it loads alone (LLaDA and Dream natively onto transformers' classes,
+:mod:`refusion_cli.models.layouts`). The adapter is then put into that model object with peft,
+unmerged: each targeted linear layer gets its LoRA pair beside the base weight, as
+``PeftModel.from_pretrained`` leaves it, and the model stays transformers' class (every decoder calls
+it as before). An adapter trained on a checkpoint's own modelling code names that code's modules
+(LLaDA's ``attn_out``, ``model.transformer.blocks.N``); its target modules are matched against those
+names (the layout's ``own_module_name``) and its weight names are mapped onto the loaded model's with
+the layout's ``key_mapping``, exactly as the base weights were. Whatever does not fit is one
+``UserError`` line: missing files, a target the base lacks, weights that land nowhere or do not fit.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from refusion_cli.errors import UserError
+from refusion_cli.models.hub import offline_unless_hub_answers
+from refusion_cli.models.layouts import NativeLayout
+
+SEPARATOR = "+"  # --model BASE+ADAPTER (hub ids cannot hold it)
+CONFIG_FILE = "adapter_config.json"
+WEIGHT_FILES = ("adapter_model.safetensors", "adapter_model.bin")  # peft's names, the first preferred
+# LoRA settings that name modules or layers in ways the mapping onto the stock class does not translate
+UNMAPPED_FIELDS = ("modules_to_save", "layers_to_transform", "layers_pattern", "rank_pattern", "alpha_pattern",
+                   "exclude_modules", "target_parameters", "trainable_token_indices")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What one ``--model`` value names: a checkpoint, and a LoRA adapter on it when it names one."""
+
+    base: str  # the checkpoint, as loading.inspect_checkpoint takes it
+    adapter: str | None = None  # the adapter folder or hub id; None: the checkpoint alone
+    base_from_adapter: bool = False  # the base was read from the adapter's config (--model ADAPTER_DIR)
+
+
+def is_adapter_folder(path: Path) -> bool:
+    """A folder of peft's files: ``adapter_config.json`` and no ``config.json`` of a checkpoint."""
+    return (path / CONFIG_FILE).is_file() and not (path / "config.json").is_file()
+
+
+def parse_model(name: str) -> ModelSpec:
+    """Split a ``--model`` value into the checkpoint and its adapter (see the module docstring)."""
+    path = Path(name).expanduser()
+    if path.is_dir() and is_adapter_folder(path):
+        return ModelSpec(base_named_by(path, name), name, base_from_adapter=True)
+    if path.exists() or SEPARATOR not in name:
+        return ModelSpec(name)
+    base, adapter = (part.strip() for part in name.split(SEPARATOR, 1))
+    if not base or not adapter or SEPARATOR in adapter:
+        raise UserError(f"--model {name}: BASE{SEPARATOR}ADAPTER takes one checkpoint and one adapter",
+                        hint=f"e.g. --model GSAI-ML/LLaDA-8B-Instruct{SEPARATOR}"
+                             "SJTU-Deng-Lab/D2F_LLaDA_Instruct_8B_Lora")
+    return ModelSpec(base, adapter)
+
+
+def base_named_by(folder: Path, name: str) -> str:
+    """The base an adapter folder's config names (``base_model_name_or_path``)."""
+    config = read_config(folder, name)
+    base = config.get("base_model_name_or_path")
+    if not isinstance(base, str) or not base.strip():
+        raise UserError(f"the adapter '{name}' names no base model (no base_model_name_or_path in its {CONFIG_FILE})",
+                        hint=f"give the base with it: --model BASE{SEPARATOR}{name}")
+    return base.strip()
+
+
+def read_config(folder: Path, name: str) -> dict[str, Any]:
+    try:
+        config = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserError(f"the adapter '{name}' has no {CONFIG_FILE}",
+                        hint="an adapter folder holds peft's adapter_config.json and adapter_model.safetensors"
+                        ) from None
+    except (OSError, ValueError) as exc:
+        raise UserError(f"cannot read the {CONFIG_FILE} of the adapter '{name}': {str(exc).splitlines()[0]}") from None
+    if not isinstance(config, dict):
+        raise UserError(f"the {CONFIG_FILE} of the adapter '{name}' is not a JSON object")
+    return config
+
+
+def resolve_adapter(name: str) -> Path:
+    """The local folder of the adapter ``name`` (a directory, or a hub id fetched or found in the local
+    cache), checked to hold a config and weights."""
+    path = Path(name).expanduser()
+    if not path.exists():
+        if name.startswith((".", "/", "~")) or name.count("/") != 1:
+            raise UserError(f"no such adapter folder: '{name}'", hint="give a local folder or a hub id")
+        path = _fetch(name)
+    if not path.is_dir():
+        raise UserError(f"the adapter '{name}' is not a folder")
+    read_config(path, name)
+    if not any((path / file).is_file() for file in WEIGHT_FILES):
+        raise UserError(f"the adapter '{name}' has no weights ({' or '.join(WEIGHT_FILES)})",
+                        hint="the download may be incomplete")
+    return path
+
+
+def _fetch(repo: str) -> Path:
+    from huggingface_hub import snapshot_download
+
+    offline = offline_unless_hub_answers()
+    try:
+        return Path(snapshot_download(repo, allow_patterns=[CONFIG_FILE, *WEIGHT_FILES], local_files_only=offline))
+    except Exception as exc:  # huggingface_hub raises many kinds (offline miss, gated, no such repo)
+        where = "the model hub is unreachable and it is not in the local cache" if offline else str(exc).splitlines()[0]
+        raise UserError(f"cannot get the adapter '{repo}': {where}",
+                        hint="download it on a machine with access and pass the folder") from None
+
+
+def adapter_fingerprint(name: str) -> str:
+    """What identifies an adapter's files: its folder, its config's bytes and its weight files (name, size,
+    mtime), as the base's fingerprint is made; a hub id not on disk is itself."""
+    path = Path(name).expanduser()
+    if not path.is_dir():
+        return name
+    parts = [str(path.resolve())]
+    if (path / CONFIG_FILE).is_file():
+        parts.append(hashlib.sha256((path / CONFIG_FILE).read_bytes()).hexdigest())
+    for file in WEIGHT_FILES:
+        if (path / file).is_file():
+            stat = (path / file).stat()
+            parts.append(f"{file}:{stat.st_size}:{stat.st_mtime_ns}")
+    return "|".join(parts)
+
+
+def apply_adapter(model: torch.nn.Module, folder: Path, name: str, layout: NativeLayout | None, family: str) -> None:
+    """Put the LoRA adapter of ``folder`` into ``model`` (in place, unmerged); ``layout``: how the base's own
+    module and weight names map onto ``model``'s (None: they are the same)."""
+    from peft import LoraConfig, PeftConfig, inject_adapter_in_model, load_peft_weights, set_peft_model_state_dict
+    from peft.tuners.tuners_utils import check_target_module_exists
+
+    try:
+        config = PeftConfig.from_pretrained(str(folder))
+    except (OSError, ValueError, TypeError) as exc:
+        raise UserError(f"cannot read the adapter '{name}': {str(exc).splitlines()[0]}") from None
+    if not isinstance(config, LoraConfig):
+        kind = getattr(config.peft_type, "value", config.peft_type)
+        raise UserError(f"the adapter '{name}' is a {kind} adapter; only LoRA adapters load here")
+    unmapped = [field for field in UNMAPPED_FIELDS if getattr(config, field, None)]
+    if unmapped:
+        raise UserError(f"the adapter '{name}' sets {', '.join(unmapped)}, which loading onto the {family} base's "
+                        "stock class does not translate")
+    base_label = layout.label if layout is not None else family
+    own = {stock: layout.own_module_name(stock) if layout is not None else stock
+           for stock, _ in model.named_modules() if stock}
+    stock_targets = sorted(stock for stock, own_name in own.items()
+                           if own_name is not None and check_target_module_exists(config, own_name))
+    wanted = [config.target_modules] if isinstance(config.target_modules, str) else sorted(config.target_modules)
+    for target in wanted:
+        probe = copy.copy(config)
+        probe.target_modules = target if isinstance(config.target_modules, str) else {target}
+        if not any(own_name is not None and check_target_module_exists(probe, own_name) for own_name in own.values()):
+            raise UserError(f"the adapter '{name}' targets {target}, which the {base_label} base has no module of",
+                            hint="the adapter was made for another model family")
+    mapped = copy.deepcopy(config)
+    mapped.target_modules = stock_targets
+    mapped.inference_mode = True
+    inject_adapter_in_model(mapped, model)
+    key_mapping = dict(layout.key_mapping) if layout is not None and layout.key_mapping else None
+    weights = load_peft_weights(str(folder), device="cpu", key_mapping=key_mapping)
+    try:
+        loaded = set_peft_model_state_dict(model, weights)
+    except RuntimeError as exc:
+        raise UserError(f"the adapter '{name}' does not fit the {base_label} base: {str(exc).splitlines()[0]}",
+                        hint="the adapter was made for another model (family or size)") from None
+    if loaded.unexpected_keys:
+        raise UserError(f"the adapter '{name}' has weights that land on no LoRA layer of the {base_label} base, e.g. "
+                        f"{loaded.unexpected_keys[0]}", hint="its config does not target every module it has weights "
+                                                            "for, or it was made for another model family")
+    missing = [key for key in loaded.missing_keys if ".lora_" in key]
+    if missing:
+        raise UserError(f"the adapter '{name}' lacks weights for what it targets, e.g. {missing[0]}",
+                        hint="its weight file may be incomplete")
+
+
+__all__ = ["ModelSpec", "SEPARATOR", "adapter_fingerprint", "apply_adapter", "parse_model", "resolve_adapter"]
