@@ -1,7 +1,7 @@
 """Build stand-ins of the public checkpoints the toolkit is pointed at, offline.
 
     python -m tools.standins --out DIR [--only refusion qwen3-8b llada-8b-instruct dream-v0-instruct-7b
-                                               llama-3-8b-instruct]
+                                               llama-3-8b-instruct d2f-llada-lora d2f-dream-lora]
 
 Each stand-in is a checkpoint directory laid out as the real one is: the real ``config.json`` fields
 (only the dimensions are cut to a 2-layer, 16-wide stack), the real vocabulary size, special-token
@@ -27,6 +27,13 @@ Tokenizers, honestly:
   and the reserved ones), its BOS post-processor, chat template and both end ids (128001, 128009), over
   the first 128,000 Qwen BPE ranks.
 
+D2F's LoRA adapters (``SJTU-Deng-Lab/D2F_LLaDA_Instruct_8B_Lora``, ``SJTU-DENG-Lab/D2F_Dream_Instruct_7B_Lora``)
+have stand-ins too, ``d2f-llada-lora`` and ``d2f-dream-lora``: peft's ``adapter_config.json`` with the fields D2F's
+training sets (r 32, alpha 32, dropout 0.1, its target modules under the base's own module names) and an
+``adapter_model.safetensors`` under the names peft saves (``base_model.model.<module>.lora_A.weight``), random
+and non-zero (lora_B too, so that the adapter changes the logits). Each names its base stand-in by path in
+``base_model_name_or_path`` (the sibling folder of ``--out``, built when missing).
+
 The test suite builds them into temporary folders (``tests/standins``); ``tools/golden_logits.py``
 runs the authors' modelling code on the LLaDA and Dream stand-ins. Qwen3's added tokens (``QWEN3_ADDED``)
 and tokenizer (:func:`qwen3_tokenizer`) are defined here once: ``tools/paper_parity.py`` and the tests
@@ -40,6 +47,7 @@ import functools
 import json
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -470,10 +478,82 @@ STANDINS: dict[str, Callable[[Path, int], None]] = {
 }
 
 
-def build_standin(name: str, directory: Path, seed: int = 0) -> Path:
-    """Write the stand-in ``name`` (a key of STANDINS) into ``directory`` (created) and return it."""
+# ---------------------------------------------------------------------------------------------
+# D2F's LoRA adapters
+
+LORA_RANK = 32  # D2F-train/utils/model.py: LoraConfig(r=32, lora_alpha=32, lora_dropout=0.1, target_modules=...)
+LORA_ALPHA = 32
+LORA_DROPOUT = 0.1
+LORA_STD = 0.1  # lora_A and lora_B entries: B A moves a weight by about 0.06, beside the base's 0.3
+
+
+@dataclass(frozen=True)
+class AdapterStandin:
+    """A PEFT LoRA adapter stand-in: the stand-in it adapts and the modules it targets, in that base's own names."""
+
+    base: str  # a key of STANDINS
+    targets: tuple[str, ...]  # target_modules as D2F's training names them
+    shapes: Callable[[], dict[str, tuple[int, ...]]]  # the base's weight names (its own, as published) and shapes
+
+
+ADAPTERS: dict[str, AdapterStandin] = {
+    # SJTU-Deng-Lab/D2F_LLaDA_Instruct_8B_Lora: LLaDA's own names (attn_out is its output projection)
+    "d2f-llada-lora": AdapterStandin("llada-8b-instruct", ("q_proj", "k_proj", "v_proj", "attn_out"),
+                                     lambda: llada_shapes(tiny_llada_config())),
+    # SJTU-DENG-Lab/D2F_Dream_Instruct_7B_Lora: Dream's (Qwen2's) names
+    "d2f-dream-lora": AdapterStandin("dream-v0-instruct-7b", ("q_proj", "k_proj", "v_proj", "o_proj"),
+                                     lambda: stock_shapes("Qwen2ForCausalLM", tiny_qwen_config(DREAM_CONFIG))),
+}
+
+
+def lora_config(targets: tuple[str, ...], base: str) -> dict[str, Any]:
+    """``adapter_config.json`` as peft 0.17 writes it for D2F's LoraConfig (no task type, no bias)."""
+    return {
+        "alpha_pattern": {}, "auto_mapping": None, "base_model_name_or_path": base, "bias": "none",
+        "corda_config": None, "eva_config": None, "exclude_modules": None, "fan_in_fan_out": False,
+        "inference_mode": True, "init_lora_weights": True, "layer_replication": None, "layers_pattern": None,
+        "layers_to_transform": None, "loftq_config": {}, "lora_alpha": LORA_ALPHA, "lora_bias": False,
+        "lora_dropout": LORA_DROPOUT, "megatron_config": None, "megatron_core": "megatron.core",
+        "modules_to_save": None, "peft_type": "LORA", "qalora_group_size": 16, "r": LORA_RANK, "rank_pattern": {},
+        "revision": None, "target_modules": sorted(targets), "target_parameters": None, "task_type": None,
+        "trainable_token_indices": None, "use_dora": False, "use_qalora": False, "use_rslora": False,
+    }
+
+
+def lora_weights(adapter: AdapterStandin, seed: int) -> dict[str, torch.Tensor]:
+    """lora_A [r, in] and lora_B [out, r] for every targeted module (a module whose name ends in a target),
+    named as peft saves them; N(0, LORA_STD), lora_B included (peft would start it at zero)."""
+    generator = torch.Generator().manual_seed(seed)
+    weights = {}
+    for name, shape in sorted(adapter.shapes().items()):
+        module = name.removesuffix(".weight")
+        if module == name or module.rsplit(".", 1)[-1] not in adapter.targets:
+            continue
+        out_features, in_features = shape
+        for part, part_shape in (("lora_A", (LORA_RANK, in_features)), ("lora_B", (out_features, LORA_RANK))):
+            weights[f"base_model.model.{module}.{part}.weight"] = LORA_STD * torch.randn(part_shape, generator=generator)
+    return weights
+
+
+def build_adapter(name: str, directory: Path, seed: int, base: Path) -> None:
+    adapter = ADAPTERS[name]
+    _write_json(directory / "adapter_config.json", lora_config(adapter.targets, str(base.resolve())))
+    save_file(lora_weights(adapter, seed), str(directory / "adapter_model.safetensors"), metadata={"format": "pt"})
+
+
+def build_standin(name: str, directory: Path, seed: int = 0, base: Path | None = None) -> Path:
+    """Write the stand-in ``name`` (a key of STANDINS or ADAPTERS) into ``directory`` (created) and return it.
+
+    An adapter names ``base`` as its base (default: the folder of its base stand-in beside ``directory``,
+    built there when it holds none)."""
     directory.mkdir(parents=True, exist_ok=True)
-    STANDINS[name](directory, seed)
+    if name in ADAPTERS:
+        base = base or directory.parent / ADAPTERS[name].base
+        if not (base / "config.json").is_file():
+            build_standin(ADAPTERS[name].base, base, seed)
+        build_adapter(name, directory, seed, base)
+    else:
+        STANDINS[name](directory, seed)
     return directory
 
 
@@ -488,10 +568,11 @@ def _update_json(path: Path, fields: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m tools.standins", description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, type=Path, help="folder that receives one sub-folder per stand-in")
-    parser.add_argument("--only", nargs="+", choices=sorted(STANDINS), default=sorted(STANDINS))
+    parser.add_argument("--only", nargs="+", choices=sorted([*STANDINS, *ADAPTERS]),
+                        default=sorted([*STANDINS, *ADAPTERS]))
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    for name in args.only:
+    for name in sorted(args.only, key=lambda name: name in ADAPTERS):  # the bases first, then their adapters
         print(build_standin(name, args.out / name, args.seed))
 
 
