@@ -24,7 +24,7 @@ PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}  # eve
 
 def lm_eval(ctx: typer.Context) -> None:
     """lm-eval's command line with the project's decoders registered as models; every argument goes to lm-eval."""
-    import refusion_cli.harness.lm_adapters  # noqa: F401  (registers refusion, ar, llada, dream)
+    import refusion_cli.harness.lm_adapters  # noqa: F401  (registers every decoder of the registry)
     from lm_eval.__main__ import cli_evaluate
 
     saved_argv = sys.argv
