@@ -94,6 +94,22 @@ def test_chat_decodes_with_d2f_on_base_plus_adapter(standin, monkeypatch, capsys
     assert out.strip() and "tokens/forward" in out + err
 
 
+@pytest.mark.slow  # 9 s: an eval run, twice
+def test_eval_runs_d2f_on_base_plus_adapter_and_reuses_its_journal(standin, monkeypatch, capsys, tmp_path):
+    from tests.standins.test_commands import run
+
+    model = f"{standin('llada-8b-instruct')}+{standin('d2f-llada-lora')}"
+    arguments = ["eval", "--task", "synthetic", "--decoder", "llada-d2f", "--model", model, "--device", "cpu",
+                 "--set", "gen_length=8", "--set", "block_size=4", "--limit", "1", "--output", str(tmp_path / "eval")]
+    code, _, err = run(monkeypatch, capsys, *arguments)
+    assert code == 0, err
+    summary = (tmp_path / "eval" / "summary.md").read_text(encoding="utf-8")
+    assert f"llada-d2f:{standin('d2f-llada-lora').name}" in summary
+    code, out, err = run(monkeypatch, capsys, *arguments)
+    assert code == 0, err
+    assert "1 of 1 samples already done" in out + err  # its key (the fingerprint, adapter included) is stable
+
+
 # ---------------------------------------------------------------------------------------------
 # bad input, one line each
 
