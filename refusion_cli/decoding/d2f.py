@@ -38,12 +38,12 @@ import torch
 from refusion_cli.decoding.batching import Generators, Prompt, Prompts
 from refusion_cli.decoding.config import ConfigError, check_non_negative, check_positive, check_probability
 from refusion_cli.decoding.dream import DreamConfig, predict_tokens
-from refusion_cli.decoding.mdm import (Block, Canvas, CanvasFeed, CanvasStep, MDMStep, PrefixKV, choose_positions,
-                                       decode_canvases)
+from refusion_cli.decoding.mdm import Block, Canvas, CanvasFeed, CanvasStep, MDMStep, choose_positions, decode_canvases
 from refusion_cli.decoding.stats import DecodeResult, EosIds, eos_ids
 
 # forced_rank -> the Dream ranking that computes it (D2F's sampling_strategy default / margin_confidence / neg_entropy)
 FORCED_RANKS = {"probability": "maskgit_plus", "margin": "topk_margin", "entropy": "entropy"}
+RowCache = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: K and V [H, n, D] of a row's n cached positions
 
 
 @dataclass(frozen=True)
@@ -186,7 +186,7 @@ def d2f_row(canvas: Canvas, config: D2FConfig, shifted: bool,
     prompt = PipelineBlock(Block(-1, 0, canvas.prompt_length), decoded=canvas.prompt_length, complete=True,
                            state=BlockState.FINISHED)
     blocks = [prompt]
-    cache: PrefixKV | None = None
+    cache: RowCache | None = None
     cached = 0  # positions whose K/V the row holds
     before_first: torch.Tensor | None = None  # shifted: logits [V] of the last cached position
     eos_committed = False
@@ -218,19 +218,9 @@ def d2f_row(canvas: Canvas, config: D2FConfig, shifted: bool,
         fed_from, cached = cached, cached + (keep or 0)
         # 4) commit
         for block in decoding:
-            masked = canvas.masked(block.span).nonzero().flatten()  # block offsets of its masks
-            if masked.numel() == 0:
-                continue
-            rows = block_logits(logits, block.span, fed_from, before_first if shifted else None)[masked]
-            tokens, token_prob, confidence = predict_tokens(rows, sampling, canvas.mask_token_id, generator)
-            chosen = (token_prob > config.skip_threshold).nonzero().flatten()
-            if block.complete and chosen.numel() == 0:
-                chosen = choose_positions(confidence, token_prob, torch.ones_like(masked, dtype=torch.bool),
-                                          count=1, threshold=None)
-            if chosen.numel():
-                canvas.unmask(block.span, step, masked[chosen], tokens[chosen])
-                block.decoded += chosen.numel()
-                eos_committed = eos_committed or bool(stops & set(tokens[chosen].tolist()))
+            rows = block_logits(logits, block.span, fed_from, before_first if shifted else None)
+            committed = commit(canvas, block, rows, step, config, sampling, generator)
+            eos_committed = eos_committed or bool(stops & set(committed))
         # 5) finish
         for block in decoding:
             earlier = blocks[: blocks.index(block)]
@@ -238,6 +228,26 @@ def d2f_row(canvas: Canvas, config: D2FConfig, shifted: bool,
                 block.state = BlockState.FINISHED
         step += 1
     return canvas.result()
+
+
+def commit(canvas: Canvas, block: PipelineBlock, rows: torch.Tensor, step: int, config: D2FConfig,
+           sampling: DreamConfig, generator: torch.Generator | None) -> list[int]:
+    """4) Commit ``block``'s masks whose token has probability > skip_threshold, or, for a complete block
+    with none, its best one; ``rows`` [B, V] are the logits that predict the block's positions. Returns the
+    tokens committed."""
+    masked = canvas.masked(block.span).nonzero().flatten()  # block offsets of its masks
+    if masked.numel() == 0:
+        return []
+    tokens, token_prob, confidence = predict_tokens(rows[masked], sampling, canvas.mask_token_id, generator)
+    chosen = (token_prob > config.skip_threshold).nonzero().flatten()
+    if block.complete and chosen.numel() == 0:
+        chosen = choose_positions(confidence, token_prob, torch.ones_like(masked, dtype=torch.bool), count=1,
+                                  threshold=None)
+    if chosen.numel() == 0:
+        return []
+    canvas.unmask(block.span, step, masked[chosen], tokens[chosen])
+    block.decoded += chosen.numel()
+    return tokens[chosen].tolist()
 
 
 def block_causal(canvas: Canvas, block_size: int, start: int, end: int) -> torch.Tensor:
