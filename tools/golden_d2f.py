@@ -12,8 +12,9 @@ D2F's own code (zhijie-group/Discrete-Diffusion-Forcing, its ``D2F-eval`` folder
 not part of this repository. This script imports nothing from the toolkit, so that it runs in that other
 environment. Each family's base loads with D2F's own model class (``model_cache/llada``,
 ``model_cache/dream``), its stand-in adapter with ``PeftModel.from_pretrained`` (unmerged), in float32; every
-case then runs D2F's ``_generate_block_single`` from its module, greedy, on a small stand-in object that carries
-the attributes the method reads (its evaluation class needs a GPU, lm-eval and the hub to construct).
+case then runs D2F's ``_generate_block_single`` from its module, greedy, on a small object that carries the
+attributes the method reads (constructing D2F's evaluation class would also set up accelerate and load the
+model by its own paths and dtype handling; the method itself is D2F's, unchanged).
 
 The stand-ins' probabilities are nearly flat (a 126k / 152k vocabulary over 16-wide random weights): the
 gsm8k settings commit one token a step (the forced commit of a complete block); the ``parallel`` cases use
