@@ -69,6 +69,11 @@ def retokenised_text(tokenizer: Any, ids: list[int], until: list[str]) -> str:
     return tokenizer.decode(tokenizer(text)["input_ids"], skip_special_tokens=True)
 
 
+def plain_split_text(tokenizer: Any, ids: list[int], until: list[str]) -> str:
+    """D2F's ``eval_llada.py``: decoded without special tokens, then split at the stop strings."""
+    return split_at_stops(tokenizer.decode(ids, skip_special_tokens=True), until)
+
+
 def dream_text(tokenizer: Any, ids: list[int], until: list[str]) -> str:
     """Dream's ``eval.py``: decoded with special tokens, cut at the EOS token's text, split at the stops."""
     return split_at_stops(tokenizer.decode(ids, skip_special_tokens=False).split(tokenizer.eos_token)[0], until)
@@ -78,7 +83,7 @@ def dream_text(tokenizer: Any, ids: list[int], until: list[str]) -> str:
 class AnswerRule:
     """Which ids end a response and how its ids become the scored text."""
 
-    name: str  # whose handling: "lm-eval", "eval.py", "eval_llada.py", "dream eval.py"
+    name: str  # whose handling: "lm-eval", "eval.py", "eval_llada.py", "dream eval.py", "D2F eval_llada.py"
     eos_only: bool  # the response ends at the tokenizer's EOS only (else at every end id of the checkpoint)
     to_text: Callable[[Any, list[int], list[str]], str]
 
@@ -91,11 +96,18 @@ class AnswerRule:
 
 STOCK = AnswerRule("lm-eval", eos_only=False, to_text=stock_text)
 EVAL_PY = AnswerRule("eval.py", eos_only=True, to_text=retokenised_text)
-PAPER_RULES = {  # --protocol paper, per decoder: the script that produced the decoder's Table 1 row
+LLADA_EVAL = AnswerRule("eval_llada.py", eos_only=False, to_text=retokenised_text)
+DREAM_EVAL = AnswerRule("dream eval.py", eos_only=False, to_text=dream_text)
+PAPER_RULES = {  # --protocol paper, per decoder: the script that produced the decoder's Table 1 row, or the
+    # evaluation script the accelerated baseline publishes (Fast-dLLM's keep LLaDA's and Dream's text steps)
     "refusion": EVAL_PY,
     "ar": EVAL_PY,
-    "llada": AnswerRule("eval_llada.py", eos_only=False, to_text=retokenised_text),
-    "dream": AnswerRule("dream eval.py", eos_only=False, to_text=dream_text),
+    "llada": LLADA_EVAL,
+    "llada-fast-dllm": LLADA_EVAL,
+    "llada-d2f": AnswerRule("D2F eval_llada.py", eos_only=False, to_text=plain_split_text),
+    "dream": DREAM_EVAL,
+    "dream-fast-dllm": DREAM_EVAL,
+    "dream-d2f": DREAM_EVAL,
 }
 
 

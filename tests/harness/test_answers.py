@@ -41,6 +41,17 @@ def test_dream_cuts_at_the_eos_text_and_keeps_other_special_tokens(qwen3):
     pieces = [T("The answer"), EOT, T(" is (C)."), IM_END, T(" rest")]
     assert text(qwen3, "dream", "paper", pieces) == "The answer<|endoftext|> is (C)."
     assert text(qwen3, "llada", "paper", pieces) == "The answer is (C). rest"
+    assert text(qwen3, "dream-d2f", "paper", pieces) == text(qwen3, "dream-fast-dllm", "paper", pieces) == \
+        "The answer<|endoftext|> is (C)."  # D2F's and Fast-dLLM's Dream scripts keep Dream's steps
+
+
+def test_d2f_llada_drops_special_tokens_before_the_stop_strings(qwen3):
+    split = [T("The answer is (B). Ques"), IM_START, T("tion: next"), IM_END]  # a stop split by a special token
+    assert text(qwen3, "llada-d2f", "paper", split) == "The answer is (B). "  # D2F's eval_llada.py: found
+    assert text(qwen3, "llada", "paper", split) == "The answer is (B). Question: next"  # LLaDA's: not found
+    assert text(qwen3, "llada-fast-dllm", "paper", split) == text(qwen3, "llada", "paper", split)
+    spelled = [T("B<|endoftext|>.")]  # special-token text stays: D2F's script does not re-tokenise
+    assert text(qwen3, "llada-d2f", "paper", spelled) == "B<|endoftext|>."
 
 
 def test_the_stop_strings_cut_in_the_tasks_order_or_at_the_earliest():
