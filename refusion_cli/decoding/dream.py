@@ -4,7 +4,7 @@ Token ids in, token ids out. Dream is trained like an AR model, so its logits ar
 token at position i is predicted from the logits of position i-1 (the prompt is never empty, so
 position 0 is never needed). Timesteps run linspace(1, eps, steps + 1); at step i (t -> s):
 
-1) predict   one full pass; the masked positions' tokens are sampled (argmax at temperature 0,
+1) predict   one pass; the masked positions' tokens are sampled (argmax at temperature 0,
              after optional top-p / top-k filtering), in the logits' own dtype as the reference
              (bf16 for a bf16 model). The mask token keeps its share of the probabilities but is
              never a prediction.
@@ -13,18 +13,28 @@ position 0 is never needed). Timesteps run linspace(1, eps, steps + 1); at step 
              rank the masks by that confidence and unmask int(masks * (1 - s/t)) of them (all at
              the last step) - the top ones, or drawn from softmax(confidence / alg_temp).
              With ``threshold`` (Fast-dLLM): the best one plus every other whose token has
-             probability >= threshold, until no mask is left.
+             probability >= threshold, until no mask is left; without a cache, at most as many
+             tokens by the end of step i as the first i + 1 steps of an even split of the block over
+             ``steps`` allow (masks / steps a step when they divide), and no limit from the last
+             step on.
 
 Dream decodes the whole response as one block; ``block_length`` (Fast-dLLM's Dream) cuts it into
 semi-autoregressive blocks, each with its own timestep schedule of steps / blocks steps.
-``use_cache`` keeps, from each block's first pass, the K/V of the prefix except its last position:
-the shifted read needs that position's logits, so every cached call recomputes it with the block
-(Fast-dLLM's Dream treats this position differently). A list of prompts is decoded as a batch,
-each row exactly as alone (see mdm.decode_canvases).
+
+``use_cache`` (Fast-dLLM's cached Dream sampler) keeps, from each block's first pass, the K/V of the
+prefix (every position left of the block), and ``dual_cache`` also the K/V right of the block; later
+steps feed the block and what follows it (prefix cache) or the block alone (dual cache). With a
+cache the block's first step, the full pass, unmasks the block's first position only (the token its
+shifted logits predict), unless the schedule gives the block a single step, which takes every mask;
+the schedule's steps 1, 2, ... follow, or the threshold rule. A cached step reads the fed positions'
+logits shifted within the call, so the block's first position would read its own logits; it is
+never masked by then. A list of prompts is decoded as a batch, each row exactly as alone (see
+mdm.decode_canvases).
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Callable, overload
 
@@ -33,14 +43,17 @@ import torch
 from refusion_cli.decoding.batching import Generators, Prompt, Prompts
 from refusion_cli.decoding.config import ConfigError, check_non_negative, check_positive, check_probability
 from refusion_cli.decoding.mdm import (
+    Block,
     Canvas,
     CanvasPasses,
     CanvasStep,
     MDMStep,
+    PassLogits,
     check_blocks,
     check_fast_options,
     choose_positions,
     decode_canvases,
+    even_schedule,
     forbid_mask,
     sample,
     uniform,
@@ -65,6 +78,7 @@ class DreamConfig:
     block_length: int | None = None  # None = one block, as Dream; else Fast-dLLM's semi-AR blocks
     threshold: float | None = None  # Fast-dLLM parallel unmasking: keep every token with p >= threshold
     use_cache: bool = False  # Fast-dLLM prefix KV cache (approximate for bidirectional models)
+    dual_cache: bool = False  # with use_cache: also cache the K/V right of the block (Fast-dLLM's dual cache)
 
     def __post_init__(self) -> None:
         check_blocks(self.gen_length, self.steps, self.block_tokens)
@@ -79,7 +93,7 @@ class DreamConfig:
                 raise ConfigError("top_p must be > 0 (use None or 1 for no filtering)")
         if self.top_k is not None:
             check_positive("top_k", self.top_k)
-        check_fast_options(self.threshold, self.use_cache, self.temperature)
+        check_fast_options(self.threshold, self.use_cache, self.dual_cache, self.temperature)
         if self.threshold is not None and self.alg == "origin":
             raise ConfigError("threshold needs a confidence ranking: use alg maskgit_plus, topk_margin or entropy")
         if self.threshold is not None and self.alg_temp > 0:
@@ -203,18 +217,33 @@ def decode_dream(
                            on_step=on_step, batch_size=batch_size)
 
 
+def shifted_rows(computed: PassLogits, block: Block) -> torch.Tensor:
+    """[B, V]: the logits that predict ``block``'s positions, each read from the position before it
+    among those the call computed (the first computed position reads its own)."""
+    logits = computed.logits
+    return PassLogits(torch.cat([logits[:1], logits[:-1]]), computed.first).rows(block)
+
+
 def dream_row(canvas: Canvas, config: DreamConfig, generator: torch.Generator | None) -> CanvasStep[DecodeResult]:
     """One prompt's Dream decode as a row program (see mdm.decode_canvases)."""
-    passes = CanvasPasses(canvas.stats, config.use_cache)
+    passes = CanvasPasses(canvas.stats, config.use_cache, config.dual_cache)
     timesteps = torch.linspace(1, config.eps, config.steps_per_block + 1)  # float32, as the reference
     mask_token_id = canvas.mask_token_id
     for block in canvas.blocks(config.block_tokens):
-        passes.start_block(block.start - 1)  # shifted: row j of the logits predicts block position j
-        for step in canvas.steps(block, config.steps_per_block, config.threshold):
-            logits = (yield from passes(canvas.ids))[: block.length]  # [B, V], in the model's dtype
-            masked = canvas.masked(block)  # [B]
-            where = masked.nonzero().flatten()  # block offsets of the masks, ascending
-            if config.alg == "origin":
+        passes.start_block(block)
+        n_masked = int(canvas.masked(block).sum())
+        # without a cache, a threshold step may have unmasked at most unmasked_by[i] of the block by the end of step i
+        unmasked_by = list(itertools.accumulate(even_schedule(n_masked, config.steps_per_block)))
+        for step in canvas.steps(block, config.steps_per_block, config.threshold, config.use_cache):
+            logits = shifted_rows((yield from passes(canvas.ids)), block)  # [B, V], in the model's dtype
+            where = canvas.masked(block).nonzero().flatten()  # block offsets of the masks, ascending
+            if where.numel() == 0:  # the cached step after a block its full pass finished
+                picked, tokens = where, where
+            elif config.use_cache and step == 0 and (config.threshold is not None or config.steps_per_block > 1):
+                # the cached sampler's full pass: the block's first position only
+                picked = where[:1]
+                tokens = predict_tokens(logits[picked], config, mask_token_id, generator)[0]
+            elif config.alg == "origin":
                 # 2) each mask goes with probability 1 - s/t; 1) only those get a token
                 picked = where[origin_transfers(where.numel(), step, timesteps, generator, canvas.device)]
                 tokens = predict_tokens(logits[picked], config, mask_token_id, generator)[0]
@@ -222,8 +251,11 @@ def dream_row(canvas: Canvas, config: DreamConfig, generator: torch.Generator | 
                 # 1) predict every mask (as the reference), 2) unmask the best ranked
                 tokens, token_prob, confidence = predict_tokens(logits[where], config, mask_token_id, generator)
                 count = 0 if config.threshold is not None else transfer_count(where.numel(), step, timesteps)
+                limit = None
+                if config.threshold is not None and not config.use_cache:
+                    limit = unmasked_by[min(step, len(unmasked_by) - 1)] - (n_masked - where.numel())
                 rows = choose_positions(confidence, token_prob, torch.ones_like(where, dtype=torch.bool),
-                                        count=count, threshold=config.threshold,
+                                        count=count, threshold=config.threshold, limit=limit,
                                         alg_temp=config.alg_temp, generator=generator)
                 picked, tokens = where[rows], tokens[rows]
             canvas.unmask(block, step, picked, tokens)

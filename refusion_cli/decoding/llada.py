@@ -3,21 +3,26 @@
 Token ids in, token ids out. The response starts all masked and is decoded in blocks of
 ``block_length`` tokens, left to right; ``steps`` are split evenly over the blocks. Each step:
 
-1) predict   one full pass (two with classifier-free guidance) predicts every position of the
-             block, logits read *unshifted* (position i's logits give position i's token);
-             argmax, or argmax with Gumbel noise at ``temperature`` > 0 (float64). The mask
-             token is never a prediction (the reference would leave such a position masked).
+1) predict   one pass (two with classifier-free guidance; a cached step feeds only part of the
+             canvas, below) predicts every position of the block, logits read *unshifted*
+             (position i's logits give position i's token); argmax, or argmax with Gumbel noise
+             at ``temperature`` > 0 (float64). The mask token is never a prediction (the
+             reference would leave such a position masked).
 2) rank      confidence = softmax probability (float64, over the whole vocabulary, mask
              included) of the prediction (``low_confidence``) or a uniform draw (``random``);
              positions right of the block are never candidates.
 3) unmask    the top-n masked positions, n from the even schedule (masks // steps, the remainder
              spread over the first steps); with ``threshold`` (Fast-dLLM) the best position plus
-             every other whose prediction has probability >= threshold, until the block is done.
+             every other whose prediction has probability >= threshold, until the block is done
+             (``steps`` then plays no part).
 
 ``use_cache`` keeps the prompt + finished blocks' K/V from each block's first pass (Fast-dLLM's
-prefix cache; exact for causal models, approximate for bidirectional ones). A list of prompts is
-decoded as a batch, each row exactly as alone (see mdm.decode_canvases). The model should be
-bidirectional (see ``registry.check_decoder_fits``); it is not checked here.
+prefix cache) and ``dual_cache`` the K/V right of the block too, so that later steps feed the block
+alone (Fast-dLLM's dual cache); both are exact for causal models and approximate for bidirectional
+ones. With either, a block's first step is the full pass and counts as a step of its schedule, and
+a cached step always follows it (see mdm.Canvas.steps). A list of prompts is decoded as a batch,
+each row exactly as alone (see mdm.decode_canvases). The model should be bidirectional (see
+``registry.check_decoder_fits``); it is not checked here.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from refusion_cli.decoding.mdm import (
     check_fast_options,
     choose_positions,
     decode_canvases,
+    even_schedule,
     forbid_mask,
     uniform,
 )
@@ -59,23 +65,18 @@ class LLaDAConfig:
     cfg_scale: float = 0.0  # classifier-free guidance: logits = un + (cfg_scale + 1)(cond - un); 0 = off
     threshold: float | None = None  # Fast-dLLM parallel unmasking: keep every token with p >= threshold
     use_cache: bool = False  # Fast-dLLM prefix KV cache (approximate for bidirectional models)
+    dual_cache: bool = False  # with use_cache: also cache the K/V right of the block (Fast-dLLM's dual cache)
 
     def __post_init__(self) -> None:
         check_blocks(self.gen_length, self.steps, self.block_length)
         if self.remasking not in REMASKING:
             raise ConfigError(f"remasking must be one of {', '.join(REMASKING)}, got {self.remasking!r}")
         check_non_negative("cfg_scale", self.cfg_scale)
-        check_fast_options(self.threshold, self.use_cache, self.temperature)
+        check_fast_options(self.threshold, self.use_cache, self.dual_cache, self.temperature)
 
     @property
     def steps_per_block(self) -> int:
         return self.steps // (self.gen_length // self.block_length)
-
-
-def even_schedule(n_masked: int, steps: int) -> list[int]:
-    """Tokens to unmask at each of ``steps`` steps: n // steps each, the remainder on the first steps."""
-    base, remainder = divmod(n_masked, steps)
-    return [base + 1 if step < remainder else base for step in range(steps)]
 
 
 def guided_logits(cond: CanvasPasses, uncond: CanvasPasses | None, canvas: Canvas, block: Block,
@@ -83,11 +84,11 @@ def guided_logits(cond: CanvasPasses, uncond: CanvasPasses | None, canvas: Canva
     """1) The block's logits [B, V] in float64 (float32 on MPS), where the reference takes its argmax
     and softmax. With guidance, a second pass with the prompt replaced by masks; the two are combined
     in the model's own dtype first, as the reference combines the logits the model returns."""
-    logits = (yield from cond(canvas.ids))[: block.length]
+    logits = (yield from cond(canvas.ids)).rows(block)
     if uncond is not None:
         unprompted = canvas.ids.clone()
         unprompted[: canvas.prompt_length] = canvas.mask_token_id
-        unconditional = (yield from uncond(unprompted))[: block.length]
+        unconditional = (yield from uncond(unprompted)).rows(block)
         logits = unconditional + (cfg_scale + 1) * (logits - unconditional)
     return logits.to(wide_float(logits.device))
 
@@ -131,14 +132,14 @@ def decode_llada(
 
 def llada_row(canvas: Canvas, config: LLaDAConfig, generator: torch.Generator | None) -> CanvasStep[DecodeResult]:
     """One prompt's LLaDA decode as a row program (see mdm.decode_canvases)."""
-    cond = CanvasPasses(canvas.stats, config.use_cache)
-    uncond = CanvasPasses(canvas.stats, config.use_cache) if config.cfg_scale > 0 else None
+    cond = CanvasPasses(canvas.stats, config.use_cache, config.dual_cache)
+    uncond = CanvasPasses(canvas.stats, config.use_cache, config.dual_cache) if config.cfg_scale > 0 else None
     for block in canvas.blocks(config.block_length):
         for passes in (cond, uncond):
             if passes is not None:
-                passes.start_block(block.start)  # logits are read unshifted, from the block on
+                passes.start_block(block)
         schedule = even_schedule(int(canvas.masked(block).sum()), config.steps_per_block)
-        for step in canvas.steps(block, config.steps_per_block, config.threshold):
+        for step in canvas.steps(block, config.steps_per_block, config.threshold, config.use_cache):
             # 1) predict
             logits = yield from guided_logits(cond, uncond, canvas, block, config.cfg_scale)  # [B, V]
             predicted = gumbel_argmax(forbid_mask(logits, canvas.mask_token_id), config.temperature, generator)  # [B]
@@ -149,7 +150,7 @@ def llada_row(canvas: Canvas, config: LLaDAConfig, generator: torch.Generator | 
             else:
                 confidence = uniform((block.length,), generator, canvas.device)
             # 3) unmask
-            count = schedule[step] if config.threshold is None else 0
+            count = schedule[step] if step < len(schedule) else 0  # past it: the cached step after a full block
             offsets = choose_positions(confidence, token_prob, canvas.masked(block),
                                        count=count, threshold=config.threshold)
             canvas.unmask(block, step, offsets, predicted[offsets])

@@ -1,23 +1,26 @@
 """What the masked-diffusion samplers (LLaDA, Dream) share: the canvas, the block loop, the model
-calls with an optional prefix cache, and the choice of positions to unmask.
+calls with an optional prefix or dual cache, and the choice of positions to unmask.
 
 The *canvas* is the prompt followed by ``gen_length`` mask tokens ([P + L]); a sampler replaces
 masks by tokens, block by block (left to right), a few per step, and never changes a token once it
 is unmasked. Everything here is token ids; nothing knows of text.
 
-Prefix cache (the Fast-dLLM option, ``use_cache=True``): the first step of a block is a full pass
-over the canvas whose K/V of the *prefix* (prompt + finished blocks; Dream keeps one position
-less, see dream.py) is kept; the block's later steps feed only the canvas right of the prefix,
-with explicit position ids and an explicit 4-D mask (causal or full, as the model's config says),
-and reuse that K/V. For a causal model this is exact (a token's K/V depends only on the
-tokens left of it); for a bidirectional model it is an approximation, since the prefix's K/V was
-computed while the current block was still (partly) masked.
+The KV caches (the Fast-dLLM options, ``use_cache`` and ``dual_cache``): the first step of a
+block is a full pass over the canvas that keeps the K/V of the *prefix* (prompt and finished
+blocks, positions [0, block start)) and, with ``dual_cache``, of the *suffix* (the masks right of
+the block) too. The block's later steps feed the block and the suffix (prefix cache) or the block
+alone (dual cache), with explicit position ids and an explicit 4-D mask (causal or full, as the
+model's config says), after that K/V. A block always takes at least one cached step after its full
+pass, and its steps run until it has no mask left. For a causal model both caches are exact (a
+token's K/V depends only on the tokens left of it, and a causal query never sees the suffix); for a
+bidirectional model they are an approximation, since the cached K/V were computed while the current
+block was still (partly) masked.
 
 Batches: a sampler is written as a row program (a generator that yields a :class:`CanvasFeed` for
 each model call and is sent its logits back); :func:`decode_canvases` runs one program per prompt,
 ``batch_size`` at a time, through :func:`refusion_cli.decoding.cache.drive`, and
 :class:`CanvasCalls` makes one padded, masked model call of every running row's feed. Each row keeps
-its own canvas, counters, generator and prefix K/V, so it decodes exactly as it would alone; one
+its own canvas, counters, generator and cached K/V, so it decodes exactly as it would alone; one
 prompt is a batch of one through the same code.
 """
 
@@ -78,13 +81,22 @@ def check_blocks(gen_length: int, steps: int, block_length: int) -> None:
                           f"(gen_length / block_length = {n_blocks})")
 
 
-def check_fast_options(threshold: float | None, use_cache: bool, temperature: float) -> None:
+def check_fast_options(threshold: float | None, use_cache: bool, dual_cache: bool, temperature: float) -> None:
     """The Fast-dLLM options and the sampling temperature."""
     if threshold is not None:
         check_probability("threshold", threshold)
-    if not isinstance(use_cache, bool):
-        raise ConfigError(f"use_cache must be true or false, got {use_cache!r}")
+    for name, value in (("use_cache", use_cache), ("dual_cache", dual_cache)):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{name} must be true or false, got {value!r}")
+    if dual_cache and not use_cache:
+        raise ConfigError("dual_cache extends the prefix cache: set use_cache=true with it")
     check_non_negative("temperature", temperature)
+
+
+def even_schedule(n_masked: int, steps: int) -> list[int]:
+    """Tokens to unmask at each of ``steps`` steps: n // steps each, the remainder on the first steps."""
+    base, remainder = divmod(n_masked, steps)
+    return [base + 1 if step < remainder else base for step in range(steps)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -116,12 +128,22 @@ class Canvas:
         """[B] bool: which positions of ``block`` still hold the mask token."""
         return self.ids[block.start:block.end] == self.mask_token_id
 
-    def steps(self, block: Block, steps: int, threshold: float | None) -> Iterator[int]:
-        """Step indices for ``block``: exactly ``steps`` of them, or, with a threshold, until no mask is left."""
+    def steps(self, block: Block, steps: int, threshold: float | None, cached: bool) -> Iterator[int]:
+        """Step indices for ``block``. Without the cache: exactly ``steps`` of them, or, with a threshold,
+        until no mask is left. With the cache: until no mask is left, and at least two, since the
+        block's full pass is always followed by a cached step (which finds nothing left to unmask when
+        the full pass finished the block)."""
         step = 0
-        while (step < steps) if threshold is None else bool(self.masked(block).any()):
+        while self._takes_another_step(block, step, steps, threshold, cached):
             yield step
             step += 1
+
+    def _takes_another_step(self, block: Block, step: int, steps: int, threshold: float | None, cached: bool) -> bool:
+        if cached:
+            return step < 2 or bool(self.masked(block).any())
+        if threshold is None:
+            return step < steps
+        return bool(self.masked(block).any())
 
     def unmask(self, block: Block, step: int, offsets: torch.Tensor, tokens: torch.Tensor) -> None:
         """Write ``tokens`` [n] at block offsets ``offsets`` [n] and record the step."""
@@ -142,36 +164,39 @@ class Canvas:
 # ---------------------------------------------------------------------------------------------
 # model calls, shared by the rows of a batch
 
-PrefixKV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: K and V [H, n, D] of a row's first n positions
+RowKV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: K and V [H, n, D] of n consecutive positions of a row
 
 
 @dataclass
 class CanvasFeed:
     """What one conditioning stream of one row feeds to a shared call: ``ids`` [Q] at positions
-    start..start+Q-1, after the K/V ``prefix`` of positions 0..start-1 when it has one."""
+    start..start+Q-1, after the K/V ``prefix`` of positions 0..start-1 and before the K/V ``suffix``
+    of the positions right after the fed ones, when it has them."""
 
     stats: DecodeStats  # the row's counters: the call counts once for it, with Q positions
     ids: torch.Tensor  # [Q]
     start: int = 0
-    prefix: PrefixKV | None = None  # None: nothing cached (the fed tokens are the whole sequence)
+    prefix: RowKV | None = None  # None: nothing cached left of the fed tokens (they start the sequence)
+    suffix: RowKV | None = None  # None: nothing cached right of them (the dual cache's suffix when given)
     keep: int | None = None  # return the K/V of the first ``keep`` fed positions (None: keep none, no cache)
     among: torch.Tensor | None = None  # [Q, Q] bool: fed token q sees fed token k (None: all, or the earlier ones)
 
 
-CanvasReply = tuple[torch.Tensor, PrefixKV | None]  # the fed positions' logits [Q, V], the kept K/V
+CanvasReply = tuple[torch.Tensor, RowKV | None]  # the fed positions' logits [Q, V], the kept K/V
 CanvasStep = Generator[CanvasFeed, CanvasReply, T]  # a row program's step: yields feeds, is sent replies
 
 
 class CanvasCalls:
     """One model call for every row of a batch of canvases (see :func:`refusion_cli.decoding.cache.drive`).
 
-    Rows are right-padded to the longest feed of the call. A call where no row uses the prefix
-    cache and every row is as long as the others is the plain call (no mask, default positions):
-    with one row, the reference's own call. Otherwise each row gets explicit position ids and a 4-D
-    mask: its fed tokens see its cached prefix and each other (all of them, or the earlier ones for
-    a causal model; a feed's ``among`` narrows that), never another row or padding; a pad sees only
-    itself. Cached prefixes are laid left-aligned, zero-padded to the longest, in one
-    :class:`DynamicCache` made for the call.
+    Rows are right-padded to the longest feed of the call. A call where no row uses a cache and
+    every row is as long as the others is the plain call (no mask, default positions): with one
+    row, the reference's own call. Otherwise each row gets explicit position ids and a 4-D mask: its
+    fed tokens see its cached prefix, its cached suffix (not in a causal model: the suffix lies right
+    of them) and each other (all of them, or the earlier ones for a causal model; a feed's ``among``
+    narrows that), never another row or padding; a pad sees only itself. The cached K/V are laid in
+    one :class:`DynamicCache` made for the call: every row's prefix left-aligned and zero-padded to
+    the longest prefix, then every row's suffix likewise; the fed tokens' K/V follow them.
     """
 
     def __init__(self, model: torch.nn.Module):
@@ -188,17 +213,20 @@ class CanvasCalls:
         rows = list(feeds.values())
         lengths = [feed.ids.numel() for feed in rows]
         width = max(lengths)  # Q
-        cached = any(feed.prefix is not None or feed.keep is not None for feed in rows)
+        cached = any(feed.prefix is not None or feed.suffix is not None or feed.keep is not None for feed in rows)
         if not cached and min(lengths) == width:
             out, seconds = timed_call(self.model, input_ids=torch.stack([feed.ids for feed in rows]), use_cache=False)
-            cache, prefix_width = None, 0
+            cache, cached_width = None, 0
         else:
-            prefix_width = max(_prefix_length(feed) for feed in rows)  # W
+            prefix_width = max(_kv_length(feed.prefix) for feed in rows)  # W
+            suffix_width = max(_kv_length(feed.suffix) for feed in rows)  # S
+            cached_width = prefix_width + suffix_width
             cache = DynamicCache(config=self.model.config) if cached else None
-            if prefix_width:
-                _fill_cache(cache, rows, prefix_width)
-            input_ids, position_ids, allowed = self._padded(rows, width, prefix_width)
-            mask = additive_mask(allowed, self.dtype)  # [B, 1, Q, W + Q]
+            if cached_width:
+                _fill_cache(cache, [feed.prefix for feed in rows], [feed.suffix for feed in rows],
+                            prefix_width, suffix_width)
+            input_ids, position_ids, allowed = self._padded(rows, width, prefix_width, suffix_width)
+            mask = additive_mask(allowed, self.dtype)  # [B, 1, Q, W + S + Q]
             cache_kwargs = cache_argument(self.model, cache) if cached else {}
             out, seconds = timed_call(self.model, input_ids=input_ids, position_ids=position_ids,
                                       attention_mask=mask_argument(self.model.config, mask),
@@ -208,26 +236,29 @@ class CanvasCalls:
             count_call(feed.stats, lengths[row], seconds)
             kept = None
             if feed.keep is not None:
-                columns = slice(prefix_width, prefix_width + feed.keep)
+                columns = slice(cached_width, cached_width + feed.keep)
                 kept = [(layer.keys[row, :, columns].clone(), layer.values[row, :, columns].clone())
                         for layer in cache.layers]
             replies[index] = (out.logits[row, : lengths[row]], kept)
         return replies
 
-    def _padded(self, rows: list[CanvasFeed], width: int,
-                prefix_width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """input ids [B, Q] and position ids [B, Q] (right-padded), and what each query sees [B, Q, W + Q]."""
+    def _padded(self, rows: list[CanvasFeed], width: int, prefix_width: int,
+                suffix_width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """input ids [B, Q] and position ids [B, Q] (right-padded), and what each query sees [B, Q, W + S + Q]."""
+        fed_column = prefix_width + suffix_width  # the first fed token's K/V column
         input_ids = torch.zeros(len(rows), width, dtype=torch.long, device=self.device)
         position_ids = torch.zeros_like(input_ids)
-        allowed = torch.zeros(len(rows), width, prefix_width + width, dtype=torch.bool, device=self.device)
-        allowed[:, :, prefix_width:] = torch.eye(width, dtype=torch.bool, device=self.device)  # pads see themselves
+        allowed = torch.zeros(len(rows), width, fed_column + width, dtype=torch.bool, device=self.device)
+        allowed[:, :, fed_column:] = torch.eye(width, dtype=torch.bool, device=self.device)  # pads see themselves
         for row, feed in enumerate(rows):
             n = feed.ids.numel()
             input_ids[row, :n] = feed.ids
             position_ids[row, :n] = torch.arange(feed.start, feed.start + n, device=self.device)
-            allowed[row, :n, : _prefix_length(feed)] = True
+            allowed[row, :n, : _kv_length(feed.prefix)] = True
+            if not self.causal:
+                allowed[row, :n, prefix_width: prefix_width + _kv_length(feed.suffix)] = True
             among = torch.ones(n, n, dtype=torch.bool, device=self.device) if feed.among is None else feed.among
-            allowed[row, :n, prefix_width: prefix_width + n] = among.tril() if self.causal else among
+            allowed[row, :n, fed_column: fed_column + n] = among.tril() if self.causal else among
         return input_ids, position_ids, allowed
 
 
@@ -244,55 +275,82 @@ def attends_causally(model: torch.nn.Module) -> bool:
     return flags == {True}
 
 
-def _prefix_length(feed: CanvasFeed) -> int:
-    return feed.prefix[0][0].shape[1] if feed.prefix else 0
+def _kv_length(kv: RowKV | None) -> int:
+    return kv[0][0].shape[1] if kv else 0
 
 
-def _fill_cache(cache: DynamicCache, rows: list[CanvasFeed], prefix_width: int) -> None:
-    """Put every row's prefix K/V [H, n, D] into ``cache`` as [B, H, W, D], left-aligned, zeros after it."""
-    keys_of = next(feed.prefix for feed in rows if feed.prefix)
-    for layer, (sample_keys, sample_values) in enumerate(keys_of):
-        keys = sample_keys.new_zeros(len(rows), sample_keys.shape[0], prefix_width, sample_keys.shape[2])
-        values = sample_values.new_zeros(len(rows), sample_values.shape[0], prefix_width, sample_values.shape[2])
-        for row, feed in enumerate(rows):
-            if feed.prefix:
-                row_keys, row_values = feed.prefix[layer]
-                keys[row, :, : row_keys.shape[1]] = row_keys
-                values[row, :, : row_values.shape[1]] = row_values
+def _fill_cache(cache: DynamicCache, prefixes: list[RowKV | None], suffixes: list[RowKV | None],
+                prefix_width: int, suffix_width: int) -> None:
+    """Put every row's prefix and suffix K/V [H, n, D] into ``cache`` as [B, H, W + S, D]: prefixes
+    left-aligned in the first W columns, suffixes left-aligned in the next S, zeros elsewhere."""
+    sample = next(kv for kv in prefixes + suffixes if kv)
+    for layer, (sample_keys, sample_values) in enumerate(sample):
+        heads, dim = sample_keys.shape[0], sample_keys.shape[2]
+        keys = sample_keys.new_zeros(len(prefixes), heads, prefix_width + suffix_width, dim)
+        values = sample_values.new_zeros(len(prefixes), sample_values.shape[0], prefix_width + suffix_width,
+                                         sample_values.shape[2])
+        for row, (prefix, suffix) in enumerate(zip(prefixes, suffixes)):
+            for kv, first in ((prefix, 0), (suffix, prefix_width)):
+                if kv:
+                    row_keys, row_values = kv[layer]
+                    keys[row, :, first: first + row_keys.shape[1]] = row_keys
+                    values[row, :, first: first + row_values.shape[1]] = row_values
         cache.update(keys, values, layer)
 
 
-class CanvasPasses:
-    """One conditioning stream's model calls over a canvas, a block at a time; each returns logits from
-    ``window`` on (CFG needs two streams).
+@dataclass(frozen=True)
+class PassLogits:
+    """The logits one model call computed for a stretch of the canvas."""
 
-    Without the cache every call is a full pass (the reference samplers). With it, the block's
-    first call is a full pass that keeps the K/V of positions ``[0, window)``; later calls feed
-    positions ``[window, T)`` only, after that K/V.
+    logits: torch.Tensor  # [n, V], in the model's dtype, of canvas positions first..first+n-1
+    first: int  # the canvas position of row 0
+
+    def rows(self, block: Block) -> torch.Tensor:
+        """[B, V]: the rows of ``block``'s positions."""
+        return self.logits[block.start - self.first: block.end - self.first]
+
+
+class CanvasPasses:
+    """One conditioning stream's model calls over a canvas, a block at a time (CFG needs two streams).
+
+    Without the cache every call is a full pass (the reference samplers). With ``use_cache`` the
+    block's first call is a full pass that keeps the K/V of the prefix, positions [0, block.start),
+    and with ``dual_cache`` also of the suffix, positions [block.end, T); later calls feed the
+    positions [block.start, T) after the prefix's K/V, or, with ``dual_cache``, only the block's,
+    between the prefix's and the suffix's K/V.
     """
 
-    def __init__(self, stats: DecodeStats, use_cache: bool):
+    def __init__(self, stats: DecodeStats, use_cache: bool, dual_cache: bool = False):
         self.stats = stats
         self.use_cache = use_cache
-        self.prefix: PrefixKV | None = None
-        self.window = 0
+        self.dual_cache = dual_cache
+        self.block: Block | None = None
+        self.prefix: RowKV | None = None
+        self.suffix: RowKV | None = None
 
-    def start_block(self, window: int) -> None:
-        """Begin a block: the next call is a full pass; logits are returned from position ``window`` on."""
-        self.window = window
-        self.prefix = None
+    def start_block(self, block: Block) -> None:
+        """Begin ``block``: the next call is a full pass."""
+        self.block = block
+        self.prefix = self.suffix = None
 
-    def __call__(self, canvas: torch.Tensor) -> CanvasStep[torch.Tensor]:
-        """Logits [T - window, V] of canvas positions window..T-1, read unshifted, in the dtype the model
-        computed them (bf16 for a bf16 model): each sampler widens them where its reference does."""
+    def __call__(self, canvas: torch.Tensor) -> CanvasStep[PassLogits]:
+        """The logits of every position the call fed, read unshifted (each sampler reads them as its
+        reference does, and widens them where its reference does)."""
+        block = self.block
         if not self.use_cache:
             logits, _ = yield CanvasFeed(self.stats, canvas)
-            return logits[self.window:]
-        if self.prefix is None:  # the block's first step: full pass, keep the prefix's K/V
-            logits, self.prefix = yield CanvasFeed(self.stats, canvas, keep=self.window)
-            return logits[self.window:]
-        logits, _ = yield CanvasFeed(self.stats, canvas[self.window:], start=self.window, prefix=self.prefix)
-        return logits
+            return PassLogits(logits, 0)
+        if self.prefix is None:  # the block's first step: full pass, keep the cached positions' K/V
+            keep = canvas.numel() if self.dual_cache else block.start
+            logits, kept = yield CanvasFeed(self.stats, canvas, keep=keep)
+            self.prefix = [(keys[:, : block.start], values[:, : block.start]) for keys, values in kept]
+            if self.dual_cache:
+                self.suffix = [(keys[:, block.end:], values[:, block.end:]) for keys, values in kept]
+            return PassLogits(logits, 0)
+        end = block.end if self.dual_cache else canvas.numel()
+        logits, _ = yield CanvasFeed(self.stats, canvas[block.start: end], start=block.start, prefix=self.prefix,
+                                     suffix=self.suffix)
+        return PassLogits(logits, block.start)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -371,6 +429,7 @@ def choose_positions(
     *,
     count: int,
     threshold: float | None,
+    limit: int | None = None,
     alg_temp: float = 0.0,
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
@@ -378,23 +437,22 @@ def choose_positions(
 
     ``confidence`` [B] ranks the masked positions (``masked`` [B]), ``token_prob`` [B] is the
     probability of each position's predicted token. With ``threshold`` (Fast-dLLM) the best
-    position is always taken and every other masked one whose token probability is >= threshold;
-    otherwise ``count`` positions: the top ``count``, or, with ``alg_temp`` > 0 (Dream), drawn
-    from softmax(confidence / alg_temp). Equal confidences (frequent with bf16 probabilities) go
-    leftmost first: torch.topk leaves the choice among ties unspecified (the CPU's differs from
-    the GPU's), so the top ``count`` come from a stable sort instead.
+    position is always taken and every other masked one whose token probability is >= threshold,
+    among the ``limit`` best ranked (None: all); otherwise ``count`` positions: the top ``count``,
+    or, with ``alg_temp`` > 0 (Dream), drawn from softmax(confidence / alg_temp). Equal confidences
+    (frequent with bf16 probabilities) go leftmost first: torch.topk leaves the choice among ties
+    unspecified (the CPU's differs from the GPU's), so the ranking comes from a stable sort instead.
     """
     ranked = torch.where(masked, confidence.to(wide_float(confidence.device)), float("-inf"))  # [B]
-    if not bool(masked.any()):
+    n_masked = int(masked.sum())
+    if n_masked == 0:
         return torch.zeros(0, dtype=torch.long, device=masked.device)
     if threshold is not None:
-        best = ranked.argmax()
-        sure = masked & (token_prob >= threshold)
-        sure[best] = False
-        others = sure.nonzero().flatten()
-        others = others[ranked[others].argsort(descending=True)]
-        return torch.cat([best.view(1), others])
-    count = min(count, int(masked.sum()))
+        best_first = ranked.sort(descending=True, stable=True).indices[: n_masked if limit is None else limit]
+        taken = token_prob[best_first] >= threshold
+        taken[0] = True
+        return best_first[taken]
+    count = min(count, n_masked)
     if count == 0:
         return torch.zeros(0, dtype=torch.long, device=masked.device)
     if alg_temp > 0:

@@ -49,11 +49,16 @@ DECODERS: dict[str, DecoderSpec] = {
                             "ReFusion: slot planning + causal verification, KV reuse",
                             presets=MappingProxyType({**PRESETS, **TOOLKIT_PRESETS})),
     "ar": DecoderSpec("ar", ARConfig, "ar-tiny", False, False, "greedy autoregressive decoding with a KV cache"),
-    # revision 2 of llada and dream: float64 confidence over the whole vocabulary, leftmost of equal confidences
+    # revision 2 of llada and dream: float64 confidence over the whole vocabulary, leftmost of equal confidences.
+    # revision 3 of llada: with use_cache, a cached step always follows a block's full pass, also when that pass
+    # finished the block (Fast-dLLM's count of model calls; the tokens are those of revision 2).
     "llada": DecoderSpec("llada", LLaDAConfig, "mdm-tiny", True, True, "LLaDA: semi-autoregressive masked diffusion",
-                         revision=2, shifted=False),
+                         revision=3, shifted=False),
+    # revision 3 of dream: Fast-dLLM's cached sampler (a block's full pass unmasks its first position only, the
+    # cache keeps every position left of the block) and, without a cache, its cap on the tokens a threshold step
+    # takes (an even share of the block over steps, cumulated): other tokens than revision 2's for those settings
     "dream": DecoderSpec("dream", DreamConfig, None, True, True,
-                         "Dream: masked diffusion with shifted logits (needs a Dream-style model)", revision=2,
+                         "Dream: masked diffusion with shifted logits (needs a Dream-style model)", revision=3,
                          shifted=True),
     # D2F runs on the checkpoint with D2F's LoRA adapter (--model BASE+ADAPTER, docs/checkpoints.md)
     "llada-d2f": DecoderSpec("llada-d2f", D2FConfig, None, True, True,

@@ -195,23 +195,25 @@ def test_run_decoder_takes_a_batch_for_every_decoder(models, bidirectional_model
 # ---------------------------------------------------------------------------------------------
 # LLaDA and Dream: rows of right-padded canvases in shared calls, each with its own prefix cache
 
-LLADA_SWEEP = [  # gen_length, steps, block_length, threshold, use_cache, cfg_scale, remasking, temperature
-    (16, 16, 8, None, False, 0.0, "low_confidence", 0.0),
-    (16, 6, 8, None, True, 0.0, "low_confidence", 0.0),
-    (24, 12, 8, 0.3, False, 0.0, "low_confidence", 0.0),
-    (24, 24, 24, 0.3, True, 0.0, "low_confidence", 0.0),
-    (16, 8, 16, None, False, 1.5, "low_confidence", 0.0),
-    (16, 8, 8, 0.5, True, 1.0, "low_confidence", 0.0),
-    (16, 8, 8, None, True, 0.0, "random", 1.0),
+# cache: None, "prefix" (use_cache) or "dual" (use_cache and dual_cache)
+LLADA_SWEEP = [  # gen_length, steps, block_length, threshold, cache, cfg_scale, remasking, temperature
+    (16, 16, 8, None, None, 0.0, "low_confidence", 0.0),
+    (16, 6, 8, None, "prefix", 0.0, "low_confidence", 0.0),
+    (24, 12, 8, 0.3, None, 0.0, "low_confidence", 0.0),
+    (24, 24, 24, 0.3, "prefix", 0.0, "low_confidence", 0.0),
+    (16, 8, 16, None, None, 1.5, "low_confidence", 0.0),
+    (16, 8, 8, 0.5, "dual", 1.0, "low_confidence", 0.0),
+    (16, 8, 8, None, "prefix", 0.0, "random", 1.0),
 ]
-DREAM_SWEEP = [  # gen_length, steps, alg, block_length, threshold, use_cache, temperature
-    (16, 8, "entropy", None, None, False, 0.0),
-    (16, 16, "maskgit_plus", 8, None, True, 0.0),
-    (24, 12, "topk_margin", 8, 0.3, False, 0.0),
-    (24, 24, "entropy", 8, 0.3, True, 0.0),
-    (16, 8, "origin", None, None, False, 1.0),
-    (16, 8, "origin", 8, None, True, 0.0),
-    (16, 16, "maskgit_plus", 16, 0.5, True, 0.7),
+DREAM_SWEEP = [  # gen_length, steps, alg, block_length, threshold, cache, temperature
+    (16, 8, "entropy", None, None, None, 0.0),
+    (16, 16, "maskgit_plus", 8, None, "prefix", 0.0),
+    (24, 6, "topk_margin", 8, 0.3, None, 0.0),
+    (24, 24, "entropy", 8, 0.3, "prefix", 0.0),
+    (16, 4, "maskgit_plus", 8, 0.3, "dual", 0.0),
+    (16, 8, "origin", None, None, None, 1.0),
+    (16, 8, "origin", 8, None, "dual", 0.0),
+    (16, 16, "maskgit_plus", 16, 0.5, "prefix", 0.7),
 ]
 MDM_SEEDS = [0, 1]
 
@@ -222,15 +224,16 @@ def mdm_models():
 
 
 def llada_config(case) -> LLaDAConfig:
-    n, steps, block, threshold, use_cache, cfg, remasking, temperature = case
-    return LLaDAConfig(gen_length=n, steps=steps, block_length=block, threshold=threshold, use_cache=use_cache,
-                       cfg_scale=cfg, remasking=remasking, temperature=temperature)
+    n, steps, block, threshold, cache, cfg, remasking, temperature = case
+    return LLaDAConfig(gen_length=n, steps=steps, block_length=block, threshold=threshold, use_cache=cache is not None,
+                       dual_cache=cache == "dual", cfg_scale=cfg, remasking=remasking, temperature=temperature)
 
 
 def dream_config(case) -> DreamConfig:
-    n, steps, alg, block, threshold, use_cache, temperature = case
+    n, steps, alg, block, threshold, cache, temperature = case
     return DreamConfig(gen_length=n, steps=steps, alg=alg, block_length=block, threshold=threshold,
-                       use_cache=use_cache, temperature=temperature, top_p=0.9 if temperature else None)
+                       use_cache=cache is not None, dual_cache=cache == "dual", temperature=temperature,
+                       top_p=0.9 if temperature else None)
 
 
 def row_generators_for(count: int) -> list[torch.Generator]:
@@ -240,7 +243,7 @@ def row_generators_for(count: int) -> list[torch.Generator]:
 def mdm_rows_decode_as_alone(decoder, models, configs) -> dict[str, int]:
     """Every row of every batch size equals its batch-1 decode; returns what the sweep reached."""
     seen = {"eos_early": 0, "eos_late": 0, "no_eos": 0, "parallel_step": 0, "several_blocks": 0, "cache": 0,
-            "threshold": 0}
+            "dual_cache": 0, "threshold": 0}
     for seed, config in itertools.product(MDM_SEEDS, configs):
         model, prompts = models[seed], prompts_for(seed)
 
@@ -256,6 +259,7 @@ def mdm_rows_decode_as_alone(decoder, models, configs) -> dict[str, int]:
             same_as_alone(decode(prompts, eos, batch_size=batch_size), alone)
         n = config.gen_length
         seen["cache"] += config.use_cache
+        seen["dual_cache"] += config.dual_cache
         seen["threshold"] += config.threshold is not None
         for result in alone:
             ended = result.tokens[-1] in eos
@@ -287,7 +291,7 @@ def test_mdm_rows_share_calls_and_finished_rows_leave(mdm_models, record_calls, 
     if decoder == "llada":
         decode, config = decode_llada, LLaDAConfig(gen_length=16, steps=16, block_length=8, threshold=0.3)
     else:
-        decode, config = decode_dream, DreamConfig(gen_length=16, steps=16, alg="entropy", temperature=0.0,
+        decode, config = decode_dream, DreamConfig(gen_length=16, steps=2, alg="entropy", temperature=0.0,
                                                    top_p=None, threshold=0.3)
     alone = [decode(model, p, config, mask_token_id=MASK_ID, eos_token_id=None) for p in prompts]
     forwards = [result.stats.forwards for result in alone]

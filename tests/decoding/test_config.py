@@ -35,8 +35,9 @@ def test_config_from_strings_coerces_and_validates():
 def test_optional_fields_are_read_with_their_annotated_type():
     from refusion_cli.decoding.llada import LLaDAConfig
 
-    config = config_from_dict(LLaDAConfig, {"threshold": "0.9", "use_cache": "true", "remasking": "random"})
-    assert (config.threshold, config.use_cache, config.remasking) == (0.9, True, "random")
+    config = config_from_dict(LLaDAConfig, {"threshold": "0.9", "use_cache": "true", "dual_cache": "yes",
+                                            "remasking": "random"})
+    assert (config.threshold, config.use_cache, config.dual_cache, config.remasking) == (0.9, True, True, "random")
     with pytest.raises(ConfigError, match="use_cache: cannot read 'maybe' as bool"):
         config_from_dict(LLaDAConfig, {"use_cache": "maybe"})
 

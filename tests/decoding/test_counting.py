@@ -103,11 +103,19 @@ def test_several_eos_ids_end_a_response_at_the_first_of_any(causal_model, bidire
         lambda model, prompt: decode_dream(model, prompt, dataclasses.replace(DREAM, threshold=0.35, use_cache=True,
                                                                               block_length=8),
                                            mask_token_id=MASK_ID, eos_token_id=None),
+        lambda model, prompt: decode_llada(model, prompt, dataclasses.replace(LLADA, threshold=0.0, use_cache=True,
+                                                                              dual_cache=True),
+                                           mask_token_id=MASK_ID, eos_token_id=None),
+        lambda model, prompt: decode_dream(model, prompt, dataclasses.replace(DREAM, use_cache=True, dual_cache=True,
+                                                                              block_length=8),
+                                           mask_token_id=MASK_ID, eos_token_id=None),
     ],
-    ids=["llada-cfg", "llada-cfg-cache", "llada-threshold-cache", "dream-threshold-cache"],
+    ids=["llada-cfg", "llada-cfg-cache", "llada-threshold-cache", "dream-threshold-cache", "llada-dual-cache",
+         "dream-dual-cache"],
 )
 def test_every_model_call_is_a_forward(bidirectional_model, prompt, record_calls, decode):
-    """Guidance's unconditional pass, the cache-filling pass and the cached passes all count."""
+    """Guidance's unconditional pass, the cache-filling pass and the cached passes all count (also a cached
+    pass after a full pass that finished its block)."""
     calls = record_calls(bidirectional_model)
     result = decode(bidirectional_model, prompt)
     assert result.stats.forwards == len(calls) > 0

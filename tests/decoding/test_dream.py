@@ -10,6 +10,7 @@ import torch
 from refusion_cli.decoding import ConfigError, DreamConfig, decode_dream
 from refusion_cli.decoding.dream import filter_logits
 from refusion_cli.errors import UserError
+from tests.decoding.conftest import one_hot_bias
 from tests.decoding.scripted import FixedRowsModel, log_probs
 from tests.tiny import MASK_ID, VOCAB, tiny_qwen3
 
@@ -30,6 +31,7 @@ def test_readme_defaults():
     assert (config.gen_length, config.steps, config.alg, config.alg_temp) == (512, 512, "entropy", 0.0)
     assert (config.eps, config.temperature, config.top_p, config.top_k) == (1e-3, 0.2, 0.95, None)
     assert config.block_length is None and config.threshold is None and config.use_cache is False
+    assert config.dual_cache is False
 
 
 @pytest.mark.parametrize("alg", ["origin", "maskgit_plus", "topk_margin", "entropy"])
@@ -127,17 +129,30 @@ def test_top_p_keeps_the_smallest_nucleus_above_p_and_top_k_the_k_best():
 # Fast-dLLM options
 
 
-def test_threshold_zero_fills_each_block_in_one_forward(bidirectional_model, prompt):
-    whole = run(bidirectional_model, prompt, dataclasses.replace(GREEDY, threshold=0.0))
-    assert whole.stats.forwards == 1 and sorted(whole.trace[0].offsets) == list(range(16))
-    blocks = run(bidirectional_model, prompt, dataclasses.replace(GREEDY, threshold=0.0, block_length=8))
-    assert blocks.stats.forwards == 2 and [step.block for step in blocks.trace] == [0, 1]
+def confident_everywhere(positions: torch.Tensor) -> torch.Tensor:
+    """A bias that makes every position predict token 10 + position with probability ~1, more surely the
+    further right it is (so the block's first position is never its surest)."""
+    return one_hot_bias(10 + positions, strength=positions.double() + 30.0)
+
+
+def test_threshold_without_a_cache_unmasks_at_most_an_even_share_a_step(bidirectional_model, prompt, steer_logits):
+    """Every token is sure, so the threshold would take the whole response at once; without a cache the
+    tokens a step are capped at the running total of an even split over ``steps`` (16 / 4 = 4 a step; with
+    5 steps 4, 3, 3, 3, 3), the best ranked first, and the step count follows."""
+    steer_logits(bidirectional_model, confident_everywhere)
+    config = dataclasses.replace(GREEDY, threshold=0.5)
+    for steps, counts in [(4, [4, 4, 4, 4]), (5, [4, 3, 3, 3, 3]), (1, [16])]:
+        result = run(bidirectional_model, prompt, dataclasses.replace(config, steps=steps))
+        assert [len(step.offsets) for step in result.trace] == counts
+        assert result.tokens == [10 + len(prompt) + offset - 1 for offset in range(16)]
+    blocks = run(bidirectional_model, prompt, dataclasses.replace(config, steps=4, block_length=8))
+    assert [(step.block, len(step.offsets)) for step in blocks.trace] == [(0, 4), (0, 4), (1, 4), (1, 4)]
 
 
 def test_threshold_unmasks_in_parallel_with_fewer_forwards(bidirectional_model, prompt):
-    config = DreamConfig(gen_length=16, steps=16, alg="maskgit_plus", temperature=0.0, top_p=None, threshold=0.35)
+    config = DreamConfig(gen_length=16, steps=4, alg="maskgit_plus", temperature=0.0, top_p=None, threshold=0.35)
     result = run(bidirectional_model, prompt, config)
-    assert 1 < result.stats.forwards < config.steps
+    assert config.steps < result.stats.forwards < 16  # not every step took its share, some took several
     assert any(len(step.offsets) > 1 for step in result.trace)
     assert sorted(unmasked_offsets(result)) == list(range(16)) and MASK_ID not in result.tokens
 
@@ -148,36 +163,97 @@ def test_threshold_one_takes_one_token_a_step(bidirectional_model, prompt):
     assert result.stats.forwards == 16 and all(len(step.offsets) == 1 for step in result.trace)
 
 
-def test_prefix_cache_is_exact_on_a_causal_model(causal_model, prompt):
-    """Causal: the K/V left of the block never changes, and the last prefix position (whose logits
-    predict the block's first token) is recomputed by every cached call: same output as full passes."""
-    for block_length in (None, 8):
-        config = DreamConfig(gen_length=16, steps=8, alg="entropy", temperature=0.0, top_p=None,
-                             block_length=block_length)
-        plain = run(causal_model, prompt, config)
-        cached = run(causal_model, prompt, dataclasses.replace(config, use_cache=True))
-        assert cached.tokens == plain.tokens and cached.trace == plain.trace
-        assert cached.stats.forwards == plain.stats.forwards == 8
-        assert cached.stats.positions < plain.stats.positions
+@pytest.mark.parametrize("dual_cache", [False, True])
+def test_a_cached_block_starts_with_its_first_position(bidirectional_model, prompt, steer_logits, dual_cache):
+    """With a cache the full pass unmasks only the block's first position (not the surest mask), then the
+    threshold rule (uncapped: here all the rest at once) or the schedule's steps 1, 2, ... follow; a block
+    of one step takes every mask in its full pass (and its cached step finds none)."""
+    steer_logits(bidirectional_model, confident_everywhere)
+    cached = dataclasses.replace(GREEDY, block_length=8, use_cache=True, dual_cache=dual_cache)
+    result = run(bidirectional_model, prompt, dataclasses.replace(cached, threshold=0.5))
+    assert [(step.block, sorted(step.offsets)) for step in result.trace] == \
+        [(0, [0]), (0, [1, 2, 3, 4, 5, 6, 7]), (1, [8]), (1, [9, 10, 11, 12, 13, 14, 15])]
+    assert result.tokens == [10 + len(prompt) + offset - 1 for offset in range(16)]  # shifted, in both passes
+    uncached = run(bidirectional_model, prompt, dataclasses.replace(cached, threshold=None, use_cache=False,
+                                                                     dual_cache=False))
+    assert 0 not in uncached.trace[0].offsets  # the sampler without a cache starts elsewhere
+    scheduled = run(bidirectional_model, prompt, cached)  # 4 steps a block: int(7 * (1 - s/t)) = 2, then 2, 3
+    assert [len(step.offsets) for step in scheduled.trace] == [1, 2, 2, 3] * 2 and scheduled.trace[0].offsets == [0]
+    one_step = run(bidirectional_model, prompt, dataclasses.replace(cached, steps=2))
+    assert [len(step.offsets) for step in one_step.trace] == [8, 0, 8, 0]
 
 
-def test_prefix_cache_is_exact_when_each_block_takes_one_step(bidirectional_model, prompt):
-    """Each block's only step is the full pass that fills the cache, so nothing stale is ever read."""
-    config = dataclasses.replace(GREEDY, steps=2, block_length=8)
-    plain = run(bidirectional_model, prompt, config)
-    cached = run(bidirectional_model, prompt, dataclasses.replace(config, use_cache=True))
-    assert cached.tokens == plain.tokens and cached.stats.forwards == 2
+def reference_cached_dream(model, prompt: list[int], *, gen_length: int, block_length: int, steps: int, alg: str,
+                           threshold: float | None, mask_id: int) -> list[int]:
+    """Dream's cached sampler restated with a full pass at every step, greedy, in the model's dtype: per block,
+    the first step writes the block's first position (the argmax of its shifted logits); later steps rank the
+    block's masks by top probability or -entropy and unmask int(masks * (1 - s/t)) of them (all at the
+    block's last step), or, with a threshold, the best plus every other whose token has probability
+    >= threshold; a block takes at least two steps. On a causal model a cache holds exactly what these full
+    passes compute, so the cached decodes equal this."""
+    x = list(prompt) + [mask_id] * gen_length
+    per_block = steps // (gen_length // block_length)
+    timesteps = torch.linspace(1, 1e-3, per_block + 1)
+    for start in range(len(prompt), len(x), block_length):
+        block, step = range(start, start + block_length), 0
+        while step < 2 or any(x[i] == mask_id for i in block):
+            masked = [i for i in block if x[i] == mask_id]
+            logits = model(input_ids=torch.tensor([x])).logits[0]
+            probs = torch.stack([logits[i - 1] for i in masked]).softmax(-1) if masked else None
+            if not masked:
+                chosen = []
+            elif step == 0:
+                chosen = [0]
+            else:
+                top, _ = probs.max(-1)
+                confidence = (probs * torch.log(probs + 1e-10)).sum(-1) if alg == "entropy" else top
+                ranked = sorted(range(len(masked)), key=lambda row: (-float(confidence[row]), row))
+                if threshold is not None:
+                    chosen = ranked[:1] + [row for row in ranked[1:] if top[row] >= threshold]
+                else:
+                    t, s = timesteps[step], timesteps[step + 1]
+                    chosen = ranked[: int(len(masked) * (1 - s / t)) if step < per_block - 1 else len(masked)]
+            for row in chosen:
+                x[masked[row]] = int(probs[row].argmax())
+            step += 1
+    return x[len(prompt):]
 
 
-def test_prefix_cache_is_approximate_on_a_bidirectional_model(bidirectional_model, prompt):
-    """Approximate: the prefix K/V was computed while the block was masked and would change as it
-    fills. On this model about two thirds of the tokens still agree (bound with margin)."""
-    config = DreamConfig(gen_length=32, steps=32, alg="entropy", temperature=0.0, top_p=None, block_length=8)
-    plain = run(bidirectional_model, prompt, config)
-    cached = run(bidirectional_model, prompt, dataclasses.replace(config, use_cache=True))
-    agree = sum(a == b for a, b in zip(plain.tokens, cached.tokens)) / len(plain.tokens)
-    assert agree >= 0.5
-    assert MASK_ID not in cached.tokens and cached.stats.positions < plain.stats.positions
+CACHED = [DreamConfig(gen_length=24, steps=12, alg="entropy", temperature=0.0, top_p=None, block_length=8),
+          DreamConfig(gen_length=24, steps=3, alg="maskgit_plus", temperature=0.0, top_p=None, block_length=8,
+                      threshold=0.3)]
+
+
+@pytest.mark.parametrize("config", CACHED, ids=["fixed-steps", "threshold"])
+def test_prefix_and_dual_cache_are_exact_on_a_causal_model(causal_model, prompt, record_calls, config):
+    """Causal: the K/V left of the block never changes and the suffix is never seen, so both caches give the
+    restated sampler's output; the prefix cache feeds the block and what follows it, the dual cache the block."""
+    expected = reference_cached_dream(causal_model, prompt, gen_length=24, block_length=8, steps=config.steps,
+                                      alg=config.alg, threshold=config.threshold, mask_id=MASK_ID)
+    assert MASK_ID not in expected
+    full = len(prompt) + 24
+    for dual_cache in (False, True):
+        calls = record_calls(causal_model)
+        result = run(causal_model, prompt, dataclasses.replace(config, use_cache=True, dual_cache=dual_cache))
+        assert result.tokens == expected, dual_cache
+        fed = [call.shape[1] for call in calls]
+        assert fed.count(full) == 3 and len(fed) == result.stats.forwards
+        assert set(fed) - {full} == ({8} if dual_cache else {24, 16, 8})
+        calls.clear()
+
+
+@pytest.mark.parametrize("config", CACHED, ids=["fixed-steps", "threshold"])
+def test_prefix_and_dual_cache_are_approximate_on_a_bidirectional_model(bidirectional_model, prompt, config):
+    """Approximate: the cached K/V were computed while the block was masked and would change as it fills;
+    a whole decode all the same, each mask filled once (the bound on agreement is what this model shows,
+    with margin)."""
+    expected = reference_cached_dream(bidirectional_model, prompt, gen_length=24, block_length=8, steps=config.steps,
+                                      alg=config.alg, threshold=config.threshold, mask_id=MASK_ID)
+    for dual_cache in (False, True):
+        cached = run(bidirectional_model, prompt, dataclasses.replace(config, use_cache=True, dual_cache=dual_cache))
+        assert sorted(unmasked_offsets(cached)) == list(range(24)) and MASK_ID not in cached.tokens
+        agree = sum(a == b for a, b in zip(expected, cached.tokens)) / 24
+        assert agree >= 0.3
 
 
 # ---------------------------------------------------------------------------------------------
@@ -199,6 +275,7 @@ def test_prefix_cache_is_approximate_on_a_bidirectional_model(bidirectional_mode
         ({"top_p": 0.0}, "top_p must be > 0"),
         ({"top_p": 1.5}, "top_p must be in [0, 1]"),
         ({"top_k": 0}, "top_k must be a positive integer"),
+        ({"dual_cache": True}, "dual_cache extends the prefix cache: set use_cache=true with it"),
     ],
 )
 def test_impossible_settings_fail_at_config_time(options, message):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from refusion_cli.decoding import ConfigError, LLaDAConfig, decode_llada
-from refusion_cli.decoding.llada import even_schedule
+from refusion_cli.decoding.mdm import even_schedule
 from refusion_cli.errors import UserError
 from tests.decoding.scripted import FixedRowsModel, log_probs
 from tests.tiny import MASK_ID, VOCAB, tiny_qwen3
@@ -30,7 +30,7 @@ def test_reference_defaults():
     config = LLaDAConfig()
     assert (config.gen_length, config.steps, config.block_length) == (128, 128, 32)
     assert (config.remasking, config.temperature, config.cfg_scale) == ("low_confidence", 0.0, 0.0)
-    assert config.threshold is None and config.use_cache is False
+    assert config.threshold is None and config.use_cache is False and config.dual_cache is False
 
 
 def test_even_schedule_spreads_the_remainder_over_the_first_steps():
@@ -183,11 +183,64 @@ def test_prefix_cache_is_exact_on_a_causal_model(causal_model, prompt):
 
 
 def test_prefix_cache_is_exact_when_each_block_takes_one_step(bidirectional_model, prompt):
-    """Each block's only step is the full pass that fills the cache, so nothing stale is ever read."""
+    """Each block's only step is the full pass that fills the cache, so nothing stale is ever read; the
+    cached step that always follows it finds nothing to unmask (two forwards a block)."""
     config = LLaDAConfig(gen_length=16, steps=2, block_length=8)
     plain = run(bidirectional_model, prompt, config)
     cached = run(bidirectional_model, prompt, dataclasses.replace(config, use_cache=True))
-    assert cached.tokens == plain.tokens and cached.stats.forwards == 2
+    assert cached.tokens == plain.tokens and plain.stats.forwards == 2 and cached.stats.forwards == 4
+    assert [len(step.offsets) for step in cached.trace] == [8, 0, 8, 0]
+
+
+@pytest.mark.parametrize("dual_cache", [False, True])
+def test_a_full_pass_that_finishes_the_block_is_followed_by_a_cached_step(bidirectional_model, prompt, dual_cache):
+    """Threshold 0 unmasks a whole block in its full pass; a cached step still follows, as in Fast-dLLM's
+    cached samplers (they look for a finished block only after a cached step), and changes nothing."""
+    config = LLaDAConfig(gen_length=16, steps=2, block_length=8, threshold=0.0, use_cache=True, dual_cache=dual_cache)
+    cached = run(bidirectional_model, prompt, config)
+    plain = run(bidirectional_model, prompt, dataclasses.replace(config, use_cache=False, dual_cache=False))
+    assert cached.tokens == plain.tokens and plain.stats.forwards == 2 and cached.stats.forwards == 4
+    assert [(step.block, step.step, len(step.offsets)) for step in cached.trace] == [(0, 0, 8), (0, 1, 0),
+                                                                                      (1, 0, 8), (1, 1, 0)]
+
+
+def test_dual_cache_is_exact_on_a_causal_model(causal_model, prompt, record_calls):
+    """A causal query never sees the suffix, so the dual cache gives the full passes' output, feeding the
+    block alone after each block's full pass; the prefix cache feeds the block and everything right of it."""
+    config = LLaDAConfig(gen_length=24, steps=12, block_length=8)
+    plain = run(causal_model, prompt, config)
+    widths = {}
+    results = {}
+    for name, options in {"prefix": dict(use_cache=True), "dual": dict(use_cache=True, dual_cache=True)}.items():
+        calls = record_calls(causal_model)
+        results[name] = run(causal_model, prompt, dataclasses.replace(config, **options))
+        widths[name] = [call.shape[1] for call in calls]
+        assert results[name].tokens == plain.tokens and results[name].trace == plain.trace
+        assert results[name].stats.forwards == 12
+    full = len(prompt) + 24
+    assert widths["prefix"] == [full, 24, 24, 24, full, 16, 16, 16, full, 8, 8, 8]  # 4 steps a block
+    assert widths["dual"] == [full, 8, 8, 8] * 3
+    assert results["dual"].stats.positions < results["prefix"].stats.positions < plain.stats.positions
+
+
+@pytest.mark.parametrize("threshold", [None, 0.3])
+def test_dual_cache_on_a_bidirectional_model(bidirectional_model, prompt, record_calls, threshold):
+    """Approximate like the prefix cache (the suffix's K/V too were computed before the block filled), but a
+    whole decode: every mask filled once, the cached steps feeding the block alone, also with guidance (two
+    streams, each with its own cache); exact when a block takes one step."""
+    config = LLaDAConfig(gen_length=24, steps=12, block_length=8, threshold=threshold, use_cache=True,
+                         dual_cache=True)
+    for guided in (config, dataclasses.replace(config, cfg_scale=1.0)):
+        calls = record_calls(bidirectional_model)
+        result = run(bidirectional_model, prompt, guided)
+        assert sorted(unmasked_offsets(result)) == list(range(24)) and MASK_ID not in result.tokens
+        assert {call.shape[1] for call in calls} == {len(prompt) + 24, 8} and result.stats.forwards == len(calls)
+        calls.clear()
+    if threshold is not None:
+        assert any(len(step.offsets) > 1 for step in result.trace) and result.stats.forwards < 2 * 24
+    one_step = LLaDAConfig(gen_length=16, steps=2, block_length=8, use_cache=True, dual_cache=True)
+    assert run(bidirectional_model, prompt, one_step).tokens == \
+        run(bidirectional_model, prompt, dataclasses.replace(one_step, use_cache=False, dual_cache=False)).tokens
 
 
 def test_prefix_cache_is_approximate_on_a_bidirectional_model(bidirectional_model, prompt):
@@ -218,6 +271,8 @@ def test_prefix_cache_is_approximate_on_a_bidirectional_model(bidirectional_mode
         ({"remasking": "lowest"}, "remasking must be one of low_confidence, random"),
         ({"cfg_scale": -1.0}, "cfg_scale must be >= 0"),
         ({"temperature": -0.5}, "temperature must be >= 0"),
+        ({"dual_cache": True}, "dual_cache extends the prefix cache: set use_cache=true with it"),
+        ({"use_cache": True, "dual_cache": 1}, "dual_cache must be true or false, got 1"),
     ],
 )
 def test_impossible_settings_fail_at_config_time(options, message):

@@ -563,7 +563,8 @@ def test_a_decoder_revision_past_the_first_is_part_of_the_sample_key(monkeypatch
     assert registry.DECODERS["refusion"].revision == 1 and config_hash("refusion", config, *args) == first
     monkeypatch.setitem(registry.DECODERS, "refusion", dataclasses.replace(registry.DECODERS["refusion"], revision=2))
     assert config_hash("refusion", config, *args) != first
-    assert registry.DECODERS["llada"].revision == 2  # float64 confidence over the whole vocabulary
+    # 2: float64 confidence over the whole vocabulary; 3: Fast-dLLM's cached steps (llada: their count, dream: tokens)
+    assert registry.DECODERS["llada"].revision == registry.DECODERS["dream"].revision == 3
 
 
 def test_several_eos_ids_are_part_of_the_sample_key():
