@@ -13,7 +13,8 @@ Contract:
   is left out, so every row is measured once and every label is unique.
 
 Labels: ``refusion k=4 b=16 τ=0.9/0.9`` (k, block tokens, τ_slot/τ_token), ``llada steps=64``
-(a fixed schedule), ``llada τ=0.9 cache`` (Fast-dLLM threshold mode with the prefix cache).
+(a fixed schedule), ``llada τ=0.9 cache`` (Fast-dLLM threshold mode with the prefix cache; ``dual
+cache`` when the usual row's ``dual_cache`` is set, which the threshold points keep).
 """
 
 from __future__ import annotations
@@ -54,13 +55,14 @@ class StepsPoint:
         block = base.block_length if isinstance(base, LLaDAConfig) else base.block_tokens  # Dream: None = one block
         per_block = -(-block // self.tokens_per_step)  # rounded up, so that steps split evenly over the blocks
         blocks = base.gen_length // block
-        return dataclasses.replace(base, steps=blocks * per_block, threshold=None, use_cache=False)
+        return dataclasses.replace(base, steps=blocks * per_block, threshold=None, use_cache=False, dual_cache=False)
 
 
 @dataclass(frozen=True)
 class ThresholdPoint:
     """A LLaDA / Dream point in Fast-dLLM's threshold mode (every token with p >= threshold) with the
-    prefix cache; the number of steps then follows the model's confidence, not ``steps``."""
+    prefix cache (and the dual cache if the usual row has it); the number of steps then follows the
+    model's confidence, not ``steps``."""
 
     threshold: float
 
@@ -117,7 +119,7 @@ def setting_label(decoder: str, config: Any) -> str:
                 f"τ={config.slot_threshold:g}/{config.token_threshold:g}")
     if decoder in ("llada", "dream"):
         mode = f"steps={config.steps}" if config.threshold is None else f"τ={config.threshold:g}"
-        return mode + (" cache" if config.use_cache else "")
+        return mode + (" dual cache" if config.dual_cache else " cache" if config.use_cache else "")
     return "greedy"
 
 

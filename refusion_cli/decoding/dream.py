@@ -35,7 +35,9 @@ mdm.decode_canvases).
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Callable, overload
 
 import torch
@@ -107,6 +109,14 @@ class DreamConfig:
     @property
     def steps_per_block(self) -> int:
         return self.steps // (self.gen_length // self.block_tokens)
+
+
+# Fast-dLLM as Table 1's Dream row runs it (Fast-dLLM's evaluation scripts): greedy, ranked by the top probability
+# (its confidence_threshold: maskgit_plus, no top-p), blocks of 32, threshold 0.9, prefix and dual cache; Table 1's
+# 512-token budget, and steps one a token, as registry.length_settings makes them (a threshold leaves them unused)
+FAST_DLLM_PRESETS: Mapping[str, DreamConfig] = MappingProxyType({
+    "fast-dllm": DreamConfig(gen_length=512, steps=512, alg="maskgit_plus", temperature=0.0, top_p=None,
+                             block_length=32, threshold=0.9, use_cache=True, dual_cache=True)})
 
 
 def filter_logits(logits: torch.Tensor, top_p: float | None, top_k: int | None) -> torch.Tensor:

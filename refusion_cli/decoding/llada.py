@@ -27,7 +27,9 @@ each row exactly as alone (see mdm.decode_canvases). The model should be bidirec
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Callable, overload
 
 import torch
@@ -77,6 +79,14 @@ class LLaDAConfig:
     @property
     def steps_per_block(self) -> int:
         return self.steps // (self.gen_length // self.block_length)
+
+
+# Fast-dLLM as Table 1's LLaDA row runs it (Fast-dLLM's evaluation scripts): greedy, blocks of 32, threshold 0.9,
+# prefix and dual cache; Table 1's 512-token budget, and steps one a token, as registry.length_settings makes them
+# for any budget (a threshold leaves them unused)
+FAST_DLLM_PRESETS: Mapping[str, LLaDAConfig] = MappingProxyType({
+    "fast-dllm": LLaDAConfig(gen_length=512, steps=512, block_length=32, threshold=0.9, use_cache=True,
+                             dual_cache=True)})
 
 
 def guided_logits(cond: CanvasPasses, uncond: CanvasPasses | None, canvas: Canvas, block: Block,

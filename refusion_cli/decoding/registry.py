@@ -22,7 +22,9 @@ from refusion_cli.decoding.ar import decode_ar
 from refusion_cli.decoding.batching import Generators, Prompt, Prompts
 from refusion_cli.decoding.config import PRESETS, TOOLKIT_PRESETS, ARConfig, ReFusionConfig, config_from_dict
 from refusion_cli.decoding.d2f import DREAM_PRESETS, LLADA_PRESETS, D2FConfig, decode_d2f
+from refusion_cli.decoding.dream import FAST_DLLM_PRESETS as DREAM_FAST_DLLM_PRESETS
 from refusion_cli.decoding.dream import DreamConfig, decode_dream
+from refusion_cli.decoding.llada import FAST_DLLM_PRESETS as LLADA_FAST_DLLM_PRESETS
 from refusion_cli.decoding.llada import LLaDAConfig, decode_llada
 from refusion_cli.decoding.refusion import decode_refusion
 from refusion_cli.decoding.stats import DecodeResult, EosIds
@@ -53,13 +55,13 @@ DECODERS: dict[str, DecoderSpec] = {
     # revision 3 of llada: with use_cache, a cached step always follows a block's full pass, also when that pass
     # finished the block (Fast-dLLM's count of model calls; the tokens are those of revision 2).
     "llada": DecoderSpec("llada", LLaDAConfig, "mdm-tiny", True, True, "LLaDA: semi-autoregressive masked diffusion",
-                         revision=3, shifted=False),
+                         revision=3, presets=LLADA_FAST_DLLM_PRESETS, shifted=False),
     # revision 3 of dream: Fast-dLLM's cached sampler (a block's full pass unmasks its first position only, the
     # cache keeps every position left of the block) and, without a cache, its cap on the tokens a threshold step
     # takes (an even share of the block over steps, cumulated): other tokens than revision 2's for those settings
     "dream": DecoderSpec("dream", DreamConfig, None, True, True,
                          "Dream: masked diffusion with shifted logits (needs a Dream-style model)", revision=3,
-                         shifted=True),
+                         presets=DREAM_FAST_DLLM_PRESETS, shifted=True),
     # D2F runs on the checkpoint with D2F's LoRA adapter (--model BASE+ADAPTER, docs/checkpoints.md)
     "llada-d2f": DecoderSpec("llada-d2f", D2FConfig, None, True, True,
                              "D2F on LLaDA: a pipeline of blocks decoded in parallel, finished blocks' K/V cached",

@@ -130,6 +130,11 @@ def test_the_plan_is_deterministic_with_unique_labels_and_the_fixed_settings_und
     dream = sweep_configs("dream", DreamConfig(gen_length=64, steps=64))
     assert [setting_label("dream", config) for config in dream] == [
         "steps=32", "steps=16", "steps=8", "τ=0.9 cache", "τ=0.7 cache", "τ=0.5 cache"]
+    # on a dual-cache row (the fast-dllm preset's) the fixed schedules run without a cache, the thresholds keep it
+    dual = sweep_configs("dream", DreamConfig(gen_length=64, steps=64, block_length=32, threshold=0.9, use_cache=True,
+                                              dual_cache=True))
+    assert [setting_label("dream", config) for config in dual] == [
+        "steps=64", "steps=32", "steps=16", "steps=8", "τ=0.7 dual cache", "τ=0.5 dual cache"]
 
 
 @pytest.mark.parametrize("args, message", [

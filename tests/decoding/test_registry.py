@@ -54,3 +54,22 @@ def test_length_settings_follow_gen_length_unless_given():
     assert length_settings("dream", 16) == {"steps": 16}
     assert length_settings("refusion", 64) == length_settings("ar", 64) == {}
     assert length_settings("llada", "many") == length_settings("llada", 0) == {}  # build_config refuses these
+
+
+@pytest.mark.parametrize("decoder", ["llada", "dream"])
+def test_the_fast_dllm_preset_is_table_1s_setting_for_any_budget(decoder):
+    """Threshold 0.9, blocks of 32, prefix and dual cache, greedy; a benchmark's budget and the steps that follow
+    it (length_settings) give a valid config, as do overrides on top."""
+    from refusion_cli.decoding.registry import with_length
+
+    preset = DECODERS[decoder].presets["fast-dllm"]
+    assert (preset.gen_length, preset.threshold, preset.use_cache, preset.dual_cache) == (512, 0.9, True, True)
+    assert preset.block_length == 32 and preset.temperature == 0.0
+    for budget in (512, 256, 192):
+        config = build_config(decoder, with_length(decoder, {"gen_length": budget}), base=preset)
+        assert (config.gen_length, config.steps, config.block_length, config.dual_cache) == (budget, budget, 32, True)
+    assert build_config(decoder, {"dual_cache": "false"}, base=preset).use_cache is True
+    with pytest.raises(UserError, match="dual_cache extends the prefix cache"):
+        build_config(decoder, {"use_cache": "false"}, base=preset)
+    if decoder == "dream":
+        assert (preset.alg, preset.top_p) == ("maskgit_plus", None)  # ranked by the top probability, argmax
