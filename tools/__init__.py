@@ -19,6 +19,8 @@ Run them from the repository root, e.g. ``python -m tools.build_models`` (what `
   (run as a script, in a transformers 4 environment)
 - ``golden_d2f``: reference D2F decodes of the LLaDA and Dream stand-ins with their adapters, from D2F's own code
   (run as a script, in D2F's environment)
+- ``golden_fastdllm``: reference token ids of Fast-dLLM's own samplers on the LLaDA and Dream stand-ins
+  (run as a script, in a transformers 4 environment)
 - ``paper_parity``: golden files of what the paper's own harness makes of fixed documents and answers
 - ``paper_answers``: the unusual answers ``paper_parity`` gives the paper's harness (a module, not a script)
 
