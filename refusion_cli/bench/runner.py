@@ -53,7 +53,7 @@ from refusion_cli.models.devices import default_dtype, free_device_memory, parse
 from refusion_cli.models.loading import LoadedModel, check_model_fits, load_model
 from refusion_cli.tasks.synthetic import is_correct
 
-DEFAULT_DECODERS = ("refusion", "ar", "llada")
+DEFAULT_DECODERS = ("refusion", "ar", "llada", "llada-fast-dllm")  # every decoder with an embedded model
 DEFAULT_GEN_LENGTH = 256
 RECOMPUTE = " (recompute)"  # label suffix of the kv_reuse=False ablation
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from refusion_cli.decoding.config import ConfigError, ReFusionConfig
+from refusion_cli.decoding.dream import DreamConfig
 from refusion_cli.decoding.llada import LLaDAConfig
 from refusion_cli.errors import UserError
 
@@ -87,6 +88,8 @@ SWEEP_GRIDS: dict[str, tuple[SweepPoint, ...]] = {
                       for slot_threshold, token_threshold in REFUSION_THRESHOLDS),
     "llada": MDM_GRID,
     "dream": MDM_GRID,
+    "llada-fast-dllm": MDM_GRID,
+    "dream-fast-dllm": MDM_GRID,
     "llada-d2f": (),  # one point: its usual row
     "dream-d2f": (),
 }
@@ -96,6 +99,8 @@ SWEPT_FIELDS: dict[str, tuple[str, ...]] = {
     "refusion": ("slot_size", "block_size", "slot_threshold", "token_threshold"),
     "llada": ("steps", "threshold", "use_cache"),
     "dream": ("steps", "threshold", "use_cache"),
+    "llada-fast-dllm": ("steps", "threshold", "use_cache"),
+    "dream-fast-dllm": ("steps", "threshold", "use_cache"),
     "llada-d2f": (),
     "dream-d2f": (),
 }
@@ -117,7 +122,7 @@ def setting_label(decoder: str, config: Any) -> str:
     if decoder == "refusion":
         return (f"k={config.slot_size} b={config.block_tokens} "
                 f"τ={config.slot_threshold:g}/{config.token_threshold:g}")
-    if decoder in ("llada", "dream"):
+    if isinstance(config, (LLaDAConfig, DreamConfig)):
         mode = f"steps={config.steps}" if config.threshold is None else f"τ={config.threshold:g}"
         return mode + (" dual cache" if config.dual_cache else " cache" if config.use_cache else "")
     return "greedy"

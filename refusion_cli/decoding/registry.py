@@ -44,7 +44,12 @@ class DecoderSpec:
     revision: int = 1
     presets: Mapping[str, Any] = field(default_factory=dict)  # named configs to start from (--preset)
     shifted: bool | None = None  # a masked-diffusion decoder reading shifted logits (Dream) or not (LLaDA)
+    base: Any = None  # the config it starts from when no preset is chosen (None: the config class's defaults)
+    blocks_of: int | None = None  # block_length follows the response: this many tokens when it divides it, else one
 
+
+LLADA_BLOCK_LENGTH = 32  # LLaDA's block when it divides the length (else one block of the whole length)
+FAST_DLLM_BLOCK_LENGTH = 32  # Fast-dLLM's evaluation scripts' block (likewise)
 
 DECODERS: dict[str, DecoderSpec] = {
     "refusion": DecoderSpec("refusion", ReFusionConfig, "refusion-tiny", True, False,
@@ -55,13 +60,24 @@ DECODERS: dict[str, DecoderSpec] = {
     # revision 3 of llada: with use_cache, a cached step always follows a block's full pass, also when that pass
     # finished the block (Fast-dLLM's count of model calls; the tokens are those of revision 2).
     "llada": DecoderSpec("llada", LLaDAConfig, "mdm-tiny", True, True, "LLaDA: semi-autoregressive masked diffusion",
-                         revision=3, presets=LLADA_FAST_DLLM_PRESETS, shifted=False),
+                         revision=3, presets=LLADA_FAST_DLLM_PRESETS, shifted=False, blocks_of=LLADA_BLOCK_LENGTH),
     # revision 3 of dream: Fast-dLLM's cached sampler (a block's full pass unmasks its first position only, the
     # cache keeps every position left of the block) and, without a cache, its cap on the tokens a threshold step
     # takes (an even share of the block over steps, cumulated): other tokens than revision 2's for those settings
     "dream": DecoderSpec("dream", DreamConfig, None, True, True,
                          "Dream: masked diffusion with shifted logits (needs a Dream-style model)", revision=3,
                          presets=DREAM_FAST_DLLM_PRESETS, shifted=True),
+    # Table 1's Fast-dLLM rows as decoders of their own, so that one run holds them beside LLaDA's and Dream's
+    # rows: the llada and dream decoders starting from their fast-dllm preset (blocks of 32, threshold 0.9,
+    # prefix and dual cache)
+    "llada-fast-dllm": DecoderSpec("llada-fast-dllm", LLaDAConfig, "mdm-tiny", True, True,
+                                   "Fast-dLLM on LLaDA: threshold parallel unmasking, prefix and dual KV cache",
+                                   revision=3, shifted=False, base=LLADA_FAST_DLLM_PRESETS["fast-dllm"],
+                                   blocks_of=FAST_DLLM_BLOCK_LENGTH),
+    "dream-fast-dllm": DecoderSpec("dream-fast-dllm", DreamConfig, None, True, True,
+                                   "Fast-dLLM on Dream: threshold parallel unmasking, prefix and dual KV cache",
+                                   revision=3, shifted=True, base=DREAM_FAST_DLLM_PRESETS["fast-dllm"],
+                                   blocks_of=FAST_DLLM_BLOCK_LENGTH),
     # D2F runs on the checkpoint with D2F's LoRA adapter (--model BASE+ADAPTER, docs/checkpoints.md)
     "llada-d2f": DecoderSpec("llada-d2f", D2FConfig, None, True, True,
                              "D2F on LLaDA: a pipeline of blocks decoded in parallel, finished blocks' K/V cached",
@@ -108,28 +124,26 @@ def build_config(decoder: str, overrides: dict[str, Any] | None = None, base: An
     spec = decoder_spec(decoder)
     if base is not None and not isinstance(base, spec.config_class):
         raise UserError(f"a {type(base).__name__} preset does not fit the {decoder} decoder")
-    return config_from_dict(spec.config_class, overrides or {}, base=base)
-
-
-LLADA_BLOCK_LENGTH = 32  # LLaDA's block when it divides the length (else one block of the whole length)
+    return config_from_dict(spec.config_class, overrides or {}, base=spec.base if base is None else base)
 
 
 def length_settings(decoder: str, gen_length: Any, explicit: Any = ()) -> dict[str, int]:
-    """Settings that follow the response length unless given in ``explicit``: the masked-diffusion
-    decoders unmask one token per step (``steps = gen_length``); LLaDA uses blocks of 32 when 32
-    divides the length, else one block. A ``gen_length`` that is not a positive whole number yields
-    nothing (``build_config`` refuses it)."""
+    """Settings that follow the response length unless given in ``explicit``: LLaDA's and Dream's
+    samplers unmask one token per step (``steps = gen_length``); LLaDA and the Fast-dLLM decoders use
+    blocks of 32 when 32 divides the length, else one block (``DecoderSpec.blocks_of``). A
+    ``gen_length`` that is not a positive whole number yields nothing (``build_config`` refuses it)."""
     try:
         length = int(gen_length)
     except (TypeError, ValueError):
         return {}
     if length < 1:
         return {}
+    spec = DECODERS.get(decoder)
     values: dict[str, int] = {}
-    if decoder in ("llada", "dream"):
+    if spec is not None and spec.config_class in (LLaDAConfig, DreamConfig):
         values["steps"] = length
-    if decoder == "llada":
-        values["block_length"] = LLADA_BLOCK_LENGTH if length % LLADA_BLOCK_LENGTH == 0 else length
+    if spec is not None and spec.blocks_of is not None:
+        values["block_length"] = spec.blocks_of if length % spec.blocks_of == 0 else length
     return {name: value for name, value in values.items() if name not in explicit}
 
 
@@ -200,10 +214,10 @@ def run_decoder(
     if isinstance(config, D2FConfig):
         return decode_d2f(model, prompt_ids, config, shifted=bool(spec.shifted), mask_token_id=mask_token_id,
                           eos_token_id=eos_token_id, generator=generator, on_step=on_step, batch_size=batch_size)
-    decode = decode_llada if decoder == "llada" else decode_dream
+    decode = decode_llada if isinstance(config, LLaDAConfig) else decode_dream
     return decode(model, prompt_ids, config, mask_token_id=mask_token_id, eos_token_id=eos_token_id,
                   generator=generator, on_step=on_step, batch_size=batch_size)
 
 
-__all__ = ["DECODERS", "DecoderSpec", "LLADA_BLOCK_LENGTH", "build_config", "check_decoder_fits", "decoder_spec",
+__all__ = ["DECODERS", "DecoderSpec", "FAST_DLLM_BLOCK_LENGTH", "LLADA_BLOCK_LENGTH", "build_config", "check_decoder_fits", "decoder_spec",
            "default_model", "length_settings", "run_decoder", "with_length"]

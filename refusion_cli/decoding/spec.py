@@ -3,7 +3,8 @@
 ``refusion eval``, ``refusion bench``, ``refusion chat`` and the lm-eval adapters' ``model_args`` all
 read their decoder options here, as strings, the same way:
 
-- ``--decoder NAME``: refusion, ar, llada, dream (a name given twice counts once);
+- ``--decoder NAME``: a name of the registry (refusion, ar, llada, dream, their accelerated forms; a name
+  given twice counts once);
 - ``--model CHECKPOINT`` gives every selected decoder that checkpoint, ``--model DECODER=CHECKPOINT``
   one decoder (which wins over the shared one); without either a decoder runs on its embedded model;
 - ``--set KEY=VALUE`` sets ``KEY`` for every selected decoder whose config has it, ``--set

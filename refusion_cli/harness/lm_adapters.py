@@ -374,6 +374,20 @@ class DreamLM(DecoderLM):
     decoder = "dream"
 
 
+@register_model("llada-fast-dllm")
+class LLaDAFastLM(DecoderLM):
+    """Fast-dLLM on LLaDA: threshold parallel unmasking with the prefix and dual KV cache."""
+
+    decoder = "llada-fast-dllm"
+
+
+@register_model("dream-fast-dllm")
+class DreamFastLM(DecoderLM):
+    """Fast-dLLM on Dream: threshold parallel unmasking with the prefix and dual KV cache (shifted logits)."""
+
+    decoder = "dream-fast-dllm"
+
+
 @register_model("llada-d2f")
 class LLaDAD2FLM(DecoderLM):
     """D2F's pipelined block decoder on LLaDA (a checkpoint with D2F's LoRA adapter: --model BASE+ADAPTER)."""
@@ -388,5 +402,5 @@ class DreamD2FLM(DecoderLM):
     decoder = "dream-d2f"
 
 
-ADAPTERS: dict[str, type[DecoderLM]] = {cls.decoder: cls for cls in (ReFusionLM, ARLM, LLaDALM, DreamLM, LLaDAD2FLM,
-                                                                     DreamD2FLM)}
+ADAPTERS: dict[str, type[DecoderLM]] = {cls.decoder: cls for cls in (ReFusionLM, ARLM, LLaDALM, DreamLM, LLaDAFastLM,
+                                                                     DreamFastLM, LLaDAD2FLM, DreamD2FLM)}

@@ -147,6 +147,15 @@ def test_a_length_given_twice_is_measured_once(causal_checkpoint):
         ("refusion (recompute)", 32)]
 
 
+def test_by_default_every_decoder_with_an_embedded_model_is_measured_fast_dllm_on_mdm_tiny():
+    entries = plan_entries(BenchSettings(gen_lengths=(64,)))
+    assert [(entry.label, entry.model) for entry in entries] == [
+        ("ar", "ar-tiny"), ("refusion", "refusion-tiny"), ("refusion (recompute)", "refusion-tiny"),
+        ("llada", "mdm-tiny"), ("llada-fast-dllm", "mdm-tiny")]
+    fast = entries[-1].config
+    assert (fast.threshold, fast.use_cache, fast.dual_cache, fast.block_length) == (0.9, True, True, 32)
+
+
 def test_a_length_refusion_rounds_up_to_whole_slots_is_named(causal_checkpoint):
     """ReFusion may decode more tokens than AR at a length that is not a multiple of its slot size."""
     settings = BenchSettings(decoders=("ar", "refusion"), gen_lengths=(30, 32),

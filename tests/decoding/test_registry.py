@@ -36,13 +36,16 @@ def test_run_decoder_on_a_checkpoint_directory(causal_checkpoint, bidirectional_
                                     ("ar", causal, {"gen_length": "16"}),
                                     ("llada", mdm, {"gen_length": "16", "steps": "16", "block_length": "8"}),
                                     ("dream", mdm, {"gen_length": "16", "steps": "16"}),
+                                    ("llada-fast-dllm", mdm, {"gen_length": "16", "block_length": "8"}),
+                                    ("dream-fast-dllm", mdm, {"gen_length": "16", "block_length": "8"}),
                                     ("llada-d2f", mdm, {"gen_length": "16", "block_size": "8"}),
                                     ("dream-d2f", mdm, {"gen_length": "16", "block_size": "8"})]:
         result = run_decoder(name, loaded.model, prompt, build_config(name, overrides),
                              mask_token_id=loaded.mask_token_id, eos_token_id=loaded.eos_token_id)
         assert 1 <= result.stats.tokens <= 16 and result.stats.forwards >= 1
         assert loaded.mask_token_id not in result.tokens
-    assert set(DECODERS) == {"refusion", "ar", "llada", "dream", "llada-d2f", "dream-d2f"}
+    assert set(DECODERS) == {"refusion", "ar", "llada", "dream", "llada-fast-dllm", "dream-fast-dllm", "llada-d2f",
+                             "dream-d2f"}
 
 
 def test_length_settings_follow_gen_length_unless_given():
@@ -53,6 +56,9 @@ def test_length_settings_follow_gen_length_unless_given():
     assert length_settings("llada", 64, explicit={"block_length"}) == {"steps": 64}
     assert length_settings("dream", 16) == {"steps": 16}
     assert length_settings("refusion", 64) == length_settings("ar", 64) == {}
+    assert length_settings("dream-fast-dllm", 64) == length_settings("llada-fast-dllm", 64) == \
+        {"steps": 64, "block_length": 32}  # Fast-dLLM's blocks of 32, where 32 divides the budget
+    assert length_settings("dream-fast-dllm", 24) == {"steps": 24, "block_length": 24}
     assert length_settings("llada", "many") == length_settings("llada", 0) == {}  # build_config refuses these
 
 
@@ -73,3 +79,8 @@ def test_the_fast_dllm_preset_is_table_1s_setting_for_any_budget(decoder):
         build_config(decoder, {"use_cache": "false"}, base=preset)
     if decoder == "dream":
         assert (preset.alg, preset.top_p) == ("maskgit_plus", None)  # ranked by the top probability, argmax
+    # the Fast-dLLM decoder of Table 1's row starts from this preset, and so runs beside the plain decoder
+    fast = f"{decoder}-fast-dllm"
+    assert build_config(fast, with_length(fast, {"gen_length": 256})) == \
+        build_config(decoder, with_length(decoder, {"gen_length": 256}), base=preset)
+    assert build_config(fast, {"dual_cache": "false"}) == build_config(decoder, {"dual_cache": "false"}, base=preset)
