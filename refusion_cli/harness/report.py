@@ -148,7 +148,8 @@ def table1_comparison(results: list[RunResult]) -> Table | None:
             average = (_mean([c.accuracy for c in cells.values()]), _mean([c.tps for c in cells.values()]))
             line += [_beside(average if complete else None, row.printed_average), row.tps_count]
             lines.append(line)
-    return Table(f"the paper's Table 1 ({source}), its nine rows: measured (paper, difference), accuracy / TPS",
+    return Table(f"the paper's {source.split(', ')[-1]} ({source.split(', ')[0]}), its nine rows: measured (paper, "
+                 "difference), accuracy / TPS",
                  ["paper row", "decoder:model", *(titles[name] for name in benchmarks), "Avg",
                   "the paper's TPS count"], lines)
 
