@@ -16,6 +16,7 @@ from refusion_cli.errors import UserError
 from refusion_cli.harness.runner import model_fingerprint
 from refusion_cli.models import load_model
 from refusion_cli.models.loading import check_model_fits
+from tests.standins.helpers import run
 from tools.standins import ADAPTERS, LORA_RANK
 
 FAMILIES = {"llada": ("llada-8b-instruct", "d2f-llada-lora", "LlamaForCausalLM"),
@@ -44,6 +45,34 @@ def test_an_adapter_loads_by_its_folder_or_with_its_base_and_changes_the_logits(
         plain, one, other = (loaded.model(input_ids=IDS).logits for loaded in (bare, by_folder, with_base))
     assert torch.equal(one, other)
     assert (one - plain).abs().max() > 0.1  # the adapter is applied, not loaded beside the model
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_merged_into_the_weights_the_adapter_decodes_the_same_tokens(standin, family):
+    """peft's unmerged LoRA (as loaded) and the same adapter merged into the base weights (peft's merge) give the
+    D2F decoder the same tokens."""
+    from peft.tuners.lora import LoraLayer
+
+    from refusion_cli.decoding.registry import build_config, run_decoder
+
+    base_name, adapter_name, _ = FAMILIES[family]
+    loaded = load_model(f"{standin(base_name)}+{standin(adapter_name)}", "cpu", torch.float64)
+    decoder = f"{family}-d2f"
+    config = build_config(decoder, {"gen_length": "16", "block_size": "8", "block_add_threshold": "0.1",
+                                    "decoded_token_threshold": "0.5", "skip_threshold": "0.00003"})
+    prompts = [IDS[0].tolist(), IDS[0, :3].tolist()]
+
+    def decode() -> list[list[int]]:
+        return [result.tokens for result in run_decoder(decoder, loaded.model, prompts, config,
+                                                        mask_token_id=loaded.mask_token_id,
+                                                        eos_token_id=loaded.eos_token_id)]
+
+    unmerged = decode()
+    layers = [module for module in loaded.model.modules() if isinstance(module, LoraLayer)]
+    assert layers and not any(layer.merged for layer in layers)
+    for layer in layers:
+        layer.merge()
+    assert decode() == unmerged and all(len(tokens) > 1 for tokens in unmerged)
 
 
 def test_llada_names_map_onto_llamas(standin):
@@ -85,8 +114,6 @@ def test_the_d2f_decoders_fit_their_families_only(standin):
 
 
 def test_chat_decodes_with_d2f_on_base_plus_adapter(standin, monkeypatch, capsys):
-    from tests.standins.test_commands import run
-
     model = f"{standin('llada-8b-instruct')}+{standin('d2f-llada-lora')}"
     code, out, err = run(monkeypatch, capsys, "chat", "--decoder", "llada-d2f", "--model", model, "--device", "cpu",
                          "--set", "gen_length=8", "--set", "block_size=4", "--prompt", "What is 12 + 7?")
@@ -96,8 +123,6 @@ def test_chat_decodes_with_d2f_on_base_plus_adapter(standin, monkeypatch, capsys
 
 @pytest.mark.slow  # 9 s: an eval run, twice
 def test_eval_runs_d2f_on_base_plus_adapter_and_reuses_its_journal(standin, monkeypatch, capsys, tmp_path):
-    from tests.standins.test_commands import run
-
     model = f"{standin('llada-8b-instruct')}+{standin('d2f-llada-lora')}"
     arguments = ["eval", "--task", "synthetic", "--decoder", "llada-d2f", "--model", model, "--device", "cpu",
                  "--set", "gen_length=8", "--set", "block_size=4", "--limit", "1", "--output", str(tmp_path / "eval")]

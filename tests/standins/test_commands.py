@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import csv
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 from refusion_cli.decoding.spec import DecoderChoice
 from refusion_cli.harness.lm_adapters import ADAPTERS
+from tests.standins.helpers import run
 
 REPO = Path(__file__).resolve().parents[2]
 GEN_LENGTH = 8
@@ -46,18 +46,6 @@ metric_list:
   - metric: exact_match
 num_fewshot: 0
 """
-
-
-def run(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    """``refusion ARGS`` through the real entry point, in-process: (exit code, stdout, stderr)."""
-    from refusion_cli.cli.app import main
-
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    monkeypatch.setattr(sys, "argv", ["refusion", *args])
-    with pytest.raises(SystemExit) as exit_info:
-        main()
-    out = capsys.readouterr()
-    return exit_info.value.code, out.out, out.err
 
 
 def options(name: str, directory: Path) -> list[str]:

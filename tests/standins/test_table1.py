@@ -6,11 +6,11 @@ each with its run beside the paper's numbers, not the scores."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.standins.helpers import run
 from tools.standins import build_standin
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,8 +33,6 @@ RUNS = [  # (paper row, decoder, folder), in the paper's order
 
 @pytest.mark.slow  # `make test-all`: seven stand-ins, nine rows x seven benchmarks (about 100 s)
 def test_table1_in_one_command_prints_the_nine_rows_beside_the_papers_numbers(tmp_path, monkeypatch, capsys):
-    from refusion_cli.cli.app import main
-
     for name, folder in FOLDERS.items():
         build_standin(name, tmp_path / folder)
     for name, (folder, base) in ADAPTER_FOLDERS.items():
@@ -44,15 +42,11 @@ def test_table1_in_one_command_prints_the_nine_rows_beside_the_papers_numbers(tm
     settings = ["gen_length=8", "temperature=0", "top_p=1", "refusion.slot_size=4", "refusion.block_size=8",
                 "llada-d2f.block_size=8", "dream-d2f.block_size=8"]
     output = tmp_path / "table1"
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    monkeypatch.setattr(sys, "argv", [
-        "refusion", "eval", "--task", "paper", "--decoder", *decoders, "--model", *models,
-        *[item for value in settings for item in ("--set", value)], "--limit", "1", "--device", "cpu",
-        "--data-dir", str(REPO / "tests" / "harness" / "paper_data"), "--confirm-run-unsafe-code",
-        "--output", str(output)])
-    with pytest.raises(SystemExit) as exit_info:
-        main()
-    assert exit_info.value.code == 0, capsys.readouterr().err
+    code, _, err = run(monkeypatch, capsys, "eval", "--task", "paper", "--decoder", *decoders, "--model", *models,
+                       *[item for value in settings for item in ("--set", value)], "--limit", "1", "--device", "cpu",
+                       "--data-dir", str(REPO / "tests" / "harness" / "paper_data"), "--confirm-run-unsafe-code",
+                       "--output", str(output))
+    assert code == 0, err
     cells = json.loads((output / "metrics.json").read_text())["results"]
     assert len(cells) == 9 * 7 and {cell["protocol"] for cell in cells} == {"paper"}
     summary = (output / "summary.md").read_text(encoding="utf-8")
