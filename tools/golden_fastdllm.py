@@ -26,14 +26,15 @@ family the stand-in's weight fingerprint and the prompts.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import sys
 import types
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from golden_logits import weights_fingerprint  # noqa: E402  (a sibling script, as this one imports nothing else)
 
 FAMILIES = {"llada": "llada-8b-instruct", "dream": "dream-v0-instruct-7b"}
 GEN_LENGTH = 16
@@ -53,21 +54,6 @@ PROMPTS = {
 LOW_THRESHOLD = {"llada": 5.2e-5, "dream": 1e-3}
 DREAM_CAP_STEPS = 4  # Dream's threshold without a cache: at most gen_length / 4 tokens a step (cumulated)
 FIXED_STEPS = 8  # the fixed-steps settings: 2 tokens a step (LLaDA's even schedule; Dream's timesteps vary)
-
-
-def weights_fingerprint(directory: Path) -> str:
-    """sha256 over every weight's name, dtype, shape and bytes, in name order (as tools/golden_logits.py)."""
-    digest = hashlib.sha256()
-    tensors = {}
-    for file in sorted(directory.glob("*.safetensors")):
-        with safe_open(str(file), "pt") as handle:
-            for name in handle.keys():
-                tensors[name] = handle.get_tensor(name)
-    for name in sorted(tensors):
-        tensor = tensors[name].contiguous()
-        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
-        digest.update(tensor.numpy().tobytes())
-    return digest.hexdigest()
 
 
 def settings(family: str) -> list[dict]:
