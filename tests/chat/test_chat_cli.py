@@ -119,23 +119,25 @@ def test_prompt_mode_prints_the_answer_and_exits(causal_checkpoint):
     assert re.search(STATS, out.stderr) and "░" not in out.stdout + out.stderr  # no live view off a terminal
 
 
-def test_piped_stdin_answers_each_line_and_exits_at_eof(causal_checkpoint):
+def test_piped_stdin_answers_each_line_and_exits_at_eof(causal_checkpoint, monkeypatch, capsys):
     lines = f"{QUESTION}\n\n/set slot_threshold 0.5\nHow many apples does Mia have?\n"
-    out = run_chat("--model", str(causal_checkpoint), "--set", "gen_length=32", stdin=lines)
-    assert out.returncode == 0, out.stderr
-    assert len(re.findall(STATS, out.stderr)) == 2  # two questions, two answers; the blank line is skipped
-    assert "slot_threshold = 0.5" in out.stderr
-    assert "Traceback" not in out.stderr
+    code, out = run_main(monkeypatch, capsys, "--model", str(causal_checkpoint), "--set", "gen_length=32",
+                         stdin=io.StringIO(lines))
+    assert code == 0, out.err
+    assert len(re.findall(STATS, out.err)) == 2  # two questions, two answers; the blank line is skipped
+    assert "slot_threshold = 0.5" in out.err
+    assert "Traceback" not in out.err
 
 
-def test_piped_stdin_with_a_bad_line_goes_on_then_exits_2(causal_checkpoint):
+def test_piped_stdin_with_a_bad_line_goes_on_then_exits_2(causal_checkpoint, monkeypatch, capsys):
     lines = f"/set slot_threshold 7\n{QUESTION}\n/frob\n"
-    out = run_chat("--model", str(causal_checkpoint), "--set", "gen_length=32", stdin=lines)
-    assert out.returncode == 2, out.stderr
-    assert len(re.findall(STATS, out.stderr)) == 1 and out.stdout.strip()  # the question was still answered
-    assert "refused: slot_threshold must be in [0, 1], got 7.0; nothing changed" in out.stderr
-    assert out.stderr.splitlines()[-1] == "error: input lines 1, 3 failed (reported above)"
-    assert "Traceback" not in out.stderr
+    code, out = run_main(monkeypatch, capsys, "--model", str(causal_checkpoint), "--set", "gen_length=32",
+                         stdin=io.StringIO(lines))
+    assert code == 2, out.err
+    assert len(re.findall(STATS, out.err)) == 1 and out.out.strip()  # the question was still answered
+    assert "refused: slot_threshold must be in [0, 1], got 7.0; nothing changed" in out.err
+    assert out.err.splitlines()[-1] == "error: input lines 1, 3 failed (reported above)"
+    assert "Traceback" not in out.err
 
 
 @pytest.mark.parametrize("args, message", [
