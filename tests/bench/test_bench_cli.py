@@ -165,6 +165,8 @@ def test_bad_input_is_one_line_and_exit_2(args, message, tmp_path, monkeypatch, 
     assert not (tmp_path / "out").exists()  # refused before anything ran
 
 
+@pytest.mark.slow  # `make test-all` (16 s, a Ctrl-C to a real process); by default test_bench_resume.py checks an
+# interrupted run's files and message in-process
 def test_an_interrupted_bench_keeps_its_finished_rows(causal_checkpoint, tmp_path):
     output = tmp_path / "out"
     child = pexpect.spawn(sys.executable, ["-m", "refusion_cli", "bench", "--decoder", "ar", "refusion",

@@ -121,6 +121,8 @@ def eval_options(checkpoint: Path, output: Path, limit: int, **changes):
     return EvalOptions(**{**settings, **changes})
 
 
+@pytest.mark.slow  # `make test-all` (20 s): by default the in-process interruption test below and the torn-line
+# tests of the journal check the same resume
 def test_a_killed_run_resumes_without_decoding_any_sample_twice(causal_checkpoint, tmp_path):
     from refusion_cli.harness.runner import run_eval
 

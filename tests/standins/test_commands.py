@@ -122,9 +122,11 @@ def task_folder(tmp_path_factory) -> Path:
 def task_manager(task_folder):
     from lm_eval.tasks import TaskManager
 
-    return TaskManager(include_path=str(task_folder))
+    return TaskManager(include_path=str(task_folder), include_defaults=False)  # this task alone
 
 
+@pytest.mark.slow  # `make test-all` (13 s: lm-eval's command line indexes its task files first); by default
+# tests/harness/test_adapters.py checks the same merge of model_args and the command line's keys
 def test_refusion_lm_eval_takes_device_from_model_args(standin, task_folder, monkeypatch, capsys, tmp_path):
     """lm-eval's command line passes its own default device (cuda:0) when --device is absent: device= in
     model_args wins over it instead of clashing ("given twice")."""
