@@ -38,12 +38,12 @@ import torch
 from refusion_cli.decoding.batching import Generators, Prompt, Prompts
 from refusion_cli.decoding.config import ConfigError, check_non_negative, check_positive, check_probability
 from refusion_cli.decoding.dream import DreamConfig, predict_tokens
-from refusion_cli.decoding.mdm import Block, Canvas, CanvasFeed, CanvasStep, MDMStep, choose_positions, decode_canvases
+from refusion_cli.decoding.mdm import (Block, Canvas, CanvasFeed, CanvasStep, MDMStep, RowKV, choose_positions,
+                                      decode_canvases)
 from refusion_cli.decoding.stats import DecodeResult, EosIds, eos_ids
 
 # forced_rank -> the Dream ranking that computes it (D2F's sampling_strategy default / margin_confidence / neg_entropy)
 FORCED_RANKS = {"probability": "maskgit_plus", "margin": "topk_margin", "entropy": "entropy"}
-RowCache = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: K and V [H, n, D] of a row's n cached positions
 
 
 @dataclass(frozen=True)
@@ -186,7 +186,7 @@ def d2f_row(canvas: Canvas, config: D2FConfig, shifted: bool,
     prompt = PipelineBlock(Block(-1, 0, canvas.prompt_length), decoded=canvas.prompt_length, complete=True,
                            state=BlockState.FINISHED)
     blocks = [prompt]
-    cache: RowCache | None = None
+    cache: RowKV | None = None  # the K/V of the row's cached positions
     cached = 0  # positions whose K/V the row holds
     before_first: torch.Tensor | None = None  # shifted: logits [V] of the last cached position
     eos_committed = False

@@ -3,21 +3,23 @@
 Contract of :func:`run_eval`:
 
 1) plan      every (benchmark, decoder) config is built first (``preset`` or the preset the suite
-             names for the benchmark, where the decoder has one; the benchmark's response budget, then ``--set`` overrides,
-             parsed and validated by ``decoding.spec``; with ``causal_fix`` / ``causal_first`` /
-             ``recheck``, ReFusion's variants of ``decoding.variants`` are runs of their own after the
-             paper's decoder); the benchmarks' task YAMLs are rendered
-             and their local data checked (present, not empty, JSON lines; with ``download``, the
-             missing files are fetched from the hub first, see ``download``), as are ``--device``,
-             ``--dtype``, ``--output`` and ``--data-dir``; then the lm-eval tasks are built over
-             that data (in a temporary folder). Any mistake is a ``UserError`` before a model is
-             loaded or a file is written (downloaded data aside). With ``limit=0`` the run ends here.
+             names for the benchmark, where the decoder has one; the benchmark's response budget;
+             then ``--set`` overrides, parsed and validated by ``decoding.spec``; with
+             ``causal_fix`` / ``causal_first`` / ``recheck``, ReFusion's variants of
+             ``decoding.variants`` are runs of their own after the paper's decoder); the benchmarks'
+             task YAMLs are rendered and their local data checked (present, not empty, JSON lines;
+             with ``download``, the missing files are fetched from the hub first, see
+             ``download``), as are ``--device``, ``--dtype``, ``--output`` and ``--data-dir``; then
+             the lm-eval tasks are built over that data (in a temporary folder). Any mistake is a
+             ``UserError`` before a model is loaded or a file is written (downloaded data aside).
+             With ``limit=0`` the run ends here.
 2) evaluate  the task YAMLs are kept in the run folder; one model at a time (loaded once, let go
              before the next: nine 8B checkpoints need not fit together), per benchmark and per
-             decoder on that model, an adapter (``lm_adapters``) with a :class:`~refusion_cli.harness.journal.SampleJournal` as its
-             generation hook runs lm-eval's ``evaluate`` (zero-shot, the chat template, the suite's
-             ``max_gen_toks``). Each sample is scored and appended to the journal as it is
-             produced; samples already in the journal are not decoded again (resume).
+             decoder on that model, an adapter (``lm_adapters``) with a
+             :class:`~refusion_cli.harness.journal.SampleJournal` as its generation hook runs
+             lm-eval's ``evaluate`` (zero-shot, the chat template, the suite's ``max_gen_toks``).
+             Each sample is scored and appended to the journal as it is produced; samples already
+             in the journal are not decoded again (resume).
 3) report    per (benchmark, decoder + model): accuracy (mean per-sample score, in %) next to
              lm-eval's own aggregate of the same metric, TPS (total tokens / total seconds, as the
              paper) and mean per-sample TPF, totals;
