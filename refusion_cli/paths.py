@@ -1,9 +1,11 @@
-"""Checks on paths a command will write to, made before anything is written, and the one way a
-whole file is replaced (:func:`write_atomically`)."""
+"""Checks on paths a command will write to, made before anything is written, the one way a
+whole file is replaced (:func:`write_atomically`), and what identifies a folder's files
+(:func:`folder_fingerprint`)."""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import tempfile
 from pathlib import Path
 
@@ -46,3 +48,16 @@ def write_atomically(path: Path, text: str, scratch: Path | None = None) -> None
         with contextlib.suppress(OSError):  # never written, or not ours to remove
             scratch.unlink()
         raise
+
+
+def folder_fingerprint(folder: Path, config_file: str, weight_files: list[Path]) -> str:
+    """What identifies the files of a checkpoint or adapter ``folder``: its resolved path, the bytes of its
+    ``config_file`` (when present) and each of ``weight_files`` that exists (name, size, mtime), in order."""
+    parts = [str(folder.resolve())]
+    if (folder / config_file).is_file():
+        parts.append(hashlib.sha256((folder / config_file).read_bytes()).hexdigest())
+    for weights in weight_files:
+        if weights.is_file():
+            stat = weights.stat()
+            parts.append(f"{weights.name}:{stat.st_size}:{stat.st_mtime_ns}")
+    return "|".join(parts)

@@ -68,7 +68,7 @@ from refusion_cli.models.adapters import adapter_fingerprint, parse_model
 from refusion_cli.models.chat import require_chat_template
 from refusion_cli.models.devices import free_device_memory, parse_device, parse_dtype
 from refusion_cli.models.loading import EMBEDDED, check_model_fits, embedded_path, is_embedded
-from refusion_cli.paths import check_output_dir
+from refusion_cli.paths import check_output_dir, folder_fingerprint
 
 if TYPE_CHECKING:
     import torch
@@ -172,14 +172,7 @@ def model_fingerprint(model: str) -> str:
     path = embedded_path(model) if is_embedded(model) else Path(model).expanduser()
     if not path.is_dir():
         return model  # a hub id
-    parts = [str(path.resolve())]
-    config = path / "config.json"
-    if config.is_file():
-        parts.append(hashlib.sha256(config.read_bytes()).hexdigest())
-    for weights in sorted(path.glob("*.safetensors")) + sorted(path.glob("*.bin")):
-        stat = weights.stat()
-        parts.append(f"{weights.name}:{stat.st_size}:{stat.st_mtime_ns}")
-    return "|".join(parts)
+    return folder_fingerprint(path, "config.json", sorted(path.glob("*.safetensors")) + sorted(path.glob("*.bin")))
 
 
 def placement(model: Any) -> tuple[str, str]:

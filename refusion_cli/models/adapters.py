@@ -19,7 +19,6 @@ the layout's ``key_mapping``, exactly as the base weights were. Whatever does no
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ import torch
 from refusion_cli.errors import UserError
 from refusion_cli.models.hub import offline_unless_hub_answers
 from refusion_cli.models.layouts import NativeLayout
+from refusion_cli.paths import folder_fingerprint
 
 SEPARATOR = "+"  # --model BASE+ADAPTER (hub ids cannot hold it)
 CONFIG_FILE = "adapter_config.json"
@@ -127,14 +127,7 @@ def adapter_fingerprint(name: str) -> str:
     path = Path(name).expanduser()
     if not path.is_dir():
         return name
-    parts = [str(path.resolve())]
-    if (path / CONFIG_FILE).is_file():
-        parts.append(hashlib.sha256((path / CONFIG_FILE).read_bytes()).hexdigest())
-    for file in WEIGHT_FILES:
-        if (path / file).is_file():
-            stat = (path / file).stat()
-            parts.append(f"{file}:{stat.st_size}:{stat.st_mtime_ns}")
-    return "|".join(parts)
+    return folder_fingerprint(path, CONFIG_FILE, [path / file for file in WEIGHT_FILES])
 
 
 def apply_adapter(model: torch.nn.Module, folder: Path, name: str, layout: NativeLayout | None, family: str) -> None:
