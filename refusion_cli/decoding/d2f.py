@@ -37,7 +37,7 @@ import torch
 
 from refusion_cli.decoding.batching import Generators, Prompt, Prompts
 from refusion_cli.decoding.config import ConfigError, check_non_negative, check_positive, check_probability
-from refusion_cli.decoding.dream import DreamConfig, predict_tokens
+from refusion_cli.decoding.dream import DreamConfig, check_filters, predict_tokens
 from refusion_cli.decoding.mdm import (Block, Canvas, CanvasFeed, CanvasStep, MDMStep, RowKV, choose_positions,
                                       decode_canvases)
 from refusion_cli.decoding.stats import DecodeResult, EosIds, eos_ids
@@ -70,12 +70,7 @@ class D2FConfig:
         for name in ("block_add_threshold", "decoded_token_threshold", "skip_threshold"):
             check_probability(name, getattr(self, name))
         check_non_negative("temperature", self.temperature)
-        if self.top_p is not None:
-            check_probability("top_p", self.top_p)
-            if self.top_p == 0:
-                raise ConfigError("top_p must be > 0 (use None or 1 for no filtering)")
-        if self.top_k is not None:
-            check_positive("top_k", self.top_k)
+        check_filters(self.top_p, self.top_k)
         if self.forced_rank not in FORCED_RANKS:
             raise ConfigError(f"forced_rank must be one of {', '.join(FORCED_RANKS)}, got {self.forced_rank!r}")
 

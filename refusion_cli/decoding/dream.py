@@ -65,6 +65,16 @@ from refusion_cli.decoding.stats import DecodeResult, EosIds
 ALGORITHMS = ("origin", "maskgit_plus", "topk_margin", "entropy")
 
 
+def check_filters(top_p: float | None, top_k: int | None) -> None:
+    """The top-p and top-k filters of the sampled tokens (None: off)."""
+    if top_p is not None:
+        check_probability("top_p", top_p)
+        if top_p == 0:
+            raise ConfigError("top_p must be > 0 (use None or 1 for no filtering)")
+    if top_k is not None:
+        check_positive("top_k", top_k)
+
+
 @dataclass(frozen=True)
 class DreamConfig:
     """Dream's sampler settings; defaults are the ``diffusion_generate`` call of Dream's README."""
@@ -89,12 +99,7 @@ class DreamConfig:
         check_non_negative("alg_temp", self.alg_temp)
         if not 0.0 < self.eps < 1.0:
             raise ConfigError(f"eps must be in (0, 1), got {self.eps}")
-        if self.top_p is not None:
-            check_probability("top_p", self.top_p)
-            if self.top_p == 0:
-                raise ConfigError("top_p must be > 0 (use None or 1 for no filtering)")
-        if self.top_k is not None:
-            check_positive("top_k", self.top_k)
+        check_filters(self.top_p, self.top_k)
         check_fast_options(self.threshold, self.use_cache, self.dual_cache, self.temperature)
         if self.threshold is not None and self.alg == "origin":
             raise ConfigError("threshold needs a confidence ranking: use alg maskgit_plus, topk_margin or entropy")

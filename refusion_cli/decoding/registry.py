@@ -49,7 +49,6 @@ class DecoderSpec:
 
 
 LLADA_BLOCK_LENGTH = 32  # LLaDA's block when it divides the length (else one block of the whole length)
-FAST_DLLM_BLOCK_LENGTH = 32  # Fast-dLLM's evaluation scripts' block (likewise)
 
 DECODERS: dict[str, DecoderSpec] = {
     "refusion": DecoderSpec("refusion", ReFusionConfig, "refusion-tiny", True, False,
@@ -73,11 +72,11 @@ DECODERS: dict[str, DecoderSpec] = {
     "llada-fast-dllm": DecoderSpec("llada-fast-dllm", LLaDAConfig, "mdm-tiny", True, True,
                                    "Fast-dLLM on LLaDA: threshold parallel unmasking, prefix and dual KV cache",
                                    revision=3, shifted=False, base=LLADA_FAST_DLLM_PRESETS["fast-dllm"],
-                                   blocks_of=FAST_DLLM_BLOCK_LENGTH),
+                                   blocks_of=LLADA_FAST_DLLM_PRESETS["fast-dllm"].block_length),
     "dream-fast-dllm": DecoderSpec("dream-fast-dllm", DreamConfig, None, True, True,
                                    "Fast-dLLM on Dream: threshold parallel unmasking, prefix and dual KV cache",
                                    revision=3, shifted=True, base=DREAM_FAST_DLLM_PRESETS["fast-dllm"],
-                                   blocks_of=FAST_DLLM_BLOCK_LENGTH),
+                                   blocks_of=DREAM_FAST_DLLM_PRESETS["fast-dllm"].block_length),
     # D2F runs on the checkpoint with D2F's LoRA adapter (--model BASE+ADAPTER, docs/checkpoints.md)
     "llada-d2f": DecoderSpec("llada-d2f", D2FConfig, None, True, True,
                              "D2F on LLaDA: a pipeline of blocks decoded in parallel, finished blocks' K/V cached",
@@ -219,5 +218,5 @@ def run_decoder(
                   generator=generator, on_step=on_step, batch_size=batch_size)
 
 
-__all__ = ["DECODERS", "DecoderSpec", "FAST_DLLM_BLOCK_LENGTH", "LLADA_BLOCK_LENGTH", "build_config", "check_decoder_fits", "decoder_spec",
+__all__ = ["DECODERS", "DecoderSpec", "LLADA_BLOCK_LENGTH", "build_config", "check_decoder_fits", "decoder_spec",
            "default_model", "length_settings", "run_decoder", "with_length"]
