@@ -21,7 +21,8 @@ import torch
 
 from refusion_cli.decoding import DreamConfig, LLaDAConfig, decode_dream, decode_llada
 from refusion_cli.models import load_model
-from tools.golden_fastdllm import FAMILIES, weights_fingerprint
+from tools.golden_fastdllm import FAMILIES
+from tools.golden_logits import weights_fingerprint
 
 GOLDEN = Path(__file__).parent / "golden" / "fastdllm.json"
 DECODERS = {"llada": (LLaDAConfig, decode_llada), "dream": (DreamConfig, decode_dream)}
