@@ -7,7 +7,9 @@ model call; a finished lane leaves and the next prompt takes its row.
 
 from __future__ import annotations
 
-from typing import overload
+import functools
+from dataclasses import dataclass
+from typing import Any, Callable, overload
 
 import torch
 
@@ -48,17 +50,32 @@ def decode_ar(
     clock = BatchClock(prompts[0].device)
 
     def start(index: int) -> LaneStep[DecodeResult]:
-        stats = DecodeStats()
-        prompt = prompts[index]
-        # the prompt but its last token is committed; the last one is fed, its logits give the first token
-        return greedy_lane(lanes.open(index, stats, prompt[:-1]), stats, prompt[-1:], max_new_tokens, stops)
+        return ar_row(lanes, index, prompts[index], max_new_tokens, stops)
 
     results = drive(lanes, start, len(prompts), batch_size, clock)
     return results if batch else results[0]
 
 
+@dataclass
+class ARStep:
+    """One greedy step: the token committed at a response offset (what ``on_step`` sees of AR)."""
+
+    offset: int
+    token: int
+
+
+def ar_row(lanes: Lanes, index: int, prompt: torch.Tensor, max_new_tokens: int, stops: set[int],
+           on_step: Callable[[ARStep], None] | None = None, clock: BatchClock | None = None) -> LaneStep[DecodeResult]:
+    """Open lane ``index`` for ``prompt`` [P] and return its greedy program; ``on_step`` sees every token,
+    its time kept out of the latency by ``clock``."""
+    stats = DecodeStats()
+    report = None if on_step is None or clock is None else functools.partial(clock.report, stats, on_step)
+    # the prompt but its last token is committed; the last one is fed, its logits give the first token
+    return greedy_lane(lanes.open(index, stats, prompt[:-1]), stats, prompt[-1:], max_new_tokens, stops, report)
+
+
 def greedy_lane(ctx: Lane, stats: DecodeStats, last: torch.Tensor, max_new_tokens: int,
-                stops: set[int]) -> LaneStep[DecodeResult]:
+                stops: set[int], report: Callable[[Any], None] | None = None) -> LaneStep[DecodeResult]:
     """One prompt's greedy decode as a lane program: feed the last token, commit it, take the argmax."""
     tokens: list[int] = []
     position = torch.tensor([ctx.length], device=last.device)  # [1]
@@ -67,6 +84,8 @@ def greedy_lane(ctx: Lane, stats: DecodeStats, last: torch.Tensor, max_new_token
         ctx.commit(1)
         token = int(logits[-1].argmax())
         tokens.append(token)
+        if report is not None:
+            report(ARStep(len(tokens) - 1, token))
         if token in stops:
             break
         last, position = torch.tensor([token], device=last.device), position + 1
@@ -74,4 +93,4 @@ def greedy_lane(ctx: Lane, stats: DecodeStats, last: torch.Tensor, max_new_token
     return DecodeResult(tokens=tokens, stats=stats)
 
 
-__all__ = ["decode_ar", "greedy_lane"]
+__all__ = ["ARStep", "ar_row", "decode_ar", "greedy_lane"]

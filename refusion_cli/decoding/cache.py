@@ -108,8 +108,8 @@ class Lanes:
         return Lane(self, lane)
 
     def close(self, lane: int) -> None:
-        """End a lane: its row leaves the batch at the next call."""
-        del self.lanes[lane]
+        """End a lane: its row leaves the batch at the next call (a lane already closed stays closed)."""
+        self.lanes.pop(lane, None)
 
     def length(self, lane: int) -> int:
         """Committed tokens of ``lane``, prompt included."""

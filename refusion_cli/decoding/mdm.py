@@ -387,14 +387,24 @@ def decode_canvases(
     clock = BatchClock(prompts[0].device)
 
     def start(index: int) -> CanvasStep[DecodeResult]:
-        callback = row_callback(on_step, index, batch)  # its time is kept out of every row's latency
-        report = None if callback is None else functools.partial(report_to, clock, callback)
-        canvas = Canvas(prompts[index], gen_length, mask_token_id=mask_token_id, eos_token_id=eos_token_id,
-                        report=report)
-        return program(canvas, generators[index])
+        return canvas_row(prompts[index], gen_length, program, mask_token_id=mask_token_id,
+                          eos_token_id=eos_token_id, generator=generators[index],
+                          on_step=row_callback(on_step, index, batch), clock=clock)
 
     results = drive(CanvasCalls(model), start, len(prompts), batch_size, clock)
     return results if batch else results[0]
+
+
+def canvas_row(prompt: torch.Tensor, gen_length: int,
+               program: Callable[[Canvas, torch.Generator | None], CanvasStep[DecodeResult]], *,
+               mask_token_id: int, eos_token_id: EosIds, generator: torch.Generator | None,
+               on_step: Callable[[MDMStep], None] | None = None,
+               clock: BatchClock | None = None) -> CanvasStep[DecodeResult]:
+    """``program`` on the canvas of ``prompt`` [P] with ``gen_length`` masks: one row of :class:`CanvasCalls`;
+    ``on_step`` sees every step, its time kept out of every row's latency by ``clock``."""
+    report = None if on_step is None or clock is None else functools.partial(report_to, clock, on_step)
+    canvas = Canvas(prompt, gen_length, mask_token_id=mask_token_id, eos_token_id=eos_token_id, report=report)
+    return program(canvas, generator)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -241,23 +241,34 @@ def decode_refusion(
     (see the module docstring); the last three combine."""
     batch, prompts = batch_prompts(model, prompt_ids, batch_size, config.padded_length,
                                    mask_token_id=mask_token_id, eos_token_id=eos_token_id)
-    device = prompts[0].device
     generators = row_generators(generator, len(prompts))
-    stop_ids = eos_ids(eos_token_id)
-    stops = torch.tensor(stop_ids, dtype=torch.long, device=device) if stop_ids else None  # made once per decode
     lanes = Lanes(model, reuse=kv_reuse)
-    clock = BatchClock(device)
+    clock = BatchClock(prompts[0].device)
 
     def start(index: int) -> LaneStep[DecodeResult]:
-        stats = DecodeStats()
-        ctx = lanes.open(index, stats, prompts[index])
-        callback = row_callback(on_step, index, batch)
-        report = None if callback is None else functools.partial(clock.report, stats, callback)
-        return decode_lane(ctx, stats, prompts[index].numel(), config, mask_token_id, stops, eos_token_id,
-                           generators[index], causal_fix, causal_first, recheck, report)
+        return refusion_row(lanes, index, prompts[index], config, mask_token_id=mask_token_id,
+                            eos_token_id=eos_token_id, generator=generators[index], causal_fix=causal_fix,
+                            causal_first=causal_first, recheck=recheck,
+                            on_step=row_callback(on_step, index, batch), clock=clock)
 
     results = drive(lanes, start, len(prompts), batch_size, clock)
     return results if batch else results[0]
+
+
+def refusion_row(lanes: Lanes, index: int, prompt: torch.Tensor, config: ReFusionConfig, *, mask_token_id: int,
+                 eos_token_id: EosIds, generator: torch.Generator | None, causal_fix: bool = False,
+                 causal_first: bool = False, recheck: bool = False,
+                 on_step: Callable[[StepTrace], None] | None = None,
+                 clock: BatchClock | None = None) -> LaneStep[DecodeResult]:
+    """Open lane ``index`` for ``prompt`` [P] and return its decode program (see cache.drive); ``on_step``
+    sees every iteration, its time kept out of the latency by ``clock``."""
+    stats = DecodeStats()
+    ctx = lanes.open(index, stats, prompt)
+    stop_ids = eos_ids(eos_token_id)
+    stops = torch.tensor(stop_ids, dtype=torch.long, device=prompt.device) if stop_ids else None
+    report = None if on_step is None or clock is None else functools.partial(clock.report, stats, on_step)
+    return decode_lane(ctx, stats, prompt.numel(), config, mask_token_id, stops, eos_token_id, generator,
+                       causal_fix, causal_first, recheck, report)
 
 
 def decode_lane(ctx: Lane, stats: DecodeStats, n_prompt: int, config: ReFusionConfig, mask_token_id: int,
