@@ -8,7 +8,7 @@ import sys
 
 import typer
 
-from refusion_cli.cli import bench, chat, evaluate, lm_eval, train
+from refusion_cli.cli import bench, chat, evaluate, lm_eval, serve, train
 from refusion_cli.cli.output import DEBUG_ENV, fail, fail_handled, show_traceback
 from refusion_cli.errors import UserError
 
@@ -26,6 +26,7 @@ app.command("chat")(chat.chat)
 app.command("eval")(evaluate.evaluate)
 app.command("bench")(bench.bench)
 app.command("train")(train.train)
+app.command("serve")(serve.serve)
 app.command("lm-eval", context_settings=lm_eval.PASS_THROUGH, add_help_option=False)(lm_eval.lm_eval)
 
 

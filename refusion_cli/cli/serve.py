@@ -1,0 +1,104 @@
+"""`refusion serve`: one checkpoint, one or more decoders on it, behind an OpenAI-compatible HTTP API.
+
+A thin wrapper over :mod:`refusion_cli.serve`: checks the options, checks that every decoder fits the
+checkpoint (from its config, before any weights load), loads the model once, then runs uvicorn until
+SIGTERM or Ctrl-C. SIGTERM takes no new request, lets the running ones finish within
+``--shutdown-timeout`` (what is left then ends with an error) and exits 0.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated
+
+import typer
+
+from refusion_cli.cli.options import (CausalFirstOpt, CausalFixOpt, DecodersOpt, DeviceOpt, DtypeOpt, ModelOpt,
+                                      MultiValues, PresetOpt, RecheckOpt, SeedOpt, SetOpt, TrustRemoteCodeOpt,
+                                      in_panel, option_values, route_stray_values, split_commas)
+from refusion_cli.cli.output import err_console, quiet_library_output
+from refusion_cli.decoding.registry import check_decoder_fits, decoder_spec, default_model
+from refusion_cli.decoding.spec import DecoderChoice, parse_decoder_options, require_refusion
+from refusion_cli.decoding.variants import PAPER, Variant, first_option
+from refusion_cli.errors import UserError
+from refusion_cli.models.chat import require_chat_template
+from refusion_cli.models.loading import inspect_checkpoint, load_model
+from refusion_cli.serve.protocol import ServedModel, served_id
+
+MODEL = "Model"
+DECODING = "Decoding"
+SERVER = "Server"
+
+
+def serve(
+    model: in_panel(ModelOpt, MODEL, help="the checkpoint every decoder runs on: embedded name, local directory, "
+                    "hub id or BASE+ADAPTER (default: the first decoder's embedded model, refusion-tiny for "
+                    "refusion)") = None,
+    decoder: in_panel(DecodersOpt, DECODING, help="decoders to serve, each a model id of its own") = ["refusion"],  # noqa: B006
+    set_options: in_panel(SetOpt, DECODING) = None,
+    preset: in_panel(PresetOpt, DECODING) = None,
+    causal_fix: in_panel(CausalFixOpt, DECODING, help="serve ReFusion with causal_fix=True (this toolkit's "
+                         "variant; its model id says so)") = False,
+    causal_first: in_panel(CausalFirstOpt, DECODING, help="serve ReFusion with causal_first=True") = False,
+    recheck: in_panel(RecheckOpt, DECODING, help="serve ReFusion with recheck=True") = False,
+    seed: in_panel(SeedOpt, DECODING, help="generator seed of a request that sends none") = 0,
+    host: Annotated[str, typer.Option("--host", help="address to listen on", rich_help_panel=SERVER)] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=0, max=65535, help="port (0: any free one, printed)",
+                                      rich_help_panel=SERVER)] = 8000,
+    api_key: Annotated[str | None, typer.Option("--api-key", envvar="REFUSION_API_KEY", help="require "
+                                                "'Authorization: Bearer KEY' on /v1 (or REFUSION_API_KEY)",
+                                                rich_help_panel=SERVER)] = None,
+    max_batch: Annotated[int, typer.Option("--max-batch", min=1, help="rows decoded together at most",
+                                           rich_help_panel=SERVER)] = 16,
+    max_queue: Annotated[int, typer.Option("--max-queue", min=0, help="requests waiting at most; more get 429",
+                                           rich_help_panel=SERVER)] = 256,
+    shutdown_timeout: Annotated[float, typer.Option("--shutdown-timeout", min=0, help="seconds running requests "
+                                                    "get to finish after SIGTERM", rich_help_panel=SERVER)] = 30.0,
+    device: in_panel(DeviceOpt, MODEL) = None,
+    dtype: in_panel(DtypeOpt, MODEL) = None,
+    trust_remote_code: in_panel(TrustRemoteCodeOpt, MODEL) = False,
+    stray: Annotated[list[str] | None, typer.Argument(hidden=True, show_default=False, metavar="VALUES",
+                                                      help="more values of --decoder or --set")] = None,
+) -> None:
+    """Serve decoders over an OpenAI-compatible API (/v1/chat/completions, /v1/completions), with a live web view at /."""
+    from refusion_cli.serve.app import ServerState, run_server
+    from refusion_cli.serve.engine import Scheduler
+    from refusion_cli.serve.metrics import ServeMetrics
+
+    if api_key is not None and not api_key.strip():
+        raise UserError("--api-key is empty", hint="leave it out to serve without a key")
+    values = route_stray_values(list(stray or []), MultiValues(option_values(decoder, "--decoder"), [],
+                                                               split_commas(set_options)), "refusion serve")
+    checkpoint = model or default_model(values.decoders[0] if values.decoders else "refusion")
+    choices = parse_decoder_options(values.decoders, [checkpoint], values.overrides, preset)
+    variant = (causal_fix, causal_first, recheck)
+    if (option := first_option(*variant)) is not None:
+        require_refusion(option, [choice.decoder for choice in choices])
+    served = served_models(choices, variant)
+    info = inspect_checkpoint(checkpoint, trust_remote_code)
+    for choice in choices:  # before any weights load
+        check_decoder_fits(choice.decoder, info.bidirectional, shifted=info.shifted)
+    quiet_library_output()
+    needs_mask = any(decoder_spec(choice.decoder).needs_mask for choice in choices)
+    loaded = load_model(checkpoint, device, dtype, trust_remote_code=trust_remote_code, require_mask=needs_mask)
+    require_chat_template(loaded.tokenizer, f"'{checkpoint}'", use="/v1/chat/completions renders chat turns")
+    metrics = ServeMetrics()
+    scheduler = Scheduler(loaded, max_batch=max_batch, max_queue=max_queue, stats=metrics)
+    state = ServerState(loaded, checkpoint, served, scheduler, metrics, api_key=api_key, seed=seed,
+                        shutdown_timeout=shutdown_timeout)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    err_console.print(f"serving {', '.join(served)} on {checkpoint} (max batch {max_batch}, max queue {max_queue})")
+    if not run_server(state, host, port):
+        raise UserError(f"the server could not start on {host}:{port} (see the log above)",
+                        hint="is the port in use? pick another with --port")
+
+
+def served_models(choices: list[DecoderChoice], variant: Variant) -> dict[str, ServedModel]:
+    """One model id per decoder (ReFusion's carries the variant)."""
+    served = {}
+    for choice in choices:
+        flags = variant if choice.decoder == "refusion" else PAPER
+        choice.config()  # refuse bad --set values before loading anything
+        entry = ServedModel(served_id(choice.decoder, flags), choice, flags)
+        served[entry.id] = entry
+    return served

@@ -1,0 +1,169 @@
+"""Bad input and faults: each an OpenAI error object with its status, and the server goes on serving; a client
+that leaves mid-stream frees its row; one request's failing decode fails that request only; SIGTERM lets
+the running request finish and exits 0."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+import refusion_cli.serve.engine as engine
+from refusion_cli.models.loading import load_model
+from tests.ports import free_port
+from tests.serve.helpers import in_process, metric, running_server, served, wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+QUESTION = "Tom has 3 apples and buys 4 more. How many apples does he have?"
+MESSAGES = [{"role": "user", "content": QUESTION}]
+LONG = {"model": "ar", "prompt": "hello hello hello", "max_tokens": 512, "stream": True}  # 512 tokens: no EOS comes
+
+
+@pytest.fixture(scope="module")
+def refusion_tiny():
+    return load_model("refusion-tiny", "cpu")
+
+
+def post(base: str, body, path: str = "/v1/chat/completions", **kwargs) -> httpx.Response:
+    if isinstance(body, (dict, list)):
+        return httpx.post(f"{base}{path}", json=body, timeout=60, **kwargs)
+    return httpx.post(f"{base}{path}", content=body, timeout=60, headers={"content-type": "application/json"})
+
+
+BAD_REQUESTS = [  # (body, status, param, words in the message)
+    (b"{not json", 400, None, "not valid JSON"),
+    ([1, 2], 400, None, "JSON object"),
+    ({"messages": MESSAGES}, 400, "model", "'model' is required"),
+    ({"model": "gpt-4", "messages": MESSAGES}, 404, "model", "'gpt-4' does not exist"),
+    ({"model": "ar", "messages": "hello"}, 400, "messages", "must be an array"),
+    ({"model": "ar", "messages": [{"content": "hi"}]}, 400, "messages[0]", "'role'"),
+    ({"model": "ar", "messages": MESSAGES, "max_tokens": "ten"}, 400, "max_tokens", "must be an integer"),
+    ({"model": "ar", "messages": MESSAGES, "max_tokens": 0}, 400, "max_tokens", "at least 1"),
+    ({"model": "ar", "messages": MESSAGES, "max_tokens": 5000}, 400, "max_tokens", "exceeds the model's context"),
+    ({"model": "ar", "messages": MESSAGES, "temperature": 0.7}, 400, "temperature", "decodes greedily"),
+    ({"model": "ar", "messages": MESSAGES, "stream": "yes"}, 400, "stream", "true or false"),
+    ({"model": "ar", "messages": MESSAGES, "n": 2}, 400, "n", "not supported"),
+    ({"model": "ar", "messages": MESSAGES, "stop": ["a", "b", "c", "d", "e"]}, 400, "stop", "at most 4"),
+    ({"model": "ar", "messages": MESSAGES, "frobnicate": 1}, 400, "frobnicate", "unknown field"),
+    ({"model": "refusion", "messages": MESSAGES, "decoder_options": {"slot_size": "big"}}, 400, "decoder_options",
+     "slot_size"),
+    ({"model": "refusion", "messages": MESSAGES, "decoder_options": {"warp": 9}}, 400, "decoder_options", "warp"),
+]
+
+
+def test_bad_requests_are_openai_errors_and_the_server_goes_on(refusion_tiny):
+    with running_server(refusion_tiny, served(["refusion", "ar"])) as (base, _):
+        for body, status, param, words in BAD_REQUESTS:
+            response = post(base, body)
+            assert response.status_code == status, (body, response.text)
+            error = response.json()["error"]
+            assert set(error) == {"message", "type", "param", "code"}
+            assert error["param"] == param and words in error["message"], (body, error)
+        assert post(base, {"model": "ar", "prompt": ["a", "b"]}, "/v1/completions").status_code == 400
+        assert httpx.get(f"{base}/v1/nothing").json()["error"]["type"] == "not_found_error"
+        reply = post(base, {"model": "ar", "messages": MESSAGES, "max_tokens": 8})
+        assert reply.status_code == 200  # still serving
+
+
+def test_an_api_key_is_required_when_set(refusion_tiny):
+    with running_server(refusion_tiny, served(["ar"]), api_key="s3cret") as (base, _):
+        body = {"model": "ar", "messages": MESSAGES, "max_tokens": 4}
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
+            response = httpx.post(f"{base}/v1/chat/completions", json=body, headers=headers)
+            assert response.status_code == 401 and response.json()["error"]["code"] == "invalid_api_key"
+        assert httpx.get(f"{base}/v1/models").status_code == 401
+        ok = httpx.post(f"{base}/v1/chat/completions", json=body, headers={"Authorization": "Bearer s3cret"})
+        assert ok.status_code == 200
+        assert httpx.get(f"{base}/health").status_code == 200  # probes need no key
+
+
+def test_a_full_queue_answers_429_with_retry_after(refusion_tiny):
+    with running_server(refusion_tiny, served(["refusion"]), max_batch=1, max_queue=1) as (base, state):
+        long = {"model": "refusion", "messages": MESSAGES, "max_tokens": 192}
+        with ThreadPoolExecutor(2) as pool:
+            running = pool.submit(post, base, long)
+            wait_for(lambda: state.scheduler.rows == 1)
+            waiting = pool.submit(post, base, long)
+            wait_for(lambda: state.scheduler.depth == 1)
+            refused = post(base, long)
+            assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
+            assert refused.json()["error"]["type"] == "rate_limit_error"
+            assert running.result().status_code == waiting.result().status_code == 200
+
+
+def test_a_client_leaving_mid_stream_frees_its_row(refusion_tiny):
+    with running_server(refusion_tiny, served(["ar"])) as (base, state):
+        with httpx.stream("POST", f"{base}/v1/completions", json=LONG, timeout=60) as response:
+            lines = response.iter_lines()  # kept: closing this iterator closes the connection
+            assert next(lines).startswith("data: ")
+            assert metric(base, "refusion_running_rows") == 1
+        wait_for(lambda: metric(base, "refusion_running_rows") == 0)
+        assert metric(base, 'refusion_requests_total') >= 1
+        assert 'outcome="cancelled"' in httpx.get(f"{base}/metrics").text
+        assert post(base, {"model": "ar", "messages": MESSAGES, "max_tokens": 8}).status_code == 200
+
+
+def test_a_failing_decode_fails_its_request_only(refusion_tiny, monkeypatch):
+    real_open_row = engine.open_row
+
+    def open_row(decoder, calls, index, prompt, config, **kwargs):
+        program = real_open_row(decoder, calls, index, prompt, config, **kwargs)
+        if config.gen_length != 13:
+            return program
+
+        def failing():
+            yield next(program)
+            raise RuntimeError("boom")
+        return failing()
+
+    monkeypatch.setattr(engine, "open_row", open_row)
+    models = served(["ar"])
+    with running_server(refusion_tiny, models) as (base, _):
+        with ThreadPoolExecutor(2) as pool:
+            bad = pool.submit(post, base, {"model": "ar", "messages": MESSAGES, "max_tokens": 13})
+            good = pool.submit(post, base, {"model": "ar", "messages": MESSAGES, "max_tokens": 24})
+            assert bad.result().status_code == 500 and "boom" in bad.result().json()["error"]["message"]
+            assert good.result().json()["choices"][0]["message"]["content"] == in_process(
+                refusion_tiny, models["ar"], QUESTION, 24)[0]
+
+
+def test_sigterm_finishes_the_running_request_and_exits_0(tmp_path):
+    port = free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    server = subprocess.Popen([sys.executable, "-m", "refusion_cli", "serve", "--port", str(port), "--decoder", "ar"],
+                              cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        def up() -> bool:
+            try:
+                return httpx.get(f"{base}/health").status_code == 200
+            except httpx.TransportError:
+                assert server.poll() is None, server.stdout.read()
+                return False
+        wait_for(up, timeout=60)
+        chunks: list[str] = []
+
+        def stream() -> None:
+            with httpx.stream("POST", f"{base}/v1/completions", json=LONG, timeout=60) as response:
+                chunks.extend(line for line in response.iter_lines() if line.startswith("data: "))
+
+        reader = threading.Thread(target=stream)
+        reader.start()
+        wait_for(lambda: len(chunks) > 0)
+        server.send_signal(signal.SIGTERM)
+        reader.join(timeout=60)
+        assert server.wait(timeout=60) == 0
+        assert chunks[-1] == "data: [DONE]" and '"finish_reason": "' in chunks[-2]  # it finished, not cut
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+
