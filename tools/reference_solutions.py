@@ -26,7 +26,7 @@ from refusion_cli.errors import UserError
 from refusion_cli.harness.manifest import EvalProtocol
 from refusion_cli.harness.code_tasks import score_humaneval, score_mbpp, score_programs
 from refusion_cli.harness.paper_code import humaneval_program, humaneval_test_program, mbpp_test_program
-from refusion_cli.harness.sandbox import isolation
+from refusion_cli.harness.sandbox import isolation, require_launch
 from refusion_cli.jsonl import json_objects, read_text
 from refusion_cli.paths import check_output_dir
 
@@ -89,11 +89,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--workers must be at least 1, got {args.workers}")
     try:
         check_output_dir(args.output, hint="pick a folder you can write to")
-        sandbox = isolation()
-        if sandbox.launch is None:
-            raise UserError("no sandboxed Python starts on this machine: " + "; ".join(sandbox.attempts))
-        report = {"sandbox": {"network_namespace": sandbox.network_namespace, "pid_namespace": sandbox.pid_namespace,
-                              "throwaway_user": sandbox.throwaway_user},
+        require_launch()
+        report = {"sandbox": isolation().record(),
                   "protocols": {protocol: {name: check(name, protocol, args.data_dir, args.workers)
                                            for name in args.benchmark or BENCHMARKS}
                                 for protocol in args.protocol or PROTOCOLS}}

@@ -44,21 +44,16 @@ def require_confirmation(confirmed: bool) -> None:
 
 
 def sandbox_line() -> str:
-    """One line on how candidates are isolated on this machine (printed before a code benchmark runs).
+    """One line on how candidates run on this machine (printed before a code benchmark runs): network,
+    processes, user, Python and packages (``sandbox.Isolation.describe``).
 
-    A machine where no sandbox configuration starts a Python is an error here, before any model
-    loads: every candidate would score 0 as an "error" otherwise.
+    A machine where no sandbox configuration starts a Python that imports the evaluator's packages
+    is a UserError here, before any model loads: every candidate would score 0 otherwise.
     """
-    from refusion_cli.harness.sandbox import isolation
+    from refusion_cli.harness.sandbox import isolation, require_launch
 
-    found = isolation()
-    if found.launch is None:
-        raise UserError("no sandboxed Python could be started on this machine, so HumanEval / MBPP cannot be scored: "
-                        + "; ".join(found.attempts), hint="see refusion_cli/harness/sandbox.py")
-    parts = ["no network (own network namespace)" if found.network_namespace else "candidates can use the network",
-             "own PID namespace" if found.pid_namespace else "no PID namespace",
-             "a throwaway user" if found.throwaway_user else "your user (they can read your files)"]
-    return "code sandbox: " + ", ".join(parts)
+    require_launch()
+    return "code sandbox: " + isolation().describe()
 
 
 # --- building programs ---------------------------------------------------------------------

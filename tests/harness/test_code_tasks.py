@@ -154,17 +154,33 @@ def test_the_sandbox_line_says_what_isolation_this_machine_gives(monkeypatch):
     from refusion_cli.errors import UserError
     from refusion_cli.harness import code_tasks, sandbox
 
-    def found(launch, net, pid, user, attempts=()):
-        return sandbox.Isolation(net, pid, user, "python3", launch, tuple(attempts))
+    def found(launch, net, pid, user, attempts=(), **record):
+        return sandbox.Isolation(net, pid, user, "/usr/bin/python3", launch, tuple(attempts),
+                                 packages=launch is not None, **record)
 
-    monkeypatch.setattr(sandbox, "isolation", lambda: found(object(), True, True, True))
+    monkeypatch.setattr(sandbox, "isolation", lambda: found(object(), True, True, True, own_interpreter=True))
     assert code_tasks.sandbox_line() == ("code sandbox: no network (own network namespace), own PID namespace, "
-                                         "a throwaway user")
-    monkeypatch.setattr(sandbox, "isolation", lambda: found(object(), False, False, False))
+                                         "a throwaway user, your Python (/usr/bin/python3) with your packages "
+                                         "(read-only)")
+    monkeypatch.setattr(sandbox, "isolation", lambda: found(object(), False, False, False, own_interpreter=True))
     assert code_tasks.sandbox_line() == ("code sandbox: candidates can use the network, no PID namespace, "
-                                         "your user (they can read your files)")
-    # no configuration starts a Python: every candidate would score 0 as an "error", so refuse at planning
-    monkeypatch.setattr(sandbox, "isolation", lambda: found(None, False, False, False, ["unshare: denied", "no python"]))
-    with pytest.raises(UserError, match="no sandboxed Python could be started on this machine, so HumanEval / MBPP "
-                                        "cannot be scored: unshare: denied; no python"):
+                                         "your user (they can read your files), your Python (/usr/bin/python3) "
+                                         "with your packages")
+    monkeypatch.setattr(sandbox, "isolation", lambda: found(object(), True, True, True, missing_modules=("tkinter",)))
+    assert code_tasks.sandbox_line().endswith(", a throwaway user, Python /usr/bin/python3 (same version and ABI "
+                                              "as yours, without tkinter) with your packages (read-only)")
+    # as root, where the throwaway user cannot reach the evaluator's packages: root runs them, and the line says why
+    monkeypatch.setattr(sandbox, "_user_name", lambda: "root")
+    monkeypatch.setattr(sandbox, "isolation", lambda: found(object(), True, True, False, own_interpreter=True,
+                                                            throwaway_refused="cannot read 1 of your 1 package paths"))
+    assert code_tasks.sandbox_line().endswith(
+        ", your user root, as in a fork of the evaluator (candidates can change your files; the throwaway user could "
+        "not run them: cannot read 1 of your 1 package paths), your Python (/usr/bin/python3) with your packages")
+    # no configuration starts a Python that imports the packages: every candidate would score 0, so refuse at planning
+    refused = found(None, False, False, False, ["unshare: denied", "no python"])
+    monkeypatch.setattr(sandbox, "isolation", lambda: refused)
+    with pytest.raises(UserError, match="no sandboxed Python that imports your packages could be started on this "
+                                        "machine, so HumanEval / MBPP cannot be scored: unshare: denied; no python"):
         code_tasks.sandbox_line()
+    with pytest.raises(UserError, match="cannot be scored"):  # and so does every run, outside the eval command too
+        sandbox.run_candidate("pass")

@@ -19,7 +19,8 @@ HOSTILE_TIMEOUT = 2.0
 SLACK = 3.0  # seconds of scheduling delay allowed on a loaded 2-core machine
 
 needs_throwaway_user = pytest.mark.skipif(
-    not isolation().throwaway_user, reason="candidates run as the evaluator's user here (not root)"
+    not isolation().throwaway_user,
+    reason="candidates run as the evaluator's user here: " + (isolation().throwaway_refused or "it is not root")
 )
 
 

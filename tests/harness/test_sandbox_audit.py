@@ -32,7 +32,9 @@ def test_a_directory_tree_deeper_than_the_recursion_limit_is_removed():
     assert not left
 
 
-@pytest.mark.skipif(not isolation().throwaway_user, reason="candidates run as the evaluator's user here (not root)")
+@pytest.mark.skipif(not isolation().throwaway_user,
+                    reason="candidates run as the evaluator's user here: "
+                           + (isolation().throwaway_refused or "it is not root"))
 @pytest.mark.parametrize("folder", [tempfile.gettempdir(), "/dev/shm"])
 def test_files_a_throwaway_user_leaves_in_shared_temporary_folders_are_removed(folder):
     if not os.access(folder, os.W_OK):
