@@ -182,7 +182,7 @@ class Run:
                 pass
 
         self.job = Job(generation.served.decoder, generation.prompt_ids, generation.config, sink,
-                       seed=generation.seed, variant=generation.served.variant)
+                       seed=generation.seed, variant=generation.served.variant, steps=generation.stream)
         self.text = PrefixText(state.loaded.tokenizer, state.loaded.stop_token_ids, generation.stops)
         self.first_byte: float | None = None
 
@@ -231,17 +231,20 @@ class Run:
 
     async def stream(self) -> AsyncIterator[str]:
         finished = False
+        held: Event | None = None  # an event read while gathering commits, handled next
         try:
             while True:
-                event = await self.events.get()
+                event, held = (held, None) if held is not None else (await self.events.get(), None)
                 if isinstance(event, Failed):
                     finished = True
                     self.done("error")
                     yield sse(error_body(event.message, "server_error"))
                     break
                 if isinstance(event, Commits):
-                    delta = self.text.add(event.commits)
-                    yield sse(self.chunk(delta, None, commits=event.commits))
+                    more, held = self.queued_commits()  # one chunk for the steps that queued up
+                    commits = [*event.commits, *more]
+                    delta = self.text.add(commits)
+                    yield sse(self.chunk(delta, None, commits=commits))
                     self.mark_first_byte()
                     continue
                 result = event.result  # Finished
@@ -260,6 +263,16 @@ class Run:
         finally:
             if not finished:  # the client went away (the stream was closed early)
                 self.cancel()
+
+    def queued_commits(self) -> tuple[list[Any], Event | None]:
+        """The commits of the steps already queued, and the first other event queued behind them."""
+        commits: list[Any] = []
+        while not self.events.empty():
+            event = self.events.get_nowait()
+            if not isinstance(event, Commits):
+                return commits, event
+            commits.extend(event.commits)
+        return commits, None
 
     def chunk(self, delta: str, finish: str | None, commits: list[Any] | None = None) -> dict[str, Any]:
         chat = self.generation.chat

@@ -15,7 +15,7 @@ already wait and :class:`Draining` once :meth:`Scheduler.drain` began. The sched
 A row decodes exactly the program ``run_decoder`` runs for that prompt alone, with its own
 ``torch.Generator`` seeded with the job's seed; a batched call differs from a batch of one at most by
 float rounding (docs/serve.md). Sinks get :class:`Commits` (what each decoder step committed),
-then :class:`Finished` or :class:`Failed`; a sink must not block (the HTTP side puts events on a queue)
+(only when the job asks for ``steps``), then :class:`Finished` or :class:`Failed`; a sink must not block (the HTTP side puts events on a queue)
 and its time is kept out of the row's latency. An exception in one row's program fails that job
 only; one in a shared model call fails the rows of that call, and the next call starts afresh.
 
@@ -80,6 +80,7 @@ class Job:
     sink: Callable[[Event], None]  # called from the scheduler thread; must not block
     seed: int = 0
     variant: Variant = PAPER
+    steps: bool = True  # send Commits events (a streamed response); False: Finished or Failed only
     cancelled: threading.Event = field(default_factory=threading.Event)
     id: int = field(default_factory=itertools.count().__next__)
 
@@ -212,7 +213,7 @@ class Scheduler:
                 program = open_row(job.decoder, calls, job.id, prompt, job.config,
                                    mask_token_id=self.loaded.mask_token_id,
                                    eos_token_id=self.loaded.stop_token_ids, generator=generator,
-                                   variant=job.variant, on_step=on_step, clock=clock)
+                                   variant=job.variant, on_step=on_step if job.steps else None, clock=clock)
             except Exception as exc:  # a bad row fails its request only
                 log.exception("request %d could not start", job.id)
                 job.sink(Failed(f"the decode could not start: {exc}"))
