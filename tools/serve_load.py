@@ -172,7 +172,7 @@ def report(levels: list[Level], args: argparse.Namespace, command: str) -> str:
         "",
         f"Command: `{command}`",
         "",
-        f"{args.prompts} synthetic questions (chat template), max_tokens {args.max_tokens}, streamed chat requests, "
+        f"{args.prompts} synthetic questions (chat template), max_tokens {args.max_tokens}, chat requests (streamed and not), "
         f"server `--max-batch {args.batch_size}`, {args.threads} torch thread(s); {platform.processor() or 'cpu'}, "
         f"{os.cpu_count()} cores. One run; the ratios compare levels of this run.",
         "",
