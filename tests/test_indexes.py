@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "refusion_cli"
 # subpackages whose __init__ docstring lists their modules, and those whose docstring says what the whole does
-LISTS_ITS_MODULES = ["bench", "chat", "harness", "tasks", "training"]
+LISTS_ITS_MODULES = ["bench", "chat", "harness", "serve", "tasks", "training"]
 SAYS_WHAT_IT_DOES = ["cli", "decoding", "models"]
 
 

@@ -1,3 +1,8 @@
-"""``refusion serve``: the decoders behind an OpenAI-compatible HTTP API, with step-level continuous
-batching (:mod:`.engine`), request validation (:mod:`.protocol`), append-only streamed text
-(:mod:`.text`), Prometheus metrics (:mod:`.metrics`), the routes and the web view (:mod:`.app`)."""
+"""``refusion serve``: the decoders behind an OpenAI-compatible HTTP API.
+
+- ``engine``: the scheduler thread that owns the model (step-level continuous batching);
+- ``protocol``: the request bodies, validated into a generation, and the OpenAI error object;
+- ``text``: a response's committed prefix as append-only streamed text;
+- ``metrics``: the Prometheus metrics;
+- ``app``: the routes, the streaming, the web view (``page.html``) and running uvicorn.
+"""
