@@ -2,7 +2,8 @@
 
 Contract:
 
-- :data:`SWEEP_GRIDS` is the one table of grids: for each decoder, the points measured beside its
+- :data:`SWEEP_GRIDS` is the one table of grids: for each kind of decoder (its config class in the
+  registry), the points measured beside its
   usual row, from the least parallel to the most. A point sets only the fields in
   :data:`SWEPT_FIELDS`; everything else (``--set`` of other keys, ``--preset``, the response
   length) comes from the usual row's config, so the grid sits on top of the fixed settings.
@@ -27,6 +28,7 @@ from typing import Any
 from refusion_cli.decoding.config import ConfigError, ReFusionConfig
 from refusion_cli.decoding.dream import DreamConfig
 from refusion_cli.decoding.llada import LLaDAConfig
+from refusion_cli.decoding.registry import decoder_spec
 from refusion_cli.errors import UserError
 
 
@@ -79,47 +81,48 @@ MDM_GRID: tuple[SweepPoint, ...] = (
     *(ThresholdPoint(threshold) for threshold in (0.9, 0.7, 0.5)),
 )
 
-SWEEP_GRIDS: dict[str, tuple[SweepPoint, ...]] = {
-    "ar": (),  # one point: its usual row (greedy, one token per forward)
+# The one table of grids, by decoder config class, so that a new decoder of an existing kind is swept with no
+# entry here; a config class without a grid (AR's greedy decoding, D2F's) has one point: its usual row.
+SWEEP_GRIDS: dict[type, tuple[SweepPoint, ...]] = {
     # k ∈ {4, 8, 16, 32} (32: the paper's k for GSM8K, MATH, HumanEval, MBPP) × b ∈ {k, 4k} × three τ pairs:
     # 24 points (fewer where b reaches the response)
-    "refusion": tuple(SlotPoint(k, slots, slot_threshold, token_threshold)
-                      for k in (4, 8, 16, 32) for slots in (1, 4)
-                      for slot_threshold, token_threshold in REFUSION_THRESHOLDS),
-    "llada": MDM_GRID,
-    "dream": MDM_GRID,
-    "llada-fast-dllm": MDM_GRID,
-    "dream-fast-dllm": MDM_GRID,
-    "llada-d2f": (),  # one point: its usual row
-    "dream-d2f": (),
+    ReFusionConfig: tuple(SlotPoint(k, slots, slot_threshold, token_threshold)
+                          for k in (4, 8, 16, 32) for slots in (1, 4)
+                          for slot_threshold, token_threshold in REFUSION_THRESHOLDS),
+    LLaDAConfig: MDM_GRID,  # llada, llada-fast-dllm
+    DreamConfig: MDM_GRID,  # dream, dream-fast-dllm
 }
 
-SWEPT_FIELDS: dict[str, tuple[str, ...]] = {
-    "ar": (),
-    "refusion": ("slot_size", "block_size", "slot_threshold", "token_threshold"),
-    "llada": ("steps", "threshold", "use_cache"),
-    "dream": ("steps", "threshold", "use_cache"),
-    "llada-fast-dllm": ("steps", "threshold", "use_cache"),
-    "dream-fast-dllm": ("steps", "threshold", "use_cache"),
-    "llada-d2f": (),
-    "dream-d2f": (),
+SWEPT_FIELDS: dict[type, tuple[str, ...]] = {  # the fields each grid sets
+    ReFusionConfig: ("slot_size", "block_size", "slot_threshold", "token_threshold"),
+    LLaDAConfig: ("steps", "threshold", "use_cache"),
+    DreamConfig: ("steps", "threshold", "use_cache"),
 }
+
+
+def grid(decoder: str) -> tuple[SweepPoint, ...]:
+    """The points swept beside ``decoder``'s usual row (none: its usual row only)."""
+    return SWEEP_GRIDS.get(decoder_spec(decoder).config_class, ())
+
+
+def swept_fields(decoder: str) -> tuple[str, ...]:
+    return SWEPT_FIELDS.get(decoder_spec(decoder).config_class, ())
 
 
 def check_swept_overrides(overrides: Mapping[str, Mapping[str, Any]]) -> None:
     """Refuse ``--set`` of a field the grid sets (decoder -> {field: value}, as BenchSettings holds them)."""
     for decoder, values in overrides.items():
-        swept = [key for key in values if key in SWEPT_FIELDS.get(decoder, ())]
+        swept = [key for key in values if key in swept_fields(decoder)]
         if swept:
             raise UserError(f"--sweep varies {decoder}'s {', '.join(swept)}, so --set cannot fix "
                             f"{'it' if len(swept) == 1 else 'them'}",
                             hint=f"leave {', '.join(swept)} out of --set (the grid sets "
-                                 f"{', '.join(SWEPT_FIELDS[decoder])}), or leave --sweep out")
+                                 f"{', '.join(swept_fields(decoder))}), or leave --sweep out")
 
 
 def setting_label(decoder: str, config: Any) -> str:
     """What the swept fields of ``config`` make the decoder do, e.g. ``k=8 b=16 τ=0.9/0.9``."""
-    if decoder == "refusion":
+    if isinstance(config, ReFusionConfig):
         return (f"k={config.slot_size} b={config.block_tokens} "
                 f"τ={config.slot_threshold:g}/{config.token_threshold:g}")
     if isinstance(config, (LLaDAConfig, DreamConfig)):
@@ -133,7 +136,7 @@ def sweep_configs(decoder: str, base: Any) -> list[Any]:
     points whose setting (:func:`setting_label`) is the usual row's or an earlier point's."""
     seen = {setting_label(decoder, base)}
     points = []
-    for point in SWEEP_GRIDS[decoder]:
+    for point in grid(decoder):
         try:
             config = point.apply(base)
         except ConfigError as exc:

@@ -46,6 +46,9 @@ class DecoderSpec:
     shifted: bool | None = None  # a masked-diffusion decoder reading shifted logits (Dream) or not (LLaDA)
     base: Any = None  # the config it starts from when no preset is chosen (None: the config class's defaults)
     blocks_of: int | None = None  # block_length follows the response: this many tokens when it divides it, else one
+    # --protocol paper: the evaluation script whose answer handling the decoder's Table 1 row went through (its
+    # authors' or its accelerated baseline's; harness.answers holds each script's rule)
+    answer_script: str = "eval.py"
 
 
 LLADA_BLOCK_LENGTH = 32  # LLaDA's block when it divides the length (else one block of the whole length)
@@ -59,12 +62,14 @@ DECODERS: dict[str, DecoderSpec] = {
     # revision 3 of llada: with use_cache, a cached step always follows a block's full pass, also when that pass
     # finished the block (Fast-dLLM's count of model calls; the tokens are those of revision 2).
     "llada": DecoderSpec("llada", LLaDAConfig, "mdm-tiny", True, True, "LLaDA: semi-autoregressive masked diffusion",
-                         revision=3, presets=LLADA_FAST_DLLM_PRESETS, shifted=False, blocks_of=LLADA_BLOCK_LENGTH),
+                         revision=3, presets=LLADA_FAST_DLLM_PRESETS, shifted=False, blocks_of=LLADA_BLOCK_LENGTH,
+                         answer_script="eval_llada.py"),
     # revision 3 of dream: Fast-dLLM's cached sampler (a block's full pass unmasks its first position only, the
     # cache keeps every position left of the block) and, without a cache, its cap on the tokens a threshold step
     # takes (an even share of the block over steps, cumulated): other tokens than revision 2's for those settings
     "dream": DecoderSpec("dream", DreamConfig, None, True, True,
                          "Dream: masked diffusion with shifted logits (needs a Dream-style model)", revision=3,
+                         answer_script="dream eval.py",
                          presets=DREAM_FAST_DLLM_PRESETS, shifted=True),
     # Table 1's Fast-dLLM rows as decoders of their own, so that one run holds them beside LLaDA's and Dream's
     # rows: the llada and dream decoders starting from their fast-dllm preset (blocks of 32, threshold 0.9,
@@ -72,18 +77,22 @@ DECODERS: dict[str, DecoderSpec] = {
     "llada-fast-dllm": DecoderSpec("llada-fast-dllm", LLaDAConfig, "mdm-tiny", True, True,
                                    "Fast-dLLM on LLaDA: threshold parallel unmasking, prefix and dual KV cache",
                                    revision=3, shifted=False, base=LLADA_FAST_DLLM_PRESETS["fast-dllm"],
+                                   answer_script="eval_llada.py",
                                    blocks_of=LLADA_FAST_DLLM_PRESETS["fast-dllm"].block_length),
     "dream-fast-dllm": DecoderSpec("dream-fast-dllm", DreamConfig, None, True, True,
                                    "Fast-dLLM on Dream: threshold parallel unmasking, prefix and dual KV cache",
                                    revision=3, shifted=True, base=DREAM_FAST_DLLM_PRESETS["fast-dllm"],
+                                   answer_script="dream eval.py",
                                    blocks_of=DREAM_FAST_DLLM_PRESETS["fast-dllm"].block_length),
     # D2F runs on the checkpoint with D2F's LoRA adapter (--model BASE+ADAPTER, docs/checkpoints.md)
     "llada-d2f": DecoderSpec("llada-d2f", D2FConfig, None, True, True,
                              "D2F on LLaDA: a pipeline of blocks decoded in parallel, finished blocks' K/V cached",
-                             presets=MappingProxyType(LLADA_PRESETS), shifted=False),
+                             presets=MappingProxyType(LLADA_PRESETS), shifted=False,
+                             answer_script="D2F eval_llada.py"),
     "dream-d2f": DecoderSpec("dream-d2f", D2FConfig, None, True, True,
                              "D2F on Dream: a pipeline of blocks decoded in parallel (shifted logits)",
-                             presets=MappingProxyType(DREAM_PRESETS), shifted=True),
+                             presets=MappingProxyType(DREAM_PRESETS), shifted=True,
+                             answer_script="dream eval.py"),
 }
 
 
@@ -202,10 +211,10 @@ def run_decoder(
         raise UserError(f"the {decoder} decoder takes a {spec.config_class.__name__}, not {type(config).__name__}")
     if spec.needs_mask and mask_token_id is None:
         raise UserError(f"the {decoder} decoder needs a model with a mask token")
-    if decoder == "ar":
+    if isinstance(config, ARConfig):
         return decode_ar(model, prompt_ids, max_new_tokens=config.gen_length, eos_token_id=eos_token_id,
                          batch_size=batch_size)
-    if decoder == "refusion":
+    if isinstance(config, ReFusionConfig):
         return decode_refusion(model, prompt_ids, config, mask_token_id=mask_token_id, eos_token_id=eos_token_id,
                                generator=generator, kv_reuse=kv_reuse, causal_fix=causal_fix,
                                causal_first=causal_first, recheck=recheck, on_step=on_step,

@@ -3,7 +3,8 @@ ids become text, under each protocol.
 
 Contract: an :class:`AnswerRule` names the end ids a decoder is given (the response ends after the
 first of them, that token included, as :class:`~refusion_cli.decoding.stats.DecodeResult` keeps it)
-and turns those ids into the text lm-eval's filters receive. It knows nothing of decoders or tasks;
+and turns those ids into the text lm-eval's filters receive. It knows a decoder only by its registry entry's
+``answer_script`` and nothing of tasks;
 the adapters apply it to every response, the parity tests to fixed ids.
 
 - ``lm-eval``: stock lm-eval's ``hf`` model. The response ends at any end id of the checkpoint
@@ -33,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from refusion_cli.decoding.registry import decoder_spec
 from refusion_cli.harness.manifest import EvalProtocol
 from refusion_cli.models.loading import LoadedModel
 
@@ -96,24 +98,18 @@ class AnswerRule:
 
 STOCK = AnswerRule("lm-eval", eos_only=False, to_text=stock_text)
 EVAL_PY = AnswerRule("eval.py", eos_only=True, to_text=retokenised_text)
-LLADA_EVAL = AnswerRule("eval_llada.py", eos_only=False, to_text=retokenised_text)
-DREAM_EVAL = AnswerRule("dream eval.py", eos_only=False, to_text=dream_text)
-PAPER_RULES = {  # --protocol paper, per decoder: the script that produced the decoder's Table 1 row, or the
-    # evaluation script the accelerated baseline publishes (Fast-dLLM's keep LLaDA's and Dream's text steps)
-    "refusion": EVAL_PY,
-    "ar": EVAL_PY,
-    "llada": LLADA_EVAL,
-    "llada-fast-dllm": LLADA_EVAL,
-    "llada-d2f": AnswerRule("D2F eval_llada.py", eos_only=False, to_text=plain_split_text),
-    "dream": DREAM_EVAL,
-    "dream-fast-dllm": DREAM_EVAL,
-    "dream-d2f": DREAM_EVAL,
-}
+# --protocol paper: each evaluation script's answer handling, by the name a decoder's registry entry gives
+# (``DecoderSpec.answer_script``); Fast-dLLM's scripts keep LLaDA's and Dream's text steps
+SCRIPT_RULES = {rule.name: rule for rule in (
+    EVAL_PY,
+    AnswerRule("eval_llada.py", eos_only=False, to_text=retokenised_text),
+    AnswerRule("dream eval.py", eos_only=False, to_text=dream_text),
+    AnswerRule("D2F eval_llada.py", eos_only=False, to_text=plain_split_text),
+)}
 
 
 def answer_rule(decoder: str, protocol: EvalProtocol) -> AnswerRule:
-    """The rule of ``decoder`` under ``protocol`` (a decoder without a paper script of its own takes
-    ``eval.py``'s)."""
+    """The rule of ``decoder`` under ``protocol``: under ``paper`` its registry entry's script's."""
     if protocol == EvalProtocol.PAPER:
-        return PAPER_RULES.get(decoder, EVAL_PY)
+        return SCRIPT_RULES[decoder_spec(decoder).answer_script]
     return STOCK

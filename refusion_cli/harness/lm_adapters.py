@@ -1,4 +1,5 @@
-"""The four decoders as lm-eval models: ``refusion``, ``ar``, ``llada`` and ``dream``.
+"""Every decoder of the registry as an lm-eval model of its name (``refusion``, ``ar``, ``llada``, ...):
+:data:`ADAPTERS` is made from ``decoding.registry.DECODERS``, so a new registry entry is an lm-eval model too.
 
 Importing this module registers them with ``lm_eval.api.registry`` (lm-eval has no plugin
 discovery). Contract of every adapter:
@@ -51,7 +52,8 @@ from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window, simple_parse_args_string
 
 from refusion_cli.decoding.config import ConfigError
-from refusion_cli.decoding.registry import check_decoder_fits, decoder_spec, default_model, run_decoder
+from refusion_cli.decoding.registry import (DECODERS, DecoderSpec, check_decoder_fits, decoder_spec, default_model,
+                                            run_decoder)
 from refusion_cli.decoding.spec import PRESET_DECODER
 from refusion_cli.decoding.stats import batch_stats, float_logits
 from refusion_cli.decoding.variants import FLAGS, variant_options
@@ -346,61 +348,13 @@ class CausalDecoderLM(DecoderLM):
         return float(score), greedy
 
 
-@register_model("refusion")
-class ReFusionLM(CausalDecoderLM):
-    """ReFusion: slot planning + causal verification with KV reuse, on a causal (Qwen3) model."""
-
-    decoder = "refusion"
-
-
-@register_model("ar")
-class ARLM(CausalDecoderLM):
-    """Greedy autoregressive decoding with a KV cache."""
-
-    decoder = "ar"
+def adapter_class(spec: DecoderSpec) -> type[DecoderLM]:
+    """The lm-eval model of a registry entry, registered under the decoder's name: exact likelihoods on a
+    causal model (:class:`CausalDecoderLM`), none for a masked-diffusion one."""
+    base = DecoderLM if spec.bidirectional else CausalDecoderLM
+    name = "".join(part.capitalize() for part in spec.name.split("-")) + "LM"  # llada-fast-dllm -> LladaFastDllmLM
+    cls = type(name, (base,), {"decoder": spec.name, "__doc__": spec.summary, "__module__": __name__})
+    return register_model(spec.name)(cls)
 
 
-@register_model("llada")
-class LLaDALM(DecoderLM):
-    """LLaDA's semi-autoregressive masked-diffusion sampler, on a bidirectional model."""
-
-    decoder = "llada"
-
-
-@register_model("dream")
-class DreamLM(DecoderLM):
-    """Dream's masked-diffusion sampler (shifted logits), on a Dream-style bidirectional model."""
-
-    decoder = "dream"
-
-
-@register_model("llada-fast-dllm")
-class LLaDAFastLM(DecoderLM):
-    """Fast-dLLM on LLaDA: threshold parallel unmasking with the prefix and dual KV cache."""
-
-    decoder = "llada-fast-dllm"
-
-
-@register_model("dream-fast-dllm")
-class DreamFastLM(DecoderLM):
-    """Fast-dLLM on Dream: threshold parallel unmasking with the prefix and dual KV cache (shifted logits)."""
-
-    decoder = "dream-fast-dllm"
-
-
-@register_model("llada-d2f")
-class LLaDAD2FLM(DecoderLM):
-    """D2F's pipelined block decoder on LLaDA (a checkpoint with D2F's LoRA adapter: --model BASE+ADAPTER)."""
-
-    decoder = "llada-d2f"
-
-
-@register_model("dream-d2f")
-class DreamD2FLM(DecoderLM):
-    """D2F's pipelined block decoder on Dream (shifted logits; a checkpoint with D2F's LoRA adapter)."""
-
-    decoder = "dream-d2f"
-
-
-ADAPTERS: dict[str, type[DecoderLM]] = {cls.decoder: cls for cls in (ReFusionLM, ARLM, LLaDALM, DreamLM, LLaDAFastLM,
-                                                                     DreamFastLM, LLaDAD2FLM, DreamD2FLM)}
+ADAPTERS: dict[str, type[DecoderLM]] = {name: adapter_class(spec) for name, spec in DECODERS.items()}

@@ -16,6 +16,7 @@ import pytest
 from refusion_cli.bench.frontier import on_pareto_front
 from refusion_cli.bench.runner import BenchSettings, plan_entries
 from refusion_cli.bench.sweep import SWEEP_GRIDS, setting_label, sweep_configs
+from refusion_cli.decoding.config import ReFusionConfig
 from refusion_cli.decoding.dream import DreamConfig
 from tests.bench.helpers import bench, error_line, read_csv, run_bench_cli, watch
 
@@ -125,7 +126,7 @@ def test_the_plan_is_deterministic_with_unique_labels_and_the_fixed_settings_und
     assert {(config.slot_threshold, config.token_threshold) for config in refusion} == {
         (0.9, 0.9), (0.8, 0.5), (0.6, 0.2)}
     # at 64 the usual row is k=8 b=32 τ=0.9/0.9 (b: half the response), a grid point measured once, as "refusion"
-    assert len(refusion) == len(SWEEP_GRIDS["refusion"]) - 1
+    assert len(refusion) == len(SWEEP_GRIDS[ReFusionConfig]) - 1
     assert "refusion k=8 b=32 τ=0.9/0.9" not in [entry.label for entry in entries if entry.gen_length == 64]
     dream = sweep_configs("dream", DreamConfig(gen_length=64, steps=64))
     assert [setting_label("dream", config) for config in dream] == [

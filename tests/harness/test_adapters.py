@@ -34,7 +34,7 @@ def ar(causal_checkpoint):
 
 @pytest.fixture(scope="module")
 def refusion(ar):
-    return lm_adapters.ReFusionLM(pretrained=ar.loaded, slot_size=4, block_size=8, gen_length=16)
+    return lm_adapters.ADAPTERS["refusion"](pretrained=ar.loaded, slot_size=4, block_size=8, gen_length=16)
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +134,7 @@ def test_generate_until_decodes_like_the_decoder_and_records_stats(ar, prompt):
 
 
 def test_the_first_decode_is_preceded_by_an_untimed_warm_up(causal_checkpoint, prompt):
-    adapter = lm_adapters.ARLM(pretrained=str(causal_checkpoint), device="cpu", gen_length=24)
+    adapter = lm_adapters.ADAPTERS["ar"](pretrained=str(causal_checkpoint), device="cpu", gen_length=24)
     calls = []
     handle = adapter.model.register_forward_pre_hook(lambda module, args: calls.append(1))
     try:
@@ -219,7 +219,7 @@ def test_loglikelihood_rolling_scores_every_token_after_the_prefix(ar):
 
 
 def test_mdm_adapters_refuse_loglikelihood(bidirectional_checkpoint):
-    llada = lm_adapters.LLaDALM(pretrained=str(bidirectional_checkpoint), gen_length=32, steps=32, block_length=32)
+    llada = lm_adapters.ADAPTERS["llada"](pretrained=str(bidirectional_checkpoint), gen_length=32, steps=32, block_length=32)
     with pytest.raises(UserError, match="log-likelihood"):
         llada.loglikelihood([Instance("loglikelihood", {}, ("a", " b"), 0)])
     with pytest.raises(UserError, match="log-likelihood"):
@@ -230,4 +230,4 @@ def test_mdm_adapters_refuse_loglikelihood(bidirectional_checkpoint):
 
 def test_a_decoder_on_the_wrong_model_family_is_refused(bidirectional_checkpoint):
     with pytest.raises(UserError, match="causal"):
-        lm_adapters.ARLM(pretrained=str(bidirectional_checkpoint))
+        lm_adapters.ADAPTERS["ar"](pretrained=str(bidirectional_checkpoint))

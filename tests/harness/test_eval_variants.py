@@ -13,7 +13,7 @@ from refusion_cli.decoding.registry import build_config, run_decoder
 from refusion_cli.decoding.spec import preset_config
 from refusion_cli.decoding.variants import asked_variants, variant_options
 from refusion_cli.errors import UserError
-from refusion_cli.harness.lm_adapters import ARLM, ReFusionLM
+from refusion_cli.harness.lm_adapters import ADAPTERS
 from refusion_cli.harness.runner import EvalOptions, run_eval
 from refusion_cli.harness.suite import EVALS_DIR
 from refusion_cli.models.chat import user_prompt_ids
@@ -72,12 +72,12 @@ def test_variants_need_the_refusion_decoder():
 
 
 def test_the_refusion_adapter_takes_the_variant_flags_as_model_args():
-    adapter = ReFusionLM.create_from_arg_string("pretrained=refusion-tiny,device=cpu,recheck=true,causal_fix=1")
+    adapter = ADAPTERS["refusion"].create_from_arg_string("pretrained=refusion-tiny,device=cpu,recheck=true,causal_fix=1")
     assert adapter.variant == {"causal_fix": True, "causal_first": False, "recheck": True}
     with pytest.raises(ConfigError, match="recheck applies to the refusion adapter only, not ar"):
-        ARLM.create_from_arg_string("pretrained=ar-tiny,device=cpu,recheck=true")
+        ADAPTERS["ar"].create_from_arg_string("pretrained=ar-tiny,device=cpu,recheck=true")
     with pytest.raises(ConfigError, match="causal_first: cannot read 'maybe' as a boolean"):
-        ReFusionLM.create_from_arg_string("pretrained=refusion-tiny,device=cpu,causal_first=maybe")
+        ADAPTERS["refusion"].create_from_arg_string("pretrained=refusion-tiny,device=cpu,causal_first=maybe")
 
 
 def test_every_mix_of_flags_has_a_label_of_its_own():

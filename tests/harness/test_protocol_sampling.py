@@ -17,7 +17,7 @@ def generation(**gen_kwargs) -> Instance:
 @pytest.fixture(scope="module")
 def ar(causal_checkpoint):
     # warmed up: no untimed first decode, these tests count decodes
-    return lm_adapters.ARLM(pretrained=str(causal_checkpoint), device="cpu", gen_length=4, warmed_up=True)
+    return lm_adapters.ADAPTERS["ar"](pretrained=str(causal_checkpoint), device="cpu", gen_length=4, warmed_up=True)
 
 
 @pytest.mark.parametrize("gen_kwargs", [
