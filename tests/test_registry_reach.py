@@ -14,7 +14,7 @@ from refusion_cli.bench.runner import BenchSettings, plan_entries
 from refusion_cli.bench.sweep import MDM_GRID, SWEEP_GRIDS, grid, sweep_configs
 from refusion_cli.chat.session import ChatSession
 from refusion_cli.decoding import registry
-from refusion_cli.decoding.rows import calls_kind, open_row, shared_calls
+from refusion_cli.decoding.rows import shared_calls
 from refusion_cli.decoding.spec import DecoderChoice
 from refusion_cli.harness import lm_adapters
 from refusion_cli.harness.answers import SCRIPT_RULES, STOCK, answer_rule
@@ -65,8 +65,9 @@ def test_one_registry_entry_adds_a_decoder_everywhere(new_decoder):
     assert session.ask("Tom has 3 apples.").tokens
 
     # serve: one row of the shared calls, the same tokens
-    calls = shared_calls(calls_kind("llada-copy"), loaded.model)
-    program = open_row("llada-copy", calls, 0, torch.tensor(prompt), config, **special)
+    calls = shared_calls(registry.calls_kind("llada-copy"), loaded.model)
+    options = registry.row_options("llada-copy", loaded.mask_token_id, loaded.stop_token_ids)
+    program = new_decoder.open_row(calls, 0, torch.tensor(prompt), config, options, None, None, None)
     feed = next(program)
     try:
         while True:

@@ -58,10 +58,11 @@ def decode_ar(
 
 @dataclass
 class ARStep:
-    """One greedy step: the token committed at a response offset (what ``on_step`` sees of AR)."""
+    """One greedy step (what ``on_step`` sees of AR): the one token it committed, with its response offset,
+    in the fields the other decoders' records have."""
 
-    offset: int
-    token: int
+    offsets: list[int]
+    tokens: list[int]
 
 
 def ar_row(lanes: Lanes, index: int, prompt: torch.Tensor, max_new_tokens: int, stops: set[int],
@@ -85,7 +86,7 @@ def greedy_lane(ctx: Lane, stats: DecodeStats, last: torch.Tensor, max_new_token
         token = int(logits[-1].argmax())
         tokens.append(token)
         if report is not None:
-            report(ARStep(len(tokens) - 1, token))
+            report(ARStep([len(tokens) - 1], [token]))
         if token in stops:
             break
         last, position = torch.tensor([token], device=last.device), position + 1

@@ -18,16 +18,18 @@ from typing import Any, Callable, overload
 
 import torch
 
-from refusion_cli.decoding.ar import decode_ar
-from refusion_cli.decoding.batching import Generators, Prompt, Prompts
+from refusion_cli.decoding.batching import Generators, Prompt, Prompts, batch_prompts, row_callback, row_generators
+from refusion_cli.decoding.cache import drive
 from refusion_cli.decoding.config import PRESETS, TOOLKIT_PRESETS, ARConfig, ReFusionConfig, config_from_dict
-from refusion_cli.decoding.d2f import DREAM_PRESETS, LLADA_PRESETS, D2FConfig, decode_d2f
+from refusion_cli.decoding.d2f import DREAM_PRESETS, LLADA_PRESETS, D2FConfig
 from refusion_cli.decoding.dream import FAST_DLLM_PRESETS as DREAM_FAST_DLLM_PRESETS
-from refusion_cli.decoding.dream import DreamConfig, decode_dream
+from refusion_cli.decoding.dream import DreamConfig
 from refusion_cli.decoding.llada import FAST_DLLM_PRESETS as LLADA_FAST_DLLM_PRESETS
-from refusion_cli.decoding.llada import LLaDAConfig, decode_llada
-from refusion_cli.decoding.refusion import decode_refusion
-from refusion_cli.decoding.stats import DecodeResult, EosIds
+from refusion_cli.decoding.llada import LLaDAConfig
+from refusion_cli.decoding.rows import (CANVAS, LANES, RowOpener, RowOptions, RowProgram, ar_rows, d2f_rows, dream_rows,
+                                        llada_rows, refusion_rows, response_budget, shared_calls)
+from refusion_cli.decoding.stats import BatchClock, DecodeResult, EosIds
+from refusion_cli.decoding.variants import PAPER, Variant
 from refusion_cli.errors import UserError
 
 
@@ -49,19 +51,25 @@ class DecoderSpec:
     # --protocol paper: the evaluation script whose answer handling the decoder's Table 1 row went through (its
     # authors' or its accelerated baseline's; harness.answers holds each script's rule)
     answer_script: str = "eval.py"
+    open_row: RowOpener | None = None  # opens one prompt's row program (decoding.rows); every entry sets it
+
+    def __post_init__(self) -> None:
+        if self.open_row is None:
+            raise TypeError(f"the registry entry {self.name} needs open_row (decoding.rows)")
 
 
 LLADA_BLOCK_LENGTH = 32  # LLaDA's block when it divides the length (else one block of the whole length)
 
 DECODERS: dict[str, DecoderSpec] = {
     "refusion": DecoderSpec("refusion", ReFusionConfig, "refusion-tiny", True, False,
-                            "ReFusion: slot planning + causal verification, KV reuse",
+                            "ReFusion: slot planning + causal verification, KV reuse", open_row=refusion_rows,
                             presets=MappingProxyType({**PRESETS, **TOOLKIT_PRESETS})),
-    "ar": DecoderSpec("ar", ARConfig, "ar-tiny", False, False, "greedy autoregressive decoding with a KV cache"),
+    "ar": DecoderSpec("ar", ARConfig, "ar-tiny", False, False, "greedy autoregressive decoding with a KV cache",
+                      open_row=ar_rows),
     # revision 2 of llada and dream: float64 confidence over the whole vocabulary, leftmost of equal confidences.
     # revision 3 of llada: with use_cache, a cached step always follows a block's full pass, also when that pass
     # finished the block (Fast-dLLM's count of model calls; the tokens are those of revision 2).
-    "llada": DecoderSpec("llada", LLaDAConfig, "mdm-tiny", True, True, "LLaDA: semi-autoregressive masked diffusion",
+    "llada": DecoderSpec("llada", LLaDAConfig, "mdm-tiny", True, True, "LLaDA: semi-autoregressive masked diffusion", open_row=llada_rows,
                          revision=3, presets=LLADA_FAST_DLLM_PRESETS, shifted=False, blocks_of=LLADA_BLOCK_LENGTH,
                          answer_script="eval_llada.py"),
     # revision 3 of dream: Fast-dLLM's cached sampler (a block's full pass unmasks its first position only, the
@@ -69,28 +77,30 @@ DECODERS: dict[str, DecoderSpec] = {
     # takes (an even share of the block over steps, cumulated): other tokens than revision 2's for those settings
     "dream": DecoderSpec("dream", DreamConfig, None, True, True,
                          "Dream: masked diffusion with shifted logits (needs a Dream-style model)", revision=3,
+                         open_row=dream_rows,
                          answer_script="dream eval.py",
                          presets=DREAM_FAST_DLLM_PRESETS, shifted=True),
     # Table 1's Fast-dLLM rows as decoders of their own, so that one run holds them beside LLaDA's and Dream's
     # rows: the llada and dream decoders starting from their fast-dllm preset (blocks of 32, threshold 0.9,
     # prefix and dual cache)
     "llada-fast-dllm": DecoderSpec("llada-fast-dllm", LLaDAConfig, "mdm-tiny", True, True,
-                                   "Fast-dLLM on LLaDA: threshold parallel unmasking, prefix and dual KV cache",
+                                   "Fast-dLLM on LLaDA: threshold parallel unmasking, prefix and dual KV cache", open_row=llada_rows,
                                    revision=3, shifted=False, base=LLADA_FAST_DLLM_PRESETS["fast-dllm"],
                                    answer_script="eval_llada.py",
                                    blocks_of=LLADA_FAST_DLLM_PRESETS["fast-dllm"].block_length),
     "dream-fast-dllm": DecoderSpec("dream-fast-dllm", DreamConfig, None, True, True,
-                                   "Fast-dLLM on Dream: threshold parallel unmasking, prefix and dual KV cache",
+                                   "Fast-dLLM on Dream: threshold parallel unmasking, prefix and dual KV cache", open_row=dream_rows,
                                    revision=3, shifted=True, base=DREAM_FAST_DLLM_PRESETS["fast-dllm"],
                                    answer_script="dream eval.py",
                                    blocks_of=DREAM_FAST_DLLM_PRESETS["fast-dllm"].block_length),
     # D2F runs on the checkpoint with D2F's LoRA adapter (--model BASE+ADAPTER, docs/checkpoints.md)
     "llada-d2f": DecoderSpec("llada-d2f", D2FConfig, None, True, True,
                              "D2F on LLaDA: a pipeline of blocks decoded in parallel, finished blocks' K/V cached",
+                             open_row=d2f_rows,
                              presets=MappingProxyType(LLADA_PRESETS), shifted=False,
                              answer_script="D2F eval_llada.py"),
     "dream-d2f": DecoderSpec("dream-d2f", D2FConfig, None, True, True,
-                             "D2F on Dream: a pipeline of blocks decoded in parallel (shifted logits)",
+                             "D2F on Dream: a pipeline of blocks decoded in parallel (shifted logits)", open_row=d2f_rows,
                              presets=MappingProxyType(DREAM_PRESETS), shifted=True,
                              answer_script="dream eval.py"),
 }
@@ -170,6 +180,16 @@ def default_model(decoder: str) -> str:
     return spec.default_model
 
 
+def calls_kind(decoder: str, kv_reuse: bool = True) -> tuple[str, bool]:
+    """Which shared-calls object rows of ``decoder`` run in (``rows.shared_calls``); rows of one kind share one."""
+    return (CANVAS, True) if decoder_spec(decoder).bidirectional else (LANES, kv_reuse)
+
+
+def row_options(decoder: str, mask_token_id: int | None, eos_token_id: EosIds,
+                variant: Variant = PAPER) -> RowOptions:
+    return RowOptions(mask_token_id, eos_token_id, bool(decoder_spec(decoder).shifted), variant)
+
+
 @overload
 def run_decoder(decoder: str, model: torch.nn.Module, prompt_ids: Prompts, config: Any, *,
                 mask_token_id: int | None, eos_token_id: EosIds, generator: Generators = None,
@@ -184,6 +204,7 @@ def run_decoder(decoder: str, model: torch.nn.Module, prompt_ids: Prompt, config
                 causal_first: bool = False, recheck: bool = False, batch_size: int | None = None) -> DecodeResult: ...
 
 
+@torch.no_grad()
 def run_decoder(
     decoder: str,
     model: torch.nn.Module,
@@ -204,28 +225,28 @@ def run_decoder(
     in order, ``on_step(prompt_index, record)``); ``kv_reuse``, ``causal_fix``, ``causal_first`` and
     ``recheck`` are ReFusion's ablations.
 
-    Every decoder decodes ``batch_size`` rows (None: all) in shared model calls, each row exactly as
-    alone; a row's ``seconds`` is its latency from the start of the call."""
+    Every decoder decodes ``batch_size`` rows (None: all) in shared model calls, each row its own program
+    (the entry's ``open_row``; ``cache.drive`` gives a finished row's place to the next prompt); a row's
+    ``seconds`` is its latency from the start of the call."""
     spec = decoder_spec(decoder)
     if not isinstance(config, spec.config_class):
         raise UserError(f"the {decoder} decoder takes a {spec.config_class.__name__}, not {type(config).__name__}")
     if spec.needs_mask and mask_token_id is None:
         raise UserError(f"the {decoder} decoder needs a model with a mask token")
-    if isinstance(config, ARConfig):
-        return decode_ar(model, prompt_ids, max_new_tokens=config.gen_length, eos_token_id=eos_token_id,
-                         batch_size=batch_size)
-    if isinstance(config, ReFusionConfig):
-        return decode_refusion(model, prompt_ids, config, mask_token_id=mask_token_id, eos_token_id=eos_token_id,
-                               generator=generator, kv_reuse=kv_reuse, causal_fix=causal_fix,
-                               causal_first=causal_first, recheck=recheck, on_step=on_step,
-                               batch_size=batch_size)
-    if isinstance(config, D2FConfig):
-        return decode_d2f(model, prompt_ids, config, shifted=bool(spec.shifted), mask_token_id=mask_token_id,
-                          eos_token_id=eos_token_id, generator=generator, on_step=on_step, batch_size=batch_size)
-    decode = decode_llada if isinstance(config, LLaDAConfig) else decode_dream
-    return decode(model, prompt_ids, config, mask_token_id=mask_token_id, eos_token_id=eos_token_id,
-                  generator=generator, on_step=on_step, batch_size=batch_size)
+    batch, prompts = batch_prompts(model, prompt_ids, batch_size, response_budget(config),
+                                   mask_token_id=mask_token_id if spec.needs_mask else None, eos_token_id=eos_token_id)
+    generators = row_generators(generator, len(prompts))
+    options = row_options(decoder, mask_token_id, eos_token_id, (causal_fix, causal_first, recheck))
+    calls = shared_calls(calls_kind(decoder, kv_reuse), model)
+    clock = BatchClock(prompts[0].device)
+
+    def start(index: int) -> RowProgram:
+        return spec.open_row(calls, index, prompts[index], config, options, generators[index],
+                             row_callback(on_step, index, batch), clock)
+
+    results = drive(calls, start, len(prompts), batch_size, clock)
+    return results if batch else results[0]
 
 
-__all__ = ["DECODERS", "DecoderSpec", "LLADA_BLOCK_LENGTH", "build_config", "check_decoder_fits", "decoder_spec",
-           "default_model", "length_settings", "run_decoder", "with_length"]
+__all__ = ["DECODERS", "DecoderSpec", "LLADA_BLOCK_LENGTH", "build_config", "calls_kind", "check_decoder_fits",
+           "decoder_spec", "default_model", "length_settings", "row_options", "run_decoder", "with_length"]

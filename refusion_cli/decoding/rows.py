@@ -1,7 +1,7 @@
 """Decoding one prompt at a time as a *row*, for a caller that owns the loop: a server that admits and
 retires rows between two model calls (step-level continuous batching).
 
-Every decoder here is a row program (a generator that yields one feed per model call and is sent its
+Every decoder is a row program (a generator that yields one feed per model call and is sent its
 logits back) over a shared-calls object that makes one padded call of every running row's feed:
 :class:`~refusion_cli.decoding.cache.Lanes` for the causal decoders (ReFusion, AR; one KV cache, a
 lane per row), :class:`~refusion_cli.decoding.mdm.CanvasCalls` for the masked-diffusion ones (LLaDA,
@@ -9,8 +9,10 @@ Dream, their Fast-dLLM settings, D2F). ``run_decoder`` drives a fixed list of pr
 programs (``cache.drive``); here the caller drives them:
 
 - :func:`shared_calls` makes the calls object a group of rows shares (rows of one kind only);
-- :func:`open_row` opens row ``index`` in it and returns the row's program, which decodes exactly as
-  ``run_decoder`` decodes that prompt alone; ``calls.close(index)`` ends it (finished or dropped);
+- each decoder's *row opener* (``ar_rows``, ``refusion_rows``, ``llada_rows``, ...; the registry entry's
+  ``open_row``, which ``registry.open_row`` looks up) opens row ``index`` in it and returns the row's program;
+  ``calls.close(index)`` ends it (finished or dropped). ``registry.run_decoder`` drives a list of prompts
+  through the same openers, so a row decodes exactly as ``run_decoder`` decodes that prompt alone;
 - :func:`response_budget` is the number of positions the decoder appends to a prompt (for the
   context check), :func:`commits` what one ``on_step`` record committed, as (offset, token, kind).
 
@@ -27,19 +29,19 @@ import torch
 
 from refusion_cli.decoding.ar import ARStep, ar_row
 from refusion_cli.decoding.cache import Lanes, SharedCalls
-from refusion_cli.decoding.config import ARConfig, ReFusionConfig
+from refusion_cli.decoding.config import ReFusionConfig
 from refusion_cli.decoding.d2f import D2FConfig, d2f_row
 from refusion_cli.decoding.dream import dream_row
-from refusion_cli.decoding.llada import LLaDAConfig, llada_row
-from refusion_cli.decoding.mdm import CanvasCalls, MDMStep, canvas_row
+from refusion_cli.decoding.llada import llada_row
+from refusion_cli.decoding.mdm import Canvas, CanvasCalls, CanvasStep, MDMStep, canvas_row
 from refusion_cli.decoding.refusion import StepTrace, refusion_row
-from refusion_cli.decoding.registry import decoder_spec
 from refusion_cli.decoding.stats import BatchClock, DecodeResult, EosIds, eos_ids
 from refusion_cli.decoding.variants import PAPER, Variant
 
 RowProgram = Generator[Any, Any, DecodeResult]
 
 NEXT, UNMASKED = "next", "unmasked"  # the commit kinds of AR and of the masked-diffusion samplers
+LANES, CANVAS = "lanes", "canvas"  # the shared-calls objects: cache.Lanes, mdm.CanvasCalls
 
 
 @dataclass(frozen=True)
@@ -52,17 +54,10 @@ class Commit:
     kind: str
 
 
-def calls_kind(decoder: str, variant: Variant = PAPER, kv_reuse: bool = True) -> tuple[str, bool]:
-    """Which shared-calls object rows of ``decoder`` run in: rows of one kind share one."""
-    if decoder_spec(decoder).bidirectional:
-        return ("canvas", True)
-    return ("lanes", kv_reuse)
-
-
 def shared_calls(kind: tuple[str, bool], model: torch.nn.Module) -> SharedCalls:
-    """A new calls object of ``kind`` (see :func:`calls_kind`) on ``model``."""
+    """A new calls object of ``kind`` (``(LANES, kv_reuse)`` or ``(CANVAS, True)``) on ``model``."""
     name, reuse = kind
-    return CanvasCalls(model) if name == "canvas" else Lanes(model, reuse=reuse)
+    return CanvasCalls(model) if name == CANVAS else Lanes(model, reuse=reuse)
 
 
 def response_budget(config: Any) -> int:
@@ -74,34 +69,56 @@ def response_budget(config: Any) -> int:
     return config.gen_length
 
 
-def open_row(decoder: str, calls: SharedCalls, index: int, prompt: torch.Tensor, config: Any, *,
-             mask_token_id: int | None, eos_token_id: EosIds, generator: torch.Generator | None = None,
-             variant: Variant = PAPER, on_step: Callable[[Any], None] | None = None,
-             clock: BatchClock | None = None) -> RowProgram:
-    """Open row ``index`` of ``calls`` for ``prompt`` [P] (on the model's device) and return its program.
+@dataclass(frozen=True)
+class RowOptions:
+    """What every row of one decode shares besides its prompt, config and generator."""
 
-    ``on_step`` sees the decoder's records (ReFusion's ``StepTrace``, the samplers' ``MDMStep``, AR's
-    ``ARStep``); ``clock`` keeps its time out of the row's latency. Checks are the caller's (the prompt's
-    ids and length: ``batching.check_ids``; the config's class)."""
-    spec = decoder_spec(decoder)
-    if isinstance(config, ARConfig):
-        return ar_row(calls, index, prompt, config.gen_length, set(eos_ids(eos_token_id)), on_step, clock)
-    if isinstance(config, ReFusionConfig):
-        causal_fix, causal_first, recheck = variant
-        return refusion_row(calls, index, prompt, config, mask_token_id=mask_token_id, eos_token_id=eos_token_id,
-                            generator=generator, causal_fix=causal_fix, causal_first=causal_first,
-                            recheck=recheck, on_step=on_step, clock=clock)
-    if isinstance(config, D2FConfig):
-        def program(canvas, row_generator):
-            return d2f_row(canvas, config, bool(spec.shifted), row_generator)
-    elif isinstance(config, LLaDAConfig):
-        def program(canvas, row_generator):
-            return llada_row(canvas, config, row_generator)
-    else:
-        def program(canvas, row_generator):
-            return dream_row(canvas, config, row_generator)
-    return canvas_row(prompt, response_budget(config), program, mask_token_id=mask_token_id,
-                      eos_token_id=eos_token_id, generator=generator, on_step=on_step, clock=clock)
+    mask_token_id: int | None
+    eos_token_id: EosIds
+    shifted: bool = False  # the masked-diffusion decoders: read token p from the logits of p - 1 (Dream)
+    variant: Variant = PAPER  # ReFusion's variant (decoding.variants)
+
+
+# A decoder's row opener (``DecoderSpec.open_row``): open row ``index`` of ``calls`` for ``prompt`` [P] and return
+# its program; ``on_step`` sees the decoder's step records, ``clock`` keeps that time out of the row's latency.
+RowOpener = Callable[[SharedCalls, int, torch.Tensor, Any, RowOptions, "torch.Generator | None",
+                      "Callable[[Any], None] | None", "BatchClock | None"], RowProgram]
+
+
+def ar_rows(calls: Lanes, index: int, prompt: torch.Tensor, config: Any, options: RowOptions,
+            generator: torch.Generator | None, on_step: Callable[[Any], None] | None,
+            clock: BatchClock | None) -> RowProgram:
+    """Greedy decoding (``ar.greedy_lane``); takes no generator."""
+    return ar_row(calls, index, prompt, config.gen_length, set(eos_ids(options.eos_token_id)), on_step, clock)
+
+
+def refusion_rows(calls: Lanes, index: int, prompt: torch.Tensor, config: Any, options: RowOptions,
+                  generator: torch.Generator | None, on_step: Callable[[Any], None] | None,
+                  clock: BatchClock | None) -> RowProgram:
+    """ReFusion (``refusion.decode_lane``), in the variant ``options`` names."""
+    causal_fix, causal_first, recheck = options.variant
+    return refusion_row(calls, index, prompt, config, mask_token_id=options.mask_token_id,
+                        eos_token_id=options.eos_token_id, generator=generator, causal_fix=causal_fix,
+                        causal_first=causal_first, recheck=recheck, on_step=on_step, clock=clock)
+
+
+def canvas_rows(program: Callable[[Canvas, Any, RowOptions, torch.Generator | None], CanvasStep[DecodeResult]]
+                ) -> RowOpener:
+    """The row opener of a masked-diffusion sampler whose canvas program is ``program(canvas, config, options,
+    generator)``."""
+    def open_canvas_row(calls: CanvasCalls, index: int, prompt: torch.Tensor, config: Any, options: RowOptions,
+                        generator: torch.Generator | None, on_step: Callable[[Any], None] | None,
+                        clock: BatchClock | None) -> RowProgram:
+        return canvas_row(prompt, response_budget(config),
+                          lambda canvas, row_generator: program(canvas, config, options, row_generator),
+                          mask_token_id=options.mask_token_id, eos_token_id=options.eos_token_id,
+                          generator=generator, on_step=on_step, clock=clock)
+    return open_canvas_row
+
+
+llada_rows = canvas_rows(lambda canvas, config, options, generator: llada_row(canvas, config, generator))
+dream_rows = canvas_rows(lambda canvas, config, options, generator: dream_row(canvas, config, generator))
+d2f_rows = canvas_rows(lambda canvas, config, options, generator: d2f_row(canvas, config, options.shifted, generator))
 
 
 def commits(record: Any) -> list[Commit]:
@@ -109,12 +126,12 @@ def commits(record: Any) -> list[Commit]:
     if isinstance(record, StepTrace):
         return [Commit(offset, token, kind) for offset, token, kind in
                 zip(record.offsets, record.tokens, record.kinds, strict=True)]
-    if isinstance(record, ARStep):
-        return [Commit(record.offset, record.token, NEXT)]
-    if isinstance(record, MDMStep):
-        return [Commit(offset, token, UNMASKED) for offset, token in zip(record.offsets, record.tokens, strict=True)]
+    if isinstance(record, (ARStep, MDMStep)):
+        kind = NEXT if isinstance(record, ARStep) else UNMASKED
+        return [Commit(offset, token, kind) for offset, token in zip(record.offsets, record.tokens, strict=True)]
     raise TypeError(f"not a decoder step record: {type(record).__name__}")
 
 
-__all__ = ["NEXT", "UNMASKED", "Commit", "RowProgram", "calls_kind", "commits", "open_row", "response_budget",
+__all__ = ["CANVAS", "LANES", "NEXT", "UNMASKED", "Commit", "RowOpener", "RowOptions", "RowProgram", "ar_rows",
+           "canvas_rows", "commits", "d2f_rows", "dream_rows", "llada_rows", "refusion_rows", "response_budget",
            "shared_calls"]

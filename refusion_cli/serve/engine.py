@@ -6,7 +6,7 @@ and a ``sink``) from any thread and returns at once; it raises :class:`QueueFull
 already wait and :class:`Draining` once :meth:`Scheduler.drain` began. The scheduler thread:
 
 1. admits waiting jobs, oldest first, while fewer than ``max_batch`` rows run: each opens a row
-   (``decoding.rows.open_row``) in the shared-calls object of its kind (``Lanes`` for ReFusion and AR,
+   (its registry entry's ``open_row``) in the shared-calls object of its kind (``Lanes`` for ReFusion and AR,
    ``CanvasCalls`` for the masked-diffusion decoders) and runs up to its first feed;
 2. drops the rows whose job was cancelled (a client that went away);
 3. makes one padded model call per kind of the running rows' feeds and sends each row its logits;
@@ -36,7 +36,8 @@ from typing import Any
 import torch
 
 from refusion_cli.decoding.cache import SharedCalls
-from refusion_cli.decoding.rows import Commit, RowProgram, calls_kind, commits, open_row, shared_calls
+from refusion_cli.decoding.registry import calls_kind, decoder_spec, row_options
+from refusion_cli.decoding.rows import Commit, RowProgram, commits, shared_calls
 from refusion_cli.decoding.stats import BatchClock, DecodeResult
 from refusion_cli.decoding.variants import PAPER, Variant
 from refusion_cli.models.loading import LoadedModel
@@ -210,10 +211,9 @@ class Scheduler:
             try:
                 prompt = torch.tensor(job.prompt_ids, dtype=torch.long, device=self.device)
                 generator = torch.Generator(device=self.device).manual_seed(job.seed)
-                program = open_row(job.decoder, calls, job.id, prompt, job.config,
-                                   mask_token_id=self.loaded.mask_token_id,
-                                   eos_token_id=self.loaded.stop_token_ids, generator=generator,
-                                   variant=job.variant, on_step=on_step if job.steps else None, clock=clock)
+                options = row_options(job.decoder, self.loaded.mask_token_id, self.loaded.stop_token_ids, job.variant)
+                program = decoder_spec(job.decoder).open_row(calls, job.id, prompt, job.config, options, generator,
+                                                             on_step if job.steps else None, clock)
             except Exception as exc:  # a bad row fails its request only
                 log.exception("request %d could not start", job.id)
                 job.sink(Failed(f"the decode could not start: {exc}"))

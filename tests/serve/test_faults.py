@@ -4,6 +4,7 @@ the running request finish and exits 0."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -16,7 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-import refusion_cli.serve.engine as engine
+from refusion_cli.decoding import registry
+from refusion_cli.decoding.registry import decoder_spec
 from refusion_cli.models.loading import load_model
 from tests.ports import free_port
 from tests.serve.helpers import in_process, metric, running_server, served, wait_for
@@ -112,10 +114,11 @@ def test_a_client_leaving_mid_stream_frees_its_row(refusion_tiny):
 
 
 def test_a_failing_decode_fails_its_request_only(refusion_tiny, monkeypatch):
-    real_open_row = engine.open_row
+    models = served(["ar"])
+    spec = decoder_spec("ar")
 
-    def open_row(decoder, calls, index, prompt, config, **kwargs):
-        program = real_open_row(decoder, calls, index, prompt, config, **kwargs)
+    def open_row(calls, index, prompt, config, *args):
+        program = spec.open_row(calls, index, prompt, config, *args)
         if config.gen_length != 13:
             return program
 
@@ -124,8 +127,7 @@ def test_a_failing_decode_fails_its_request_only(refusion_tiny, monkeypatch):
             raise RuntimeError("boom")
         return failing()
 
-    monkeypatch.setattr(engine, "open_row", open_row)
-    models = served(["ar"])
+    monkeypatch.setitem(registry.DECODERS, "ar", dataclasses.replace(spec, open_row=open_row))
     with running_server(refusion_tiny, models) as (base, _):
         with ThreadPoolExecutor(2) as pool:
             bad = pool.submit(post, base, {"model": "ar", "messages": MESSAGES, "max_tokens": 13})
