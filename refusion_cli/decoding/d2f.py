@@ -23,8 +23,10 @@ one model call:
 
 Decoding ends when no block is decoding and none can be added. ``shifted`` (Dream): the token at
 position p is read from the logits of p - 1; for the first fed position those come from the call
-that cached the position before it. A list of prompts is decoded as a batch, each row exactly as
-alone (mdm.decode_canvases); ``result.trace`` holds one record per block and step that committed.
+that cached the position before it. The model computes the logits that predict a mask and no others
+(shifted: also those of the last position a call caches). A list of prompts is decoded as a batch,
+each row as alone (mdm.decode_canvases); ``result.trace`` holds one record per block and step that
+committed.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from refusion_cli.decoding.batching import Generators, Prompt, Prompts
 from refusion_cli.decoding.config import ConfigError, check_non_negative, check_positive, check_probability
 from refusion_cli.decoding.dream import DreamConfig, check_filters, predict_tokens
 from refusion_cli.decoding.mdm import (Block, Canvas, CanvasFeed, CanvasStep, MDMStep, RowKV, choose_positions,
-                                      decode_canvases)
+                                      decode_canvases, read_offsets)
 from refusion_cli.decoding.stats import DecodeResult, EosIds, eos_ids
 
 # forced_rank -> the Dream ranking that computes it (D2F's sampling_strategy default / margin_confidence / neg_entropy)
@@ -202,19 +204,31 @@ def d2f_row(canvas: Canvas, config: D2FConfig, shifted: bool,
         finished = [block for block in blocks if block.state is BlockState.FINISHED]
         keep = finished[-1].span.end - cached if finished else None
         end = blocks[-1].span.end
+        masks = [block.span.start + canvas.masked(block.span).nonzero().flatten() for block in decoding]
+        predictors = torch.cat(masks) - int(shifted)  # [M]: the position whose logits predict each mask
+        wanted = predictors.clamp(min=cached)  # [M] (+ 1: the last kept position, shifted)
+        if shifted and keep is not None:
+            wanted = torch.cat([wanted, wanted.new_tensor([cached + keep - 1])])
+        offsets, rows = read_offsets(wanted, cached)
         logits, kept = yield CanvasFeed(canvas.stats, canvas.ids[cached:end], start=cached, prefix=cache, keep=keep,
-                                        among=block_causal(canvas, config.block_size, cached, end))
+                                        among=block_causal(canvas, config.block_size, cached, end), read=offsets)
+        read = logits[rows]  # [M (+ 1), V]
+        # shifted: a mask at the first fed position is predicted by the last cached one, from an earlier call
+        mask_logits = read[: predictors.numel()]
+        before_call = predictors < cached
+        if bool(before_call.any()):
+            mask_logits = torch.where(before_call[:, None], before_first, mask_logits)
         if keep is not None:
             cache = kept if cache is None else [(torch.cat([keys, new_keys], 1), torch.cat([values, new_values], 1))
                                                 for (keys, values), (new_keys, new_values) in zip(cache, kept)]
             for block in finished:
                 block.state = BlockState.CACHED
-            before_first = logits[keep - 1]
-        fed_from, cached = cached, cached + (keep or 0)
+            if shifted:
+                before_first = read[-1]
+        cached += keep or 0
         # 4) commit
-        for block in decoding:
-            rows = block_logits(logits, block.span, fed_from, before_first if shifted else None)
-            committed = commit(canvas, block, rows, step, config, sampling, generator)
+        for block, rows_of_block in zip(decoding, mask_logits.split([where.numel() for where in masks])):
+            committed = commit(canvas, block, rows_of_block, step, config, sampling, generator)
             eos_committed = eos_committed or bool(stops & set(committed))
         # 5) finish
         for block in decoding:
@@ -228,12 +242,12 @@ def d2f_row(canvas: Canvas, config: D2FConfig, shifted: bool,
 def commit(canvas: Canvas, block: PipelineBlock, rows: torch.Tensor, step: int, config: D2FConfig,
            sampling: DreamConfig, generator: torch.Generator | None) -> list[int]:
     """4) Commit ``block``'s masks whose token has probability > skip_threshold, or, for a complete block
-    with none, its best one; ``rows`` [B, V] are the logits that predict the block's positions. Returns the
-    tokens committed."""
+    with none, its best one; ``rows`` [n, V] are the logits that predict the block's n masks, left to
+    right. Returns the tokens committed."""
     masked = canvas.masked(block.span).nonzero().flatten()  # block offsets of its masks
     if masked.numel() == 0:
         return []
-    tokens, token_prob, confidence = predict_tokens(rows[masked], sampling, canvas.mask_token_id, generator)
+    tokens, token_prob, confidence = predict_tokens(rows, sampling, canvas.mask_token_id, generator)
     chosen = (token_prob > config.skip_threshold).nonzero().flatten()
     if block.complete and chosen.numel() == 0:
         chosen = choose_positions(confidence, token_prob, torch.ones_like(masked, dtype=torch.bool), count=1,
@@ -251,18 +265,6 @@ def block_causal(canvas: Canvas, block_size: int, start: int, end: int) -> torch
     positions = torch.arange(start, end, device=canvas.device)
     block_of = torch.div(positions - canvas.prompt_length, block_size, rounding_mode="floor").clamp(min=-1)
     return block_of[None, :] <= block_of[:, None]
-
-
-def block_logits(logits: torch.Tensor, span: Block, fed_from: int, before_first: torch.Tensor | None) -> torch.Tensor:
-    """[B, V]: the logits that predict ``span``'s positions from a call that fed positions fed_from...;
-    unshifted: their own rows; shifted (``before_first`` given): the row before each, the first fed
-    position's being ``before_first``."""
-    first = span.start - fed_from
-    if before_first is None:
-        return logits[first: first + span.length]
-    if first == 0:
-        return torch.cat([before_first[None], logits[: span.length - 1]])
-    return logits[first - 1: first - 1 + span.length]
 
 
 __all__ = ["D2FConfig", "DREAM_PRESETS", "FORCED_RANKS", "LLADA_PRESETS", "decode_d2f"]

@@ -28,7 +28,8 @@ cache the block's first step, the full pass, unmasks the block's first position 
 shifted logits predict), unless the schedule gives the block a single step, which takes every mask;
 the schedule's steps 1, 2, ... follow, or the threshold rule. A cached step reads the fed positions'
 logits shifted within the call, so the block's first position would read its own logits; it is
-never masked by then. A list of prompts is decoded as a batch, each row exactly as alone (see
+never masked by then. Only the logits that predict a mask are computed (on a cached full pass, only
+those of the block's first mask). A list of prompts is decoded as a batch, each row as alone (see
 mdm.decode_canvases).
 """
 
@@ -45,12 +46,10 @@ import torch
 from refusion_cli.decoding.batching import Generators, Prompt, Prompts
 from refusion_cli.decoding.config import ConfigError, check_non_negative, check_positive, check_probability
 from refusion_cli.decoding.mdm import (
-    Block,
     Canvas,
     CanvasPasses,
     CanvasStep,
     MDMStep,
-    PassLogits,
     check_blocks,
     check_fast_options,
     choose_positions,
@@ -232,16 +231,9 @@ def decode_dream(
                            on_step=on_step, batch_size=batch_size)
 
 
-def shifted_rows(computed: PassLogits, block: Block) -> torch.Tensor:
-    """[B, V]: the logits that predict ``block``'s positions, each read from the position before it
-    among those the call computed (the first computed position reads its own)."""
-    logits = computed.logits
-    return PassLogits(torch.cat([logits[:1], logits[:-1]]), computed.first).rows(block)
-
-
 def dream_row(canvas: Canvas, config: DreamConfig, generator: torch.Generator | None) -> CanvasStep[DecodeResult]:
     """One prompt's Dream decode as a row program (see mdm.decode_canvases)."""
-    passes = CanvasPasses(canvas.stats, config.use_cache, config.dual_cache)
+    passes = CanvasPasses(canvas.stats, config.use_cache, config.dual_cache, shifted=True)
     timesteps = torch.linspace(1, config.eps, config.steps_per_block + 1)  # float32, as the reference
     mask_token_id = canvas.mask_token_id
     for block in canvas.blocks(config.block_tokens):
@@ -250,21 +242,24 @@ def dream_row(canvas: Canvas, config: DreamConfig, generator: torch.Generator | 
         # without a cache, a threshold step may have unmasked at most unmasked_by[i] of the block by the end of step i
         unmasked_by = list(itertools.accumulate(even_schedule(n_masked, config.steps_per_block)))
         for step in canvas.steps(block, config.steps_per_block, config.threshold, config.use_cache):
-            logits = shifted_rows((yield from passes(canvas.ids)), block)  # [B, V], in the model's dtype
             where = canvas.masked(block).nonzero().flatten()  # block offsets of the masks, ascending
+            # the cached sampler's full pass unmasks the block's first position only
+            first_only = config.use_cache and step == 0 and (config.threshold is not None or config.steps_per_block > 1)
+            reads = where[:1] if first_only else where
+            logits = yield from passes(canvas.ids, block.start + reads)  # [n, V] of ``reads``, the model's dtype
             if where.numel() == 0:  # the cached step after a block its full pass finished
                 picked, tokens = where, where
-            elif config.use_cache and step == 0 and (config.threshold is not None or config.steps_per_block > 1):
-                # the cached sampler's full pass: the block's first position only
-                picked = where[:1]
-                tokens = predict_tokens(logits[picked], config, mask_token_id, generator)[0]
+            elif first_only:
+                picked = reads
+                tokens = predict_tokens(logits, config, mask_token_id, generator)[0]
             elif config.alg == "origin":
                 # 2) each mask goes with probability 1 - s/t; 1) only those get a token
-                picked = where[origin_transfers(where.numel(), step, timesteps, generator, canvas.device)]
-                tokens = predict_tokens(logits[picked], config, mask_token_id, generator)[0]
+                chosen = origin_transfers(where.numel(), step, timesteps, generator, canvas.device)
+                picked = where[chosen]
+                tokens = predict_tokens(logits[chosen], config, mask_token_id, generator)[0]
             else:
                 # 1) predict every mask (as the reference), 2) unmask the best ranked
-                tokens, token_prob, confidence = predict_tokens(logits[where], config, mask_token_id, generator)
+                tokens, token_prob, confidence = predict_tokens(logits, config, mask_token_id, generator)
                 count = 0 if config.threshold is not None else transfer_count(where.numel(), step, timesteps)
                 limit = None
                 if config.threshold is not None and not config.use_cache:

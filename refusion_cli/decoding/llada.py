@@ -5,9 +5,10 @@ Token ids in, token ids out. The response starts all masked and is decoded in bl
 
 1) predict   one pass (two with classifier-free guidance; a cached step feeds only part of the
              canvas, below) predicts every position of the block, logits read *unshifted*
-             (position i's logits give position i's token); argmax, or argmax with Gumbel noise
-             at ``temperature`` > 0 (float64). The mask token is never a prediction (the
-             reference would leave such a position masked).
+             (position i's logits give position i's token; the model computes the block's
+             logits only); argmax, or argmax with Gumbel noise at ``temperature`` > 0
+             (float64). The mask token is never a prediction (the reference would leave such a
+             position masked).
 2) rank      confidence = softmax probability (float64, over the whole vocabulary, mask
              included) of the prediction (``low_confidence``) or a uniform draw (``random``);
              positions right of the block are never candidates.
@@ -93,12 +94,14 @@ def guided_logits(cond: CanvasPasses, uncond: CanvasPasses | None, canvas: Canva
                   cfg_scale: float) -> CanvasStep[torch.Tensor]:
     """1) The block's logits [B, V] in float64 (float32 on MPS), where the reference takes its argmax
     and softmax. With guidance, a second pass with the prompt replaced by masks; the two are combined
-    in the model's own dtype first, as the reference combines the logits the model returns."""
-    logits = (yield from cond(canvas.ids)).rows(block)
+    in the model's own dtype first, as the reference combines the logits the model returns. The model
+    computes the logits of the block's positions only."""
+    positions = torch.arange(block.start, block.end, device=canvas.device)  # [B]
+    logits = yield from cond(canvas.ids, positions)
     if uncond is not None:
         unprompted = canvas.ids.clone()
         unprompted[: canvas.prompt_length] = canvas.mask_token_id
-        unconditional = (yield from uncond(unprompted)).rows(block)
+        unconditional = yield from uncond(unprompted, positions)
         logits = unconditional + (cfg_scale + 1) * (logits - unconditional)
     return logits.to(wide_float(logits.device))
 

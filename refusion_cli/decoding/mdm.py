@@ -22,6 +22,10 @@ each model call and is sent its logits back); :func:`decode_canvases` runs one p
 :class:`CanvasCalls` makes one padded, masked model call of every running row's feed. Each row keeps
 its own canvas, counters, generator and cached K/V, so it decodes exactly as it would alone; one
 prompt is a batch of one through the same code.
+
+Logits: a feed names the fed positions whose logits its row reads (a LLaDA block, Dream's masks,
+D2F's decoding blocks), and the model computes the head at those positions only; with a vocabulary
+of 126k-152k words, the logits of a whole canvas cost more memory than the rest of the call.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from refusion_cli.decoding.batching import (Generators, Prompt, Prompts, batch_p
 from refusion_cli.decoding.cache import additive_mask, drive, mask_argument
 from refusion_cli.decoding.config import ConfigError, check_non_negative, check_positive, check_probability
 from refusion_cli.decoding.stats import (BatchClock, DecodeResult, DecodeStats, EosIds, cache_argument, count_call,
-                                         cut_after_eos, timed_call, wide_float)
+                                         cut_after_eos, kept_logits, logits_at, timed_call, wide_float)
 
 T = TypeVar("T")
 
@@ -171,7 +175,8 @@ RowKV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: K and V [H, n, D] 
 class CanvasFeed:
     """What one conditioning stream of one row feeds to a shared call: ``ids`` [Q] at positions
     start..start+Q-1, after the K/V ``prefix`` of positions 0..start-1 and before the K/V ``suffix``
-    of the positions right after the fed ones, when it has them."""
+    of the positions right after the fed ones, when it has them; ``read``: the fed offsets whose
+    logits the row reads."""
 
     stats: DecodeStats  # the row's counters: the call counts once for it, with Q positions
     ids: torch.Tensor  # [Q]
@@ -180,23 +185,26 @@ class CanvasFeed:
     suffix: RowKV | None = None  # None: nothing cached right of them (the dual cache's suffix when given)
     keep: int | None = None  # return the K/V of the first ``keep`` fed positions (None: keep none, no cache)
     among: torch.Tensor | None = None  # [Q, Q] bool: fed token q sees fed token k (None: all, or the earlier ones)
+    read: torch.Tensor | None = None  # [R] ascending fed offsets whose logits are returned (None: every one)
 
 
-CanvasReply = tuple[torch.Tensor, RowKV | None]  # the fed positions' logits [Q, V], the kept K/V
+CanvasReply = tuple[torch.Tensor, RowKV | None]  # the read positions' logits [R, V], the kept K/V
 CanvasStep = Generator[CanvasFeed, CanvasReply, T]  # a row program's step: yields feeds, is sent replies
 
 
 class CanvasCalls:
     """One model call for every row of a batch of canvases (see :func:`refusion_cli.decoding.cache.drive`).
 
-    Rows are right-padded to the longest feed of the call. A call where no row uses a cache and
-    every row is as long as the others is the plain call (no mask, default positions): with one
-    row, the reference's own call. Otherwise each row gets explicit position ids and a 4-D mask: its
-    fed tokens see its cached prefix, its cached suffix (not in a causal model: the suffix lies right
-    of them) and each other (all of them, or the earlier ones for a causal model; a feed's ``among``
-    narrows that), never another row or padding; a pad sees only itself. The cached K/V are laid in
-    one :class:`DynamicCache` made for the call: every row's prefix left-aligned and zero-padded to
-    the longest prefix, then every row's suffix likewise; the fed tokens' K/V follow them.
+    Rows are left-padded to the longest feed of the call, so that the rows' read positions, which lie
+    towards the end of a canvas, line up. A call where no row uses a cache and every row is as long as
+    the others is the plain call (no mask, default positions): with one row, the reference's own call.
+    Otherwise each row gets explicit position ids and a 4-D mask: its fed tokens see its cached prefix,
+    its cached suffix (not in a causal model: the suffix lies right of them) and each other (all of
+    them, or the earlier ones for a causal model; a feed's ``among`` narrows that), never another row
+    or padding; a pad sees only itself. The cached K/V are laid in one :class:`DynamicCache` made for
+    the call: every row's prefix left-aligned and zero-padded to the longest prefix, then every row's
+    suffix likewise; the fed tokens' K/V follow them. The model computes logits only at the columns
+    some row reads (one index set for the whole call: the union of the rows' reads).
     """
 
     def __init__(self, model: torch.nn.Module):
@@ -209,13 +217,17 @@ class CanvasCalls:
         """A finished row holds nothing here: its cache lives in its own program."""
 
     def forward(self, feeds: dict[int, CanvasFeed]) -> dict[int, CanvasReply]:
-        """One counted model call over every row's feed; each row gets its logits and kept K/V back."""
+        """One counted model call over every row's feed; each row gets its read logits and kept K/V back."""
         rows = list(feeds.values())
         lengths = [feed.ids.numel() for feed in rows]
         width = max(lengths)  # Q
+        pads = [width - n for n in lengths]
+        columns, reads = self._read_columns(rows, pads, width)  # [U]; per row, its reads among the U
+        keep_logits = logits_at(self.model, columns, width)
         cached = any(feed.prefix is not None or feed.suffix is not None or feed.keep is not None for feed in rows)
         if not cached and min(lengths) == width:
-            out, seconds = timed_call(self.model, input_ids=torch.stack([feed.ids for feed in rows]), use_cache=False)
+            out, seconds = timed_call(self.model, input_ids=torch.stack([feed.ids for feed in rows]), use_cache=False,
+                                      **keep_logits)
             cache, cached_width = None, 0
         else:
             prefix_width = max(_kv_length(feed.prefix) for feed in rows)  # W
@@ -230,35 +242,45 @@ class CanvasCalls:
             cache_kwargs = cache_argument(self.model, cache) if cached else {}
             out, seconds = timed_call(self.model, input_ids=input_ids, position_ids=position_ids,
                                       attention_mask=mask_argument(self.model.config, mask),
-                                      use_cache=cached, **cache_kwargs)
+                                      use_cache=cached, **cache_kwargs, **keep_logits)
+        logits = kept_logits(out.logits, columns)  # [B, U, V]
         replies = {}
         for row, (index, feed) in enumerate(feeds.items()):
             count_call(feed.stats, lengths[row], seconds)
             kept = None
             if feed.keep is not None:
-                columns = slice(cached_width, cached_width + feed.keep)
-                kept = [(layer.keys[row, :, columns].clone(), layer.values[row, :, columns].clone())
+                fed = slice(cached_width + pads[row], cached_width + pads[row] + feed.keep)
+                kept = [(layer.keys[row, :, fed].clone(), layer.values[row, :, fed].clone())
                         for layer in cache.layers]
-            replies[index] = (out.logits[row, : lengths[row]], kept)
+            replies[index] = (logits[row, reads[row]], kept)
         return replies
+
+    def _read_columns(self, rows: list[CanvasFeed], pads: list[int],
+                      width: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The call's columns whose logits some row reads (ascending [U]), and where each row's reads are among them."""
+        wanted = [pad + (torch.arange(width - pad, device=self.device) if feed.read is None else feed.read)
+                  for feed, pad in zip(rows, pads)]
+        columns, where = torch.unique(torch.cat(wanted), sorted=True, return_inverse=True)
+        return columns, list(where.split([read.numel() for read in wanted]))
 
     def _padded(self, rows: list[CanvasFeed], width: int, prefix_width: int,
                 suffix_width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """input ids [B, Q] and position ids [B, Q] (right-padded), and what each query sees [B, Q, W + S + Q]."""
-        fed_column = prefix_width + suffix_width  # the first fed token's K/V column
+        """input ids [B, Q] and position ids [B, Q] (left-padded), and what each query sees [B, Q, W + S + Q]."""
+        fed_column = prefix_width + suffix_width  # the first column of the fed tokens' K/V
         input_ids = torch.zeros(len(rows), width, dtype=torch.long, device=self.device)
         position_ids = torch.zeros_like(input_ids)
         allowed = torch.zeros(len(rows), width, fed_column + width, dtype=torch.bool, device=self.device)
         allowed[:, :, fed_column:] = torch.eye(width, dtype=torch.bool, device=self.device)  # pads see themselves
         for row, feed in enumerate(rows):
             n = feed.ids.numel()
-            input_ids[row, :n] = feed.ids
-            position_ids[row, :n] = torch.arange(feed.start, feed.start + n, device=self.device)
-            allowed[row, :n, : _kv_length(feed.prefix)] = True
+            pad = width - n
+            input_ids[row, pad:] = feed.ids
+            position_ids[row, pad:] = torch.arange(feed.start, feed.start + n, device=self.device)
+            allowed[row, pad:, : _kv_length(feed.prefix)] = True
             if not self.causal:
-                allowed[row, :n, prefix_width: prefix_width + _kv_length(feed.suffix)] = True
+                allowed[row, pad:, prefix_width: prefix_width + _kv_length(feed.suffix)] = True
             among = torch.ones(n, n, dtype=torch.bool, device=self.device) if feed.among is None else feed.among
-            allowed[row, :n, fed_column: fed_column + n] = among.tril() if self.causal else among
+            allowed[row, pad:, fed_column + pad:] = among.tril() if self.causal else among
         return input_ids, position_ids, allowed
 
 
@@ -298,16 +320,10 @@ def _fill_cache(cache: DynamicCache, prefixes: list[RowKV | None], suffixes: lis
         cache.update(keys, values, layer)
 
 
-@dataclass(frozen=True)
-class PassLogits:
-    """The logits one model call computed for a stretch of the canvas."""
-
-    logits: torch.Tensor  # [n, V], in the model's dtype, of canvas positions first..first+n-1
-    first: int  # the canvas position of row 0
-
-    def rows(self, block: Block) -> torch.Tensor:
-        """[B, V]: the rows of ``block``'s positions."""
-        return self.logits[block.start - self.first: block.end - self.first]
+def read_offsets(positions: torch.Tensor, first: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """For canvas ``positions`` [R] read from a call that feeds from canvas position ``first`` on: the fed
+    offsets to compute (ascending, each once: a feed's ``read``) and the row of each position among them [R]."""
+    return torch.unique(positions - first, sorted=True, return_inverse=True)
 
 
 class CanvasPasses:
@@ -317,13 +333,15 @@ class CanvasPasses:
     block's first call is a full pass that keeps the K/V of the prefix, positions [0, block.start),
     and with ``dual_cache`` also of the suffix, positions [block.end, T); later calls feed the
     positions [block.start, T) after the prefix's K/V, or, with ``dual_cache``, only the block's,
-    between the prefix's and the suffix's K/V.
+    between the prefix's and the suffix's K/V. ``shifted`` (Dream): a position is predicted by the
+    logits of the position before it.
     """
 
-    def __init__(self, stats: DecodeStats, use_cache: bool, dual_cache: bool = False):
+    def __init__(self, stats: DecodeStats, use_cache: bool, dual_cache: bool = False, shifted: bool = False):
         self.stats = stats
         self.use_cache = use_cache
         self.dual_cache = dual_cache
+        self.shifted = shifted
         self.block: Block | None = None
         self.prefix: RowKV | None = None
         self.suffix: RowKV | None = None
@@ -333,24 +351,28 @@ class CanvasPasses:
         self.block = block
         self.prefix = self.suffix = None
 
-    def __call__(self, canvas: torch.Tensor) -> CanvasStep[PassLogits]:
-        """The logits of every position the call fed, read unshifted (each sampler reads them as its
-        reference does, and widens them where its reference does)."""
+    def __call__(self, canvas: torch.Tensor, positions: torch.Tensor) -> CanvasStep[torch.Tensor]:
+        """The logits [R, V] (the model's dtype) that predict the canvas ``positions`` [R] of the block:
+        each position's own, or with ``shifted`` those of the position before it among the positions the
+        call feeds (the first fed position reads its own, as each sampler's reference reads them). The
+        model computes the head at those positions only."""
         block = self.block
+        first = block.start if self.use_cache and self.prefix is not None else 0  # the first fed position
+        offsets, rows = read_offsets((positions - int(self.shifted)).clamp(min=first), first)
         if not self.use_cache:
-            logits, _ = yield CanvasFeed(self.stats, canvas)
-            return PassLogits(logits, 0)
+            logits, _ = yield CanvasFeed(self.stats, canvas, read=offsets)
+            return logits[rows]
         if self.prefix is None:  # the block's first step: full pass, keep the cached positions' K/V
             keep = canvas.numel() if self.dual_cache else block.start
-            logits, kept = yield CanvasFeed(self.stats, canvas, keep=keep)
+            logits, kept = yield CanvasFeed(self.stats, canvas, keep=keep, read=offsets)
             self.prefix = [(keys[:, : block.start], values[:, : block.start]) for keys, values in kept]
             if self.dual_cache:
                 self.suffix = [(keys[:, block.end:], values[:, block.end:]) for keys, values in kept]
-            return PassLogits(logits, 0)
+            return logits[rows]
         end = block.end if self.dual_cache else canvas.numel()
         logits, _ = yield CanvasFeed(self.stats, canvas[block.start: end], start=block.start, prefix=self.prefix,
-                                     suffix=self.suffix)
-        return PassLogits(logits, block.start)
+                                     suffix=self.suffix, read=offsets)
+        return logits[rows]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -197,6 +197,26 @@ def last_logits(model: torch.nn.Module, n: int) -> dict[str, int]:
     return {"logits_to_keep": n} if _keeps_logits(type(model)) else {}
 
 
+def logits_at(model: torch.nn.Module, columns: torch.Tensor, width: int) -> dict[str, int | torch.Tensor]:
+    """Keyword asking ``model`` for the logits of input columns ``columns`` only (ascending [U] of ``width``).
+
+    Nothing when they are every column, the count when they are the last ones (as :func:`last_logits`),
+    else the index tensor (transformers applies one 1-D index to every row of the batch). A model whose
+    forward lacks the keyword gets nothing, and :func:`kept_logits` slices what it returns."""
+    if columns.numel() == width or not _keeps_logits(type(model)):
+        return {}
+    first = width - columns.numel()
+    if columns.numel() and int(columns[0]) == first:  # ascending and unique: the last U columns
+        return {"logits_to_keep": columns.numel()}
+    return {"logits_to_keep": columns}  # also none at all: an int 0 would mean every column
+
+
+def kept_logits(logits: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+    """[B, U, V]: the logits of ``columns`` from a call asked for them (:func:`logits_at`); a model that
+    computed every column is sliced here."""
+    return logits if logits.shape[1] == columns.numel() else logits[:, columns]
+
+
 @functools.cache
 def _keeps_logits(model_class: type) -> bool:
     return "logits_to_keep" in inspect.signature(model_class.forward).parameters

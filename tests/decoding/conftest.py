@@ -55,7 +55,8 @@ def record_calls() -> Callable[[torch.nn.Module], list[torch.Tensor]]:
 
 @pytest.fixture
 def steer_logits() -> Callable[[torch.nn.Module, Callable[[torch.Tensor], torch.Tensor]], None]:
-    """``steer_logits(model, bias_for)`` adds ``bias_for(position_ids [Q])`` ([Q, V]) to every call's logits."""
+    """``steer_logits(model, bias_for)`` adds ``bias_for(position_ids [Q])`` ([Q, V]) to every call's logits
+    (to the rows of the positions it computed, when the call asked for some only)."""
     handles = []
 
     def start(model: torch.nn.Module, bias_for: Callable[[torch.Tensor], torch.Tensor]) -> None:
@@ -64,7 +65,9 @@ def steer_logits() -> Callable[[torch.nn.Module, Callable[[torch.Tensor], torch.
             positions = kwargs.get("position_ids")
             if positions is None:
                 positions = torch.arange(ids.shape[1])[None]
-            out.logits = out.logits + bias_for(positions[0]).to(out.logits)[None]
+            kept = kwargs.get("logits_to_keep", 0)
+            positions = positions[0, -kept:] if isinstance(kept, int) else positions[0, kept]
+            out.logits = out.logits + bias_for(positions).to(out.logits)[None]
             return out
 
         handles.append(model.register_forward_hook(hook, with_kwargs=True))

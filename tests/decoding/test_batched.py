@@ -196,7 +196,7 @@ def test_run_decoder_takes_a_batch_for_every_decoder(models, bidirectional_model
 
 
 # ---------------------------------------------------------------------------------------------
-# LLaDA and Dream: rows of right-padded canvases in shared calls, each with its own prefix cache
+# LLaDA and Dream: rows of padded canvases in shared calls, each with its own prefix cache
 
 # cache: None, "prefix" (use_cache) or "dual" (use_cache and dual_cache)
 LLADA_SWEEP = [  # gen_length, steps, block_length, threshold, cache, cfg_scale, remasking, temperature
@@ -306,7 +306,7 @@ def test_mdm_rows_share_calls_and_finished_rows_leave(mdm_models, record_calls, 
         rows = [call.shape[0] for call in calls]
         assert max(rows) == (batch_size or len(prompts))
         assert sum(rows) == sum(forwards)  # a row takes part in exactly its own forwards
-        assert max(call.shape[1] for call in calls) == max(PROMPT_LENGTHS) + config.gen_length  # right-padded
+        assert max(call.shape[1] for call in calls) == max(PROMPT_LENGTHS) + config.gen_length  # padded
         if batch_size is None:  # lockstep: a row leaves after its last step, the longest decode ends alone
             assert rows == [sum(n > call for n in forwards) for call in range(max(forwards))]
         else:  # refilled: fewer calls than decoding the rows two by two in lockstep
