@@ -17,6 +17,7 @@ import asyncio
 import json
 import logging
 import signal
+import socket
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -30,6 +31,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingRes
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from refusion_cli.decoding.stats import DecodeStats
+from refusion_cli.errors import UserError
 from refusion_cli.models.loading import LoadedModel
 from refusion_cli.serve.engine import Commits, Draining, Event, Failed, Finished, Job, QueueFull, Scheduler
 from refusion_cli.serve.metrics import ServeMetrics
@@ -123,8 +125,28 @@ def run_server(state: ServerState, host: str, port: int) -> bool:
     config = uvicorn.Config(create_app(state), host=host, port=port, log_level="info",
                             timeout_graceful_shutdown=state.shutdown_timeout + 5)
     server = Server(config)
-    server.run()
+    try:
+        server.run()
+    except SystemExit:  # uvicorn's way of saying it could not bind (logged above)
+        return False
     return server.started
+
+
+def check_address(host: str, port: int) -> None:
+    """Refuse an address the server cannot listen on (a port in use, a host not of this machine) before the
+    model loads: one error line rather than minutes of loading first."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise UserError(f"--host {host}: {exc.strerror}") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            raise UserError(f"cannot listen on {host}:{port}: {exc.strerror}",
+                            hint="is the port in use? pick another with --port") from None
 
 
 def authorize(request: Request, api_key: str | None) -> None:
@@ -327,4 +349,4 @@ def sse(payload: dict[str, Any]) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
 
-__all__ = ["Run", "ServerState", "create_app", "run_server"]
+__all__ = ["Run", "ServerState", "check_address", "create_app", "run_server"]
