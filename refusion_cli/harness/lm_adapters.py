@@ -52,8 +52,7 @@ from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window, simple_parse_args_string
 
 from refusion_cli.decoding.config import ConfigError
-from refusion_cli.decoding.registry import (DECODERS, DecoderSpec, check_decoder_fits, decoder_spec, default_model,
-                                            run_decoder)
+from refusion_cli.decoding.registry import DECODERS, DecoderSpec, decoder_spec, default_model, run_decoder
 from refusion_cli.decoding.spec import PRESET_DECODER
 from refusion_cli.decoding.stats import batch_stats, float_logits
 from refusion_cli.decoding.variants import FLAGS, variant_options
@@ -64,7 +63,9 @@ from refusion_cli.harness.model_args import (as_bool, batch_size_value, check_mo
                                              lm_eval_default_device)
 from refusion_cli.harness.requests import (SAMPLING_KEYS, GenerationHook, PreparedRequest, SampleRecord,
                                            asks_for_sampling, batches, stop_strings, with_gen_length)
-from refusion_cli.models.loading import LoadedModel, load_model
+from refusion_cli.models.checkpoint import resolve_checkpoint
+from refusion_cli.models.devices import parse_device, parse_dtype
+from refusion_cli.models.loading import LoadedModel, check_model_fits, load_model
 
 
 def distributed_context(device: str | torch.device | None = None) -> tuple[int, int, Any]:
@@ -140,11 +141,12 @@ class DecoderLM(TemplateLM):
             device = str(self.accelerator.device)
         if isinstance(pretrained, LoadedModel):  # loaded, and fitted to its decoders, by the caller (eval: at planning)
             self.loaded = pretrained
-        else:  # load_model checks the device and dtype before it loads
-            self.loaded = load_model(pretrained or default_model(self.decoder), device, dtype,
-                                     trust_remote_code=as_bool("trust_remote_code", trust_remote_code),
-                                     require_mask=spec.needs_mask)
-            check_decoder_fits(self.decoder, self.loaded.bidirectional, shifted=self.loaded.shifted)
+        else:  # the device and dtype checked first, then the checkpoint resolved, its fit checked, and loaded
+            device, dtype = parse_device(device), parse_dtype(dtype) if dtype is not None else None
+            checkpoint = resolve_checkpoint(pretrained or default_model(self.decoder),
+                                            as_bool("trust_remote_code", trust_remote_code))
+            check_model_fits(self.decoder, checkpoint)
+            self.loaded = load_model(checkpoint, device, dtype, require_mask=spec.needs_mask)
         self.model = self.loaded.model
         self.tokenizer = self.loaded.tokenizer
         self._device = next(self.model.parameters()).device

@@ -9,7 +9,9 @@ Contract of :func:`run_eval`:
              ``decoding.variants`` are runs of their own after the paper's decoder); the benchmarks'
              task YAMLs are rendered and their local data checked (present, not empty, JSON lines;
              with ``download``, the missing files are fetched from the hub first, see
-             ``download``), as are ``--device``, ``--dtype``, ``--output`` and ``--data-dir``; then
+             ``download``), as are ``--device``, ``--dtype``, ``--output`` and ``--data-dir``; each
+             distinct ``--model`` is resolved once into its record (``models.checkpoint``), which each
+             decoder's fit is checked against and which the loading and the journal key read later; then
              the lm-eval tasks are built over that data (in a temporary folder). Any mistake is a
              ``UserError`` before a model is loaded or a file is written (downloaded data aside).
              With ``limit=0`` the run ends here.
@@ -64,11 +66,11 @@ from refusion_cli.harness.evaluation import run_task, seed_lm_eval
 from refusion_cli.harness.manifest import EvalProtocol
 from refusion_cli.harness.suite import (Benchmark, RenderedTask, Suite, check_data, data_root, load_suite, load_tasks,
                                         render)
-from refusion_cli.models.adapters import adapter_fingerprint, parse_model
 from refusion_cli.models.chat import require_chat_template
+from refusion_cli.models.checkpoint import Checkpoint, checkpoint_label, resolve_checkpoint
 from refusion_cli.models.devices import free_device_memory, parse_device, parse_dtype
-from refusion_cli.models.loading import EMBEDDED, check_model_fits, embedded_path, is_embedded
-from refusion_cli.paths import check_output_dir, folder_fingerprint
+from refusion_cli.models.loading import check_model_fits
+from refusion_cli.paths import check_output_dir
 
 if TYPE_CHECKING:
     import torch
@@ -147,32 +149,22 @@ def default_output(tasks: list[str], today: dt.date | None = None) -> Path:
 
 
 def decoder_runs(choices: list[DecoderChoice], variants: list[Variant] | None = None) -> list[DecoderRun]:
-    """The summary row label of each decoder and its checkpoint (``decoder:model``); a local folder named
-    like an embedded model keeps its path, so the two never share a label. ReFusion's ``variants`` follow
-    its own row, each a row of its own ("refusion (recheck):model")."""
+    """The summary row label of each decoder and its checkpoint (``decoder:model``, the checkpoint's
+    :func:`~refusion_cli.models.checkpoint.checkpoint_label`). ReFusion's ``variants`` follow its own row,
+    each a row of its own ("refusion (recheck):model")."""
     runs = []
     for choice in choices:
         model = choice.model
-        short = model if is_embedded(model) else Path(model.rstrip("/")).name or model
-        if short in EMBEDDED and not is_embedded(model):
-            short = model.rstrip("/") if "/" in model.rstrip("/") else f"./{short}"
         for variant in [PAPER, *(variants or [])] if choice.decoder == PRESET_DECODER else [PAPER]:
-            label = f"{variant_label(choice.decoder, variant)}:{short}"
+            label = f"{variant_label(choice.decoder, variant)}:{checkpoint_label(model)}"
             runs.append(DecoderRun(choice.decoder, model, label,
                                    re.sub(r"[^A-Za-z0-9_.-]", "_", label.replace(":", "__")), choice, variant))
     return runs
 
 
-def model_fingerprint(model: str) -> str:
-    """What identifies the weights: the directory's config and weight files (name, size, mtime); with a LoRA
-    adapter, the base's and the adapter's (its config and weight files)."""
-    spec = parse_model(model)
-    if spec.adapter is not None:
-        return f"{model_fingerprint(spec.base)}+{adapter_fingerprint(spec.adapter)}"
-    path = embedded_path(model) if is_embedded(model) else Path(model).expanduser()
-    if not path.is_dir():
-        return model  # a hub id
-    return folder_fingerprint(path, "config.json", sorted(path.glob("*.safetensors")) + sorted(path.glob("*.bin")))
+def model_fingerprint(model: str, trust_remote_code: bool = False) -> str:
+    """The journal key of ``model``'s files: its record's fingerprint (:mod:`refusion_cli.models.checkpoint`)."""
+    return resolve_checkpoint(model, trust_remote_code).fingerprint
 
 
 def placement(model: Any) -> tuple[str, str]:
@@ -281,6 +273,8 @@ class Plan:
     device: torch.device  # --device, resolved (default: CUDA when available)
     dtype: torch.dtype | None  # --dtype, resolved (None: the device's default)
     sandbox: str | None = None  # how code benchmarks' candidates are isolated here (None: no code benchmark)
+    # each distinct --model, resolved once: what the fit check, the loader and the journal key read
+    checkpoints: dict[str, Checkpoint] = field(default_factory=dict)
 
 
 def plan_eval(options: EvalOptions, suite: Suite | None = None,
@@ -296,8 +290,10 @@ def plan_eval(options: EvalOptions, suite: Suite | None = None,
     if (option := first_option(*flags)) is not None:
         require_refusion(option, [choice.decoder for choice in choices])
     runs = decoder_runs(choices, asked_variants(*flags))
+    checkpoints = {model: resolve_checkpoint(model, options.trust_remote_code)
+                   for model in dict.fromkeys(run.model for run in runs)}
     for run in runs:
-        check_model_fits(run.decoder, run.model, options.trust_remote_code)
+        check_model_fits(run.decoder, checkpoints[run.model])
     if options.limit is not None and options.limit < 0:
         raise UserError(f"--limit must be a number of documents (0: check the data and tasks only), "
                         f"got {options.limit}")
@@ -333,7 +329,7 @@ def plan_eval(options: EvalOptions, suite: Suite | None = None,
         for benchmark in benchmarks:
             seed_lm_eval(options.seed)  # GPQA shuffles its choices while it is built
             tasks[benchmark.name] = load_tasks(rendered[benchmark.name], Path(scratch) / benchmark.name)
-    return Plan(benchmarks, runs, configs, rendered, tasks, device, dtype, sandbox)
+    return Plan(benchmarks, runs, configs, rendered, tasks, device, dtype, sandbox, checkpoints)
 
 
 def run_eval(options: EvalOptions, observer: EvalObserver | None = None, suite: Suite | None = None,
@@ -355,11 +351,11 @@ def run_eval(options: EvalOptions, observer: EvalObserver | None = None, suite: 
         plan.rendered[benchmark.name].write()  # the task YAML, kept with the results
     scorers = {benchmark.name: TaskScorer(plan.tasks[benchmark.name]["tasks"], benchmark.metric,
                                           benchmark.metric_filter) for benchmark in plan.benchmarks}
-    for model in dict.fromkeys(run.model for run in plan.runs):  # one model in memory at a time
+    for model, checkpoint in plan.checkpoints.items():  # one model in memory at a time
         runs = [run for run in plan.runs if run.model == model]
-        loaded = load_model(model, device, plan.dtype, trust_remote_code=options.trust_remote_code,
+        loaded = load_model(checkpoint, device, plan.dtype,
                             require_mask=any(decoder_spec(run.decoder).needs_mask for run in runs))
-        fingerprint, where = model_fingerprint(model), placement(loaded.model)
+        fingerprint, where = checkpoint.fingerprint, placement(loaded.model)
         warmed: set[str] = set()  # decoders whose adapter has warmed up on this model
         for benchmark in plan.benchmarks:
             if benchmark.chat_template:

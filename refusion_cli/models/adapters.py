@@ -5,9 +5,13 @@
 - ``--model BASE+ADAPTER``: the base (an embedded name, a directory or a hub id) and the adapter (a
   directory or a hub id); a value that is an existing path is never split.
 
+:func:`split_model` splits the value; :func:`resolve_adapter` finds the adapter's folder (a hub id fetched
+or found in the local cache, at one pinned commit) and reads its ``adapter_config.json`` once, into the
+:class:`Adapter` record that the checkpoint's record (:mod:`refusion_cli.models.checkpoint`) carries.
+
 The base loads as it loads alone (LLaDA and Dream natively onto transformers' classes,
-:mod:`refusion_cli.models.layouts`). The adapter is then put into that model object with peft,
-unmerged: each targeted linear layer gets its LoRA pair beside the base weight, as
+:mod:`refusion_cli.models.layouts`). :func:`apply_adapter` then puts the adapter into that model object
+with peft, unmerged: each targeted linear layer gets its LoRA pair beside the base weight, as
 ``PeftModel.from_pretrained`` leaves it, and the model stays transformers' class (every decoder calls
 it as before). An adapter trained on a checkpoint's own modelling code names that code's modules
 (LLaDA's ``attn_out``, ``model.transformer.blocks.N``); its target modules are matched against those
@@ -19,6 +23,7 @@ the layout's ``key_mapping``, exactly as the base weights were. Whatever does no
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,9 +32,8 @@ from typing import Any
 import torch
 
 from refusion_cli.errors import UserError
-from refusion_cli.models.hub import offline_unless_hub_answers
+from refusion_cli.models.hub import is_hub_id, offline_unless_hub_answers, pinned_revision
 from refusion_cli.models.layouts import NativeLayout
-from refusion_cli.paths import folder_fingerprint
 
 SEPARATOR = "+"  # --model BASE+ADAPTER (hub ids cannot hold it)
 CONFIG_FILE = "adapter_config.json"
@@ -40,12 +44,28 @@ UNMAPPED_FIELDS = ("modules_to_save", "layers_to_transform", "layers_pattern", "
 
 
 @dataclass(frozen=True)
-class ModelSpec:
-    """What one ``--model`` value names: a checkpoint, and a LoRA adapter on it when it names one."""
+class Adapter:
+    """A LoRA adapter's files, found once: where they are and what its config says."""
 
-    base: str  # the checkpoint, as loading.inspect_checkpoint takes it
-    adapter: str | None = None  # the adapter folder or hub id; None: the checkpoint alone
-    base_from_adapter: bool = False  # the base was read from the adapter's config (--model ADAPTER_DIR)
+    name: str  # the adapter as given (a folder or a hub id)
+    folder: Path  # its local folder (a hub id: the snapshot fetched or found in the local cache)
+    config: dict[str, Any]  # adapter_config.json, read once
+    config_sha256: str  # of adapter_config.json's bytes (the fingerprint's)
+    revision: str | None = None  # a hub id's commit (None: a local folder)
+
+    @property
+    def weights(self) -> list[Path]:
+        """Its weight files, in peft's order of preference."""
+        return [self.folder / file for file in WEIGHT_FILES if (self.folder / file).is_file()]
+
+    @property
+    def base(self) -> str:
+        """The base its config names (``base_model_name_or_path``), for ``--model ADAPTER_DIR``."""
+        base = self.config.get("base_model_name_or_path")
+        if not isinstance(base, str) or not base.strip():
+            raise UserError(f"the adapter '{self.name}' names no base model (no base_model_name_or_path in its "
+                            f"{CONFIG_FILE})", hint=f"give the base with it: --model BASE{SEPARATOR}{self.name}")
+        return base.strip()
 
 
 def is_adapter_folder(path: Path) -> bool:
@@ -53,92 +73,85 @@ def is_adapter_folder(path: Path) -> bool:
     return (path / CONFIG_FILE).is_file() and not (path / "config.json").is_file()
 
 
-def parse_model(name: str) -> ModelSpec:
-    """Split a ``--model`` value into the checkpoint and its adapter (see the module docstring)."""
+def split_model(name: str) -> tuple[str | None, str | None]:
+    """A ``--model`` value as (checkpoint, adapter): ``(name, None)`` for a checkpoint alone, ``(None, name)`` for
+    an adapter folder (its base is named in its config), ``(BASE, ADAPTER)`` for ``BASE+ADAPTER``."""
     path = Path(name).expanduser()
     if path.is_dir() and is_adapter_folder(path):
-        return ModelSpec(base_named_by(path, name), name, base_from_adapter=True)
+        return None, name
     if path.exists() or SEPARATOR not in name:
-        return ModelSpec(name)
+        return name, None
     base, adapter = (part.strip() for part in name.split(SEPARATOR, 1))
     if not base or not adapter or SEPARATOR in adapter:
         raise UserError(f"--model {name}: BASE{SEPARATOR}ADAPTER takes one checkpoint and one adapter",
                         hint=f"e.g. --model GSAI-ML/LLaDA-8B-Instruct{SEPARATOR}"
                              "SJTU-Deng-Lab/D2F_LLaDA_Instruct_8B_Lora")
-    return ModelSpec(base, adapter)
+    return base, adapter
 
 
-def base_named_by(folder: Path, name: str) -> str:
-    """The base an adapter folder's config names (``base_model_name_or_path``)."""
-    config = read_config(folder, name)
-    base = config.get("base_model_name_or_path")
-    if not isinstance(base, str) or not base.strip():
-        raise UserError(f"the adapter '{name}' names no base model (no base_model_name_or_path in its {CONFIG_FILE})",
-                        hint=f"give the base with it: --model BASE{SEPARATOR}{name}")
-    return base.strip()
-
-
-def read_config(folder: Path, name: str) -> dict[str, Any]:
+def resolve_adapter(name: str) -> Adapter:
+    """The adapter ``name`` (a directory, or a hub id fetched or found in the local cache): its folder, its
+    config read once, checked to hold weights."""
+    path, revision = Path(name).expanduser(), None
+    if not path.exists():
+        if not is_hub_id(name):
+            raise UserError(f"no such adapter folder: '{name}'", hint="give a local folder or a hub id")
+        path, revision = _fetch(name)
+    if not path.is_dir():
+        raise UserError(f"the adapter '{name}' is not a folder")
+    text = _read_config_bytes(path, name)
     try:
-        config = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
+        config = json.loads(text)
+    except ValueError as exc:  # not JSON, or not UTF-8
+        raise UserError(f"cannot read the {CONFIG_FILE} of the adapter '{name}': {str(exc).splitlines()[0]}") from None
+    if not isinstance(config, dict):
+        raise UserError(f"the {CONFIG_FILE} of the adapter '{name}' is not a JSON object")
+    adapter = Adapter(name, path, config, hashlib.sha256(text).hexdigest(), revision)
+    if not adapter.weights:
+        raise UserError(f"the adapter '{name}' has no weights ({' or '.join(WEIGHT_FILES)})",
+                        hint="the download may be incomplete")
+    return adapter
+
+
+def _read_config_bytes(folder: Path, name: str) -> bytes:
+    try:
+        return (folder / CONFIG_FILE).read_bytes()
     except FileNotFoundError:
         raise UserError(f"the adapter '{name}' has no {CONFIG_FILE}",
                         hint="an adapter folder holds peft's adapter_config.json and adapter_model.safetensors"
                         ) from None
-    except (OSError, ValueError) as exc:
-        raise UserError(f"cannot read the {CONFIG_FILE} of the adapter '{name}': {str(exc).splitlines()[0]}") from None
-    if not isinstance(config, dict):
-        raise UserError(f"the {CONFIG_FILE} of the adapter '{name}' is not a JSON object")
-    return config
+    except OSError as exc:
+        raise UserError(f"cannot read the {CONFIG_FILE} of the adapter '{name}': {exc.strerror or exc}") from None
 
 
-def resolve_adapter(name: str) -> Path:
-    """The local folder of the adapter ``name`` (a directory, or a hub id fetched or found in the local
-    cache), checked to hold a config and weights."""
-    path = Path(name).expanduser()
-    if not path.exists():
-        if name.startswith((".", "/", "~")) or name.count("/") != 1:
-            raise UserError(f"no such adapter folder: '{name}'", hint="give a local folder or a hub id")
-        path = _fetch(name)
-    if not path.is_dir():
-        raise UserError(f"the adapter '{name}' is not a folder")
-    read_config(path, name)
-    if not any((path / file).is_file() for file in WEIGHT_FILES):
-        raise UserError(f"the adapter '{name}' has no weights ({' or '.join(WEIGHT_FILES)})",
-                        hint="the download may be incomplete")
-    return path
-
-
-def _fetch(repo: str) -> Path:
+def _fetch(repo: str) -> tuple[Path, str]:
+    """The snapshot folder of the adapter ``repo`` at the commit its default branch points to, and that commit."""
     from huggingface_hub import snapshot_download
 
     offline = offline_unless_hub_answers()
+    where = "the model hub is unreachable and it is not in the local cache"
     try:
-        return Path(snapshot_download(repo, allow_patterns=[CONFIG_FILE, *WEIGHT_FILES], local_files_only=offline))
+        revision = pinned_revision(repo, offline)
+        if revision is not None:
+            return Path(snapshot_download(repo, revision=revision, allow_patterns=[CONFIG_FILE, *WEIGHT_FILES],
+                                          local_files_only=offline)), revision
     except Exception as exc:  # huggingface_hub raises many kinds (offline miss, gated, no such repo)
-        where = "the model hub is unreachable and it is not in the local cache" if offline else str(exc).splitlines()[0]
-        raise UserError(f"cannot get the adapter '{repo}': {where}",
-                        hint="download it on a machine with access and pass the folder") from None
+        where = where if offline else str(exc).splitlines()[0]
+    raise UserError(f"cannot get the adapter '{repo}': {where}",
+                    hint="download it on a machine with access and pass the folder")
 
 
-def adapter_fingerprint(name: str) -> str:
-    """What identifies an adapter's files: its folder, its config's bytes and its weight files (name, size,
-    mtime), as the base's fingerprint is made; a hub id not on disk is itself."""
-    path = Path(name).expanduser()
-    if not path.is_dir():
-        return name
-    return folder_fingerprint(path, CONFIG_FILE, [path / file for file in WEIGHT_FILES])
-
-
-def apply_adapter(model: torch.nn.Module, folder: Path, name: str, layout: NativeLayout | None, family: str) -> None:
-    """Put the LoRA adapter of ``folder`` into ``model`` (in place, unmerged); ``layout``: how the base's own
-    module and weight names map onto ``model``'s (None: they are the same)."""
+def apply_adapter(model: torch.nn.Module, adapter: Adapter, name: str, layout: NativeLayout | None,
+                  family: str) -> None:
+    """Put ``adapter`` into ``model`` (in place, unmerged); ``name``: the ``--model`` value, for messages;
+    ``layout``: how the base's own module and weight names map onto ``model``'s (None: they are the same)."""
     from peft import LoraConfig, PeftConfig, inject_adapter_in_model, load_peft_weights, set_peft_model_state_dict
     from peft.tuners.tuners_utils import check_target_module_exists
 
+    fields = {key: value for key, value in adapter.config.items() if key != "runtime_config"}  # as peft drops it
     try:
-        config = PeftConfig.from_pretrained(str(folder))
-    except (OSError, ValueError, TypeError) as exc:
+        config = PeftConfig.from_peft_type(**fields)  # what PeftConfig.from_pretrained builds from the same file
+    except (ValueError, TypeError, KeyError) as exc:
         raise UserError(f"cannot read the adapter '{name}': {str(exc).splitlines()[0]}") from None
     if not isinstance(config, LoraConfig):
         kind = getattr(config.peft_type, "value", config.peft_type)
@@ -164,7 +177,7 @@ def apply_adapter(model: torch.nn.Module, folder: Path, name: str, layout: Nativ
     mapped.inference_mode = True
     inject_adapter_in_model(mapped, model)
     key_mapping = dict(layout.key_mapping) if layout is not None and layout.key_mapping else None
-    weights = load_peft_weights(str(folder), device="cpu", key_mapping=key_mapping)
+    weights = load_peft_weights(str(adapter.folder), device="cpu", key_mapping=key_mapping)
     try:
         loaded = set_peft_model_state_dict(model, weights)
     except RuntimeError as exc:
@@ -180,4 +193,4 @@ def apply_adapter(model: torch.nn.Module, folder: Path, name: str, layout: Nativ
                         hint="its weight file may be incomplete")
 
 
-__all__ = ["ModelSpec", "SEPARATOR", "adapter_fingerprint", "apply_adapter", "parse_model", "resolve_adapter"]
+__all__ = ["Adapter", "SEPARATOR", "apply_adapter", "resolve_adapter", "split_model"]

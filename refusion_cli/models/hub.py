@@ -2,6 +2,8 @@
 
 A command that may reach the hub (a hub id to load, a benchmark to download) asks here first; when the
 hub does not answer within a few seconds (or ``HF_HUB_OFFLINE`` is set) it works from local files only.
+What may be a hub id (:func:`is_hub_id`) and the commit a repository's files are read from
+(:func:`pinned_revision`) are decided here too, once for checkpoints and adapters.
 """
 
 from __future__ import annotations
@@ -42,3 +44,22 @@ def offline_unless_hub_answers() -> bool:
         return False
     os.environ["HF_HUB_OFFLINE"] = "1"
     return True
+
+
+def is_hub_id(name: str) -> bool:
+    """Whether ``name`` may be a hub id (``org/name``): one slash, and not a path (``.``, ``/`` or ``~`` first)."""
+    return not name.startswith((".", "/", "~")) and name.count("/") == 1
+
+
+def pinned_revision(repo: str, local_only: bool) -> str | None:
+    """The commit ``repo``'s default branch points to, which every file of it is then read at: asked of the hub,
+    else (``local_only``, or the hub down) the local cache's record of it; None when neither knows.
+
+    The hub's own refusals (no such repository, gated, no access) are raised as huggingface_hub raises them."""
+    from huggingface_hub import resolve_revision
+    from huggingface_hub.errors import RevisionResolutionError
+
+    try:
+        return resolve_revision(repo, local_files_only=local_only).resolved
+    except RevisionResolutionError:
+        return None

@@ -22,8 +22,8 @@ from huggingface_hub.errors import StrictDataclassError
 
 from refusion_cli.errors import UserError
 from refusion_cli.training.objectives import Objective
-from refusion_cli.models.hub import offline_unless_hub_answers
-from refusion_cli.models.loading import MASK_TOKEN, embedded_path, find_mask_id, is_embedded, load_model
+from refusion_cli.models.checkpoint import Checkpoint, Kind, kind_of, locate, resolve_checkpoint
+from refusion_cli.models.loading import MASK_TOKEN, find_mask_id, load_model
 
 # Named configs for --init; every field can be overridden with --model-config.
 TINY_CONFIGS: dict[str, dict[str, int | float | bool]] = {
@@ -129,29 +129,23 @@ def pad_id_of(tokenizer) -> int:
 
 def load_tokenizer(path: str):
     """The tokenizer for --init: a local directory, an embedded model's name, or a hub id (tried
-    only when the hub answers, as for models)."""
+    only when the hub answers, as for models), located as a checkpoint is (``models.checkpoint.locate``)."""
     from transformers import AutoTokenizer
 
-    local = Path(path).expanduser()
-    local_only = True
-    if is_embedded(path):
-        local = embedded_path(path)
-        path = str(local)
-    if local.exists() or path.startswith((".", "/", "~")):  # a path, not a hub id
-        if not local.exists():
-            raise UserError(f"the tokenizer directory '{path}' does not exist")
+    if kind_of(path) is None:
+        raise UserError(f"the tokenizer directory '{path}' does not exist")
+    location = locate(path)
+    if location.kind is Kind.FOLDER:
+        local = Path(location.source)
         if not local.is_dir():
             raise UserError(f"--tokenizer '{path}' is a file; give the directory that holds the tokenizer files")
         if not any((local / name).is_file() for name in TOKENIZER_FILES):
             raise UserError(f"'{path}' holds no tokenizer ({' or '.join(TOKENIZER_FILES)})",
                             hint="give a directory written by save_pretrained, e.g. refusion_cli/assets/refusion-tiny")
-        path = str(local)
-    else:
-        local_only = offline_unless_hub_answers()
     try:
-        return AutoTokenizer.from_pretrained(path, local_files_only=local_only)
+        return location.read(AutoTokenizer.from_pretrained)
     except (OSError, ValueError, TypeError) as exc:
-        raise UserError(f"cannot load a tokenizer from '{path}': {str(exc).splitlines()[0]}") from exc
+        raise UserError(f"cannot load a tokenizer from '{location.source}': {str(exc).splitlines()[0]}") from exc
 
 
 def build_tiny_model(name: str, tokenizer, overrides: dict[str, object], seed: int) -> TrainableModel:
@@ -182,9 +176,12 @@ def build_tiny_model(name: str, tokenizer, overrides: dict[str, object], seed: i
     return TrainableModel(model.float().train(), tokenizer, int(mask_id), pad_id_of(tokenizer))
 
 
-def load_checkpoint_for_training(name_or_path: str) -> TrainableModel:
-    """A checkpoint (embedded name, local directory or hub id) in float32 with gradients on."""
-    loaded = load_model(name_or_path, device="cpu", dtype=torch.float32, require_mask=False)
+def load_checkpoint_for_training(checkpoint: str | Checkpoint) -> TrainableModel:
+    """A checkpoint (embedded name, local directory or hub id; a string is resolved first) in float32 with
+    gradients on."""
+    if isinstance(checkpoint, str):
+        checkpoint = resolve_checkpoint(checkpoint)
+    loaded = load_model(checkpoint, device="cpu", dtype=torch.float32, require_mask=False)
     model = loaded.model.train().requires_grad_(True)
     mask_id = ensure_mask_token(model, loaded.tokenizer)
     return TrainableModel(model, loaded.tokenizer, mask_id, pad_id_of(loaded.tokenizer))

@@ -252,6 +252,45 @@ def test_a_decoder_given_two_checkpoints_runs_on_each_one_model_in_memory_at_a_t
     assert alive_at_load == [[], [False]]  # two models, each loaded once, the first gone before the second
 
 
+def config_opens(folder: Path) -> tuple[list[str], list[bool]]:
+    """Watch the opens of ``folder``'s config.json (an audit hook; hooks stay for the process, so this one records
+    only while the returned switch holds True): each open is recorded as "toolkit" when the first frame above
+    the standard library that opened it is the toolkit's, else as "library" (transformers, huggingface_hub)."""
+    import sysconfig
+
+    target, stdlib = str(folder / "config.json"), sysconfig.get_paths()["stdlib"]
+    opened: list[str] = []
+    switch = [True]
+
+    def hook(event: str, args: tuple) -> None:
+        if not (switch and event == "open" and isinstance(args[0], (str, os.PathLike))
+                and os.fspath(args[0]) == target):
+            return
+        frame = sys._getframe(1)
+        while frame is not None and frame.f_code.co_filename.startswith(stdlib):
+            frame = frame.f_back
+        opened.append("toolkit" if frame is not None and "refusion_cli" in frame.f_code.co_filename else "library")
+
+    sys.addaudithook(hook)
+    return opened, switch
+
+
+def test_one_eval_reads_a_folder_models_config_once(causal_checkpoint, tmp_path):
+    """Planning resolves each distinct --model once and loading reads that record: two decoders on one folder
+    open its config.json once in the toolkit (before the record: six times), at most three times in all."""
+    from refusion_cli.harness.runner import EvalOptions, run_eval
+
+    opened, switch = config_opens(causal_checkpoint)
+    try:
+        results = run_eval(EvalOptions(tasks=["synthetic"], decoders=["ar", "refusion"], output=tmp_path / "run",
+                                       models=[str(causal_checkpoint)], overrides=["gen_length=8"], limit=1,
+                                       device="cpu"))
+    finally:
+        switch.clear()
+    assert [result.decoder for result in results] == ["ar", "refusion"]
+    assert opened.count("toolkit") == 1 and len(opened) <= 3, opened
+
+
 def test_the_journal_drops_a_torn_line_and_reads_every_process_file(tmp_path):
     from refusion_cli.harness.journal import SampleJournal, journal_path
 

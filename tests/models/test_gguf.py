@@ -6,6 +6,8 @@ damaged file is one line."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -75,25 +77,30 @@ def write_gguf(path: Path, model: torch.nn.Module, tokenizer_dir: Path) -> None:
     writer.close()
 
 
-@pytest.fixture(scope="module")
-def tiny_gguf(tmp_path_factory) -> tuple[Path, torch.nn.Module]:
-    """A random Llama (seed 0) with the ar-tiny tokenizer (whose <|mask|> entry is not a mask here: renamed)."""
+def random_llama(seed: int) -> torch.nn.Module:
+    """A random tiny Llama with the ar-tiny tokenizer's special ids."""
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    folder = tmp_path_factory.mktemp("gguf")
-    tokenizer_dir = folder / "tokenizer"
-    tokenizer_dir.mkdir()
-    text = (ASSETS / "ar-tiny" / "tokenizer.json").read_text(encoding="utf-8").replace("<|mask|>", "<|unused|>")
-    (tokenizer_dir / "tokenizer.json").write_text(text, encoding="utf-8")
-    (tokenizer_dir / "chat_template.jinja").write_bytes((ASSETS / "ar-tiny" / "chat_template.jinja").read_bytes())
     ids = AutoTokenizer.from_pretrained(str(ASSETS / "ar-tiny")).convert_tokens_to_ids
     config = LlamaConfig(vocab_size=460, hidden_size=32, intermediate_size=64, num_hidden_layers=LAYERS,
                          num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=256,
                          rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False,
                          bos_token_id=ids("<|im_start|>"), eos_token_id=ids("<|im_end|>"),
                          pad_token_id=ids("<|endoftext|>"))
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config).eval()
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory) -> tuple[Path, torch.nn.Module]:
+    """A random Llama (seed 0) with the ar-tiny tokenizer (whose <|mask|> entry is not a mask here: renamed)."""
+    folder = tmp_path_factory.mktemp("gguf")
+    tokenizer_dir = folder / "tokenizer"
+    tokenizer_dir.mkdir()
+    text = (ASSETS / "ar-tiny" / "tokenizer.json").read_text(encoding="utf-8").replace("<|mask|>", "<|unused|>")
+    (tokenizer_dir / "tokenizer.json").write_text(text, encoding="utf-8")
+    (tokenizer_dir / "chat_template.jinja").write_bytes((ASSETS / "ar-tiny" / "chat_template.jinja").read_bytes())
+    model = random_llama(seed=0)
     path = folder / "Tiny-Llama.Q-none.gguf"
     write_gguf(path, model, tokenizer_dir)
     return path, model
@@ -127,6 +134,31 @@ def test_refusion_eval_runs_the_ar_decoder_on_a_gguf_file(tiny_gguf, capsys, mon
     assert code == 0, stderr
     [cell] = json.loads((run_dir / "metrics.json").read_text())["results"]
     assert cell["decoder"] == "ar" and cell["samples"] == 2
+
+
+def test_a_replaced_gguf_file_is_decoded_again_not_read_back_from_the_journal(tiny_gguf, capsys, monkeypatch,
+                                                                             tmp_path):
+    """The journal key is the file's content (its header's sha256, size and mtime), not its path as typed: another
+    model written over the file, even of the same size and with the old mtime put back, decodes again."""
+    from refusion_cli.models.checkpoint import resolve_checkpoint
+
+    path = Path(shutil.copy(tiny_gguf[0], tmp_path / "model.gguf"))
+    arguments = ["--task", "synthetic", "--decoder", "ar", "--model", str(path), "--limit", "1", "--set",
+                 "gen_length=8", "--device", "cpu", "--output", str(tmp_path / "run")]
+
+    def resumed() -> int:
+        code, _, stderr = run_cli(capsys, monkeypatch, *arguments)
+        assert code == 0, stderr
+        [cell] = json.loads((tmp_path / "run" / "metrics.json").read_text())["results"]
+        return cell["resumed"]
+
+    assert resumed() == 0
+    assert resumed() == 1  # the same file: its sample is read back
+    before, stat = resolve_checkpoint(str(path)).fingerprint, path.stat()
+    write_gguf(path, random_llama(seed=1), tiny_gguf[0].parent / "tokenizer")
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert path.stat().st_size == stat.st_size and resolve_checkpoint(str(path)).fingerprint != before
+    assert resumed() == 0  # another model under the same name: decoded again
 
 
 def test_a_decoder_that_needs_a_mask_is_refused_in_one_line(tiny_gguf, capsys, monkeypatch, tmp_path):

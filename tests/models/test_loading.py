@@ -155,16 +155,18 @@ def test_a_local_folder_named_like_an_embedded_model_wins(tmp_path, monkeypatch)
 
     def decoder_runs(decoders, models):
         return runs_of(parse_decoder_options(decoders, models))
-    from refusion_cli.models.loading import embedded_path, is_embedded, resolve_source
+    from refusion_cli.models.checkpoint import Kind, embedded_path, is_embedded, locate
 
-    assert resolve_source("refusion-tiny") == (str(embedded_path("refusion-tiny")), True)
+    shipped = locate("refusion-tiny")
+    assert (shipped.kind, shipped.source) == (Kind.EMBEDDED, str(embedded_path("refusion-tiny")))
     monkeypatch.chdir(tmp_path)
     (tmp_path / "refusion-tiny").mkdir()
     assert not is_embedded("refusion-tiny")
     with pytest.raises(UserError, match="'refusion-tiny' is a local path but holds no config.json"):
-        resolve_source("refusion-tiny")
+        load_model("refusion-tiny")
     (tmp_path / "refusion-tiny" / "config.json").write_text("{}")
-    assert resolve_source("refusion-tiny") == ("refusion-tiny", True)
+    local = locate("refusion-tiny")
+    assert (local.kind, local.source, local.local_only) == (Kind.FOLDER, "refusion-tiny", True)
     assert decoder_runs(["refusion"], ["refusion-tiny"])[0].label == "refusion:./refusion-tiny"
     assert is_embedded("ar-tiny") and decoder_runs(["ar"], [])[0].label == "ar:ar-tiny"
 
