@@ -13,9 +13,12 @@ Contract:
   row per point of the decoder's grid (:mod:`refusion_cli.bench.sweep`) after its usual rows, then
   the same grid for each variant ("refusion (recheck) k=4 b=16 τ=0.6/0.2"). AR's
   rows come first, so every later row knows AR's TPS at its length (the speed-up column).
+- :func:`resolve_models` resolves each distinct checkpoint once (``models.checkpoint``) and checks each
+  decoder's fit to its record; the loading reads the same records.
 - :func:`run_bench` measures the entries in that order and yields one :class:`BenchRow` as soon as
   each is done; ``on_sample`` sees every measured decode as it finishes. One model is held at a
-  time (loaded for the first entry that needs it, released when the next entry needs another).
+  time (loaded once for the entries on it, with a mask token required when any of their decoders
+  needs one, released when the next entry needs another).
   A resumed run passes the entries still to measure and AR's TPS from the rows measured before.
 - :func:`bench_machine` describes the machine before any model loads (the device and dtype
   resolved as ``load_model`` resolves them), so that ``--resume`` can compare it first.
@@ -49,6 +52,7 @@ from refusion_cli.decoding.stats import DecodeResult, batch_stats, mean_tps, run
 from refusion_cli.decoding.variants import asked_variants, first_option, variant_label, variant_options
 from refusion_cli.errors import UserError
 from refusion_cli.models.chat import require_chat_template, user_prompt_ids
+from refusion_cli.models.checkpoint import Checkpoint, resolve_checkpoint
 from refusion_cli.models.devices import default_dtype, free_device_memory, parse_device, parse_dtype
 from refusion_cli.models.loading import LoadedModel, check_model_fits, load_model
 from refusion_cli.tasks.synthetic import is_correct
@@ -207,15 +211,33 @@ def measured_lengths(lengths: Sequence[int]) -> list[int]:
     return list(dict.fromkeys(lengths))
 
 
-def plan_entries(settings: BenchSettings) -> list[BenchEntry]:
-    """Every row of the run, in measuring order (AR first); everything is checked here."""
+def bench_models(settings: BenchSettings) -> dict[str, str]:
+    """decoder -> the checkpoint it is benchmarked on (``--model``, else its embedded model), in measuring order."""
+    return {decoder: settings.models.get(decoder) or default_model(decoder)
+            for decoder in measuring_order(settings.decoders)}
+
+
+def resolve_models(settings: BenchSettings) -> dict[str, Checkpoint]:
+    """Each distinct checkpoint of the run resolved once (checkpoint -> its record), each decoder's fit to it
+    checked: a missing or unfitting checkpoint fails now, before any row runs."""
+    models = bench_models(settings)
+    checkpoints = {model: resolve_checkpoint(model, settings.trust_remote_code)
+                   for model in dict.fromkeys(models.values())}
+    for decoder, model in models.items():
+        check_model_fits(decoder, checkpoints[model])
+    return checkpoints
+
+
+def plan_entries(settings: BenchSettings, checkpoints: Mapping[str, Checkpoint] | None = None) -> list[BenchEntry]:
+    """Every row of the run, in measuring order (AR first); everything is checked here (the checkpoints too,
+    unless ``checkpoints`` holds the records :func:`resolve_models` checked)."""
     decoders = measuring_order(settings.decoders)
     lengths = measured_lengths(settings.gen_lengths)
     configs = {(decoder, length): decoder_config(decoder, length, settings.overrides.get(decoder), settings.preset)
                for decoder in decoders for length in lengths}
-    models = {decoder: settings.models.get(decoder) or default_model(decoder) for decoder in decoders}
-    for decoder, model in models.items():  # a missing or unfitting checkpoint fails now, before any row runs
-        check_model_fits(decoder, model, settings.trust_remote_code)
+    models = bench_models(settings)
+    if checkpoints is None:
+        resolve_models(settings)
     entries: list[BenchEntry] = []
     for decoder in decoders:
         for length in lengths:
@@ -279,21 +301,24 @@ def bench_machine(settings: BenchSettings) -> Machine:
 
 
 class ModelSlot:
-    """Holds one loaded model at a time, keyed by (checkpoint, whether a mask token is required)."""
+    """Holds one loaded model at a time, keyed by its checkpoint: the entries on one checkpoint share one load,
+    with a mask token required when any of their decoders needs one."""
 
-    def __init__(self, settings: BenchSettings):
+    def __init__(self, settings: BenchSettings, checkpoints: Mapping[str, Checkpoint],
+                 needs_mask: Mapping[str, bool]):
         self.settings = settings
-        self.key: tuple[str, bool] | None = None
+        self.checkpoints = checkpoints  # checkpoint -> its record, resolved and fitted while planning
+        self.needs_mask = needs_mask  # checkpoint -> whether a decoder run on it needs a mask token
+        self.key: str | None = None
         self.loaded: LoadedModel | None = None
 
-    def get(self, model: str, decoder: str) -> LoadedModel:
-        key = (model, decoder_spec(decoder).needs_mask)
-        if key != self.key:
+    def get(self, model: str) -> LoadedModel:
+        if model != self.key:
             self.release()
-            self.loaded = load_model(model, self.settings.device, self.settings.dtype,
-                                     trust_remote_code=self.settings.trust_remote_code, require_mask=key[1])
-            self.key = key
-        assert self.loaded is not None  # its fit to ``decoder`` was checked while planning (check_model_fits)
+            self.loaded = load_model(self.checkpoints[model], self.settings.device, self.settings.dtype,
+                                     require_mask=self.needs_mask[model])
+            self.key = model
+        assert self.loaded is not None
         return self.loaded
 
     def release(self) -> None:
@@ -312,21 +337,28 @@ def run_bench(
     ar_tps: Mapping[int, float] | None = None,
     on_entry: Callable[[BenchEntry, LoadedModel], None] | None = None,
     on_sample: Callable[[BenchSample], None] | None = None,
+    checkpoints: Mapping[str, Checkpoint] | None = None,
 ) -> Iterator[BenchRow]:
     """Measure every entry (``plan_entries(settings)`` unless given); yield each row when it is done.
 
     ``ar_tps``: AR's TPS per response length from rows measured before (a resumed run), for the speed-up.
+    ``checkpoints``: the records :func:`resolve_models` made while planning (default: resolved here).
     """
     if not prompts:
         raise UserError("there are no prompts to benchmark")
-    entries = plan_entries(settings) if entries is None else entries
-    slot = ModelSlot(settings)
+    if checkpoints is None:
+        checkpoints = resolve_models(settings)
+    entries = plan_entries(settings, checkpoints) if entries is None else entries
+    needs_mask = dict.fromkeys((entry.model for entry in entries), False)  # one load serves every decoder on it
+    for entry in entries:
+        needs_mask[entry.model] |= decoder_spec(entry.decoder).needs_mask
+    slot = ModelSlot(settings, checkpoints, needs_mask)
     ar_tps_at = dict(ar_tps or {})  # length -> AR's TPS; this run's AR rows added as they finish
-    ids_key: tuple[str, bool] | None = None
+    ids_key: str | None = None
     prompt_ids: list[list[int]] = []
     try:
         for entry in entries:
-            loaded = slot.get(entry.model, entry.decoder)
+            loaded = slot.get(entry.model)
             if slot.key != ids_key:  # each checkpoint renders the prompts with its own chat template
                 require_chat_template(loaded.tokenizer, f"'{entry.model}'")
                 prompt_ids = [user_prompt_ids(loaded.tokenizer, prompt.text) for prompt in prompts]

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -65,6 +66,7 @@ from refusion_cli.bench.runner import (
     bench_machine,
     budget_notes,
     plan_entries,
+    resolve_models,
     run_bench,
 )
 from refusion_cli.cli.options import (DECODER_NAMES, PATH_OPTION, CausalFirstOpt, CausalFixOpt, DecodersOpt, DeviceOpt,
@@ -73,6 +75,7 @@ from refusion_cli.cli.options import (DECODER_NAMES, PATH_OPTION, CausalFirstOpt
 from refusion_cli.cli.output import console, print_table, quiet_library_output
 from refusion_cli.decoding.spec import one_model_each, parse_decoder_options
 from refusion_cli.errors import UserError
+from refusion_cli.models.checkpoint import Checkpoint
 from refusion_cli.models.loading import LoadedModel
 from refusion_cli.paths import check_output_dir
 
@@ -151,7 +154,8 @@ def bench(
                               trust_remote_code=trust_remote_code)
     decoders = settings.decoders
     prompt_list = load_prompts(prompts, limit)
-    entries = plan_entries(settings)
+    checkpoints = resolve_models(settings)  # each checkpoint once, each decoder's fit checked: nothing loads yet
+    entries = plan_entries(settings, checkpoints)
     if threads is not None:
         if threads < 1:
             raise UserError(f"--threads must be >= 1, got {threads}")
@@ -167,7 +171,8 @@ def bench(
     record = run_record(settings, entries, prompt_list, source, limit=limit, threads=threads, machine=machine)
     earlier = load_earlier(output, record, entries) if resume else None
     notes = budget_notes(entries) if len(set(decoders)) > 1 else []
-    run = BenchRun(settings, entries, len(prompt_list), output, source, machine, record, earlier, notes)
+    run = BenchRun(settings, entries, len(prompt_list), output, source, machine, record, earlier, notes,
+                   checkpoints)
     if earlier is not None and len(earlier.rows) == len(entries):
         run.write_report(interrupted=False)
         console.print(f"the run in {output} is complete ({len(entries)} rows): nothing to measure; rewrote "
@@ -234,8 +239,9 @@ class BenchRun:
 
     def __init__(self, settings: BenchSettings, entries: list[BenchEntry], n_prompts: int, output: Path,
                  prompts_source: str, machine: Machine, record: dict[str, Any], earlier: Earlier | None = None,
-                 notes: list[str] | None = None):
+                 notes: list[str] | None = None, checkpoints: Mapping[str, Checkpoint] | None = None):
         self.settings = settings
+        self.checkpoints = checkpoints  # the records resolve_models made while planning (None: resolved again)
         self.notes = notes or []  # caveats for the report (budget_notes)
         self.entries = entries
         self.n_prompts = n_prompts
@@ -264,7 +270,8 @@ class BenchRun:
         try:
             with self.progress:
                 for row in run_bench(self.settings, prompts, entries=self.entries[done:], ar_tps=ar_tps,
-                                     on_entry=self.start_entry, on_sample=self.sample_done):
+                                     on_entry=self.start_entry, on_sample=self.sample_done,
+                                     checkpoints=self.checkpoints):
                     self.row_done(row)
             finished = True
         except KeyboardInterrupt:

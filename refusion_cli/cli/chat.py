@@ -1,7 +1,7 @@
 """`refusion chat`: a terminal chat with a ReFusion (or baseline) model.
 
-A thin wrapper over :mod:`refusion_cli.chat`: checks the options, loads the model, then runs one
-of three modes:
+A thin wrapper over :mod:`refusion_cli.chat`: checks the options, resolves the checkpoint and checks that the
+decoder fits it (from its config, before any weights load), loads the model, then runs one of three modes:
 
 - ``--prompt "..."``: answer that one question (a leading ``/`` is part of it) and exit (errors
   exit non-zero);
@@ -41,7 +41,8 @@ from refusion_cli.decoding.spec import DecoderChoice, one_model_each, parse_deco
 from refusion_cli.decoding.variants import first_option
 from refusion_cli.errors import UserError
 from refusion_cli.models.chat import require_chat_template
-from refusion_cli.models.loading import load_model
+from refusion_cli.models.checkpoint import resolve_checkpoint
+from refusion_cli.models.loading import check_model_fits, load_model
 
 MODEL = "Model"
 DECODING = "Decoding"
@@ -108,9 +109,11 @@ def chat(
         raise UserError("stdin is closed: there is nothing to read questions from",
                         hint="pass a question with --prompt, or give the chat a terminal or a file")
     quiet_library_output()
+    checkpoint = resolve_checkpoint(name, trust_remote_code)
+    check_model_fits(choice.decoder, checkpoint)  # before any weights load, as eval and bench check
     interactive = prompt is None and sys.stdin.isatty()
     with console.status(f"loading {name} …") if interactive and console.is_terminal else nullcontext():
-        loaded = load_model(name, device, dtype, trust_remote_code=trust_remote_code, require_mask=spec.needs_mask)
+        loaded = load_model(checkpoint, device, dtype, require_mask=spec.needs_mask)
     require_chat_template(loaded.tokenizer, f"'{name}'")
     session = ChatSession(loaded, decoder, overrides, model_name=name, seed=seed, keep_history=history,
                           system=system, preset=preset, variant=variant)

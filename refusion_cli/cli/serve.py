@@ -1,7 +1,7 @@
 """`refusion serve`: one checkpoint, one or more decoders on it, behind an OpenAI-compatible HTTP API.
 
-A thin wrapper over :mod:`refusion_cli.serve`: checks the options, checks that every decoder fits the
-checkpoint (from its config, before any weights load), loads the model once, then runs uvicorn until
+A thin wrapper over :mod:`refusion_cli.serve`: checks the options, resolves the checkpoint once and checks that
+every decoder fits it (from its config, before any weights load), loads the model once, then runs uvicorn until
 SIGTERM or Ctrl-C. SIGTERM takes no new request, lets the running ones finish within
 ``--shutdown-timeout`` (what is left then ends with an error) and exits 0.
 """
@@ -17,12 +17,13 @@ from refusion_cli.cli.options import (CausalFirstOpt, CausalFixOpt, DecodersOpt,
                                       MultiValues, PresetOpt, RecheckOpt, SeedOpt, SetOpt, TrustRemoteCodeOpt,
                                       in_panel, option_values, route_stray_values, split_commas)
 from refusion_cli.cli.output import err_console, quiet_library_output
-from refusion_cli.decoding.registry import check_decoder_fits, decoder_spec, default_model
+from refusion_cli.decoding.registry import decoder_spec, default_model
 from refusion_cli.decoding.spec import DecoderChoice, parse_decoder_options, require_refusion
 from refusion_cli.decoding.variants import PAPER, Variant, first_option
 from refusion_cli.errors import UserError
 from refusion_cli.models.chat import require_chat_template
-from refusion_cli.models.loading import inspect_checkpoint, load_model
+from refusion_cli.models.checkpoint import resolve_checkpoint
+from refusion_cli.models.loading import check_model_fits, load_model
 from refusion_cli.serve.protocol import ServedModel, served_id
 
 MODEL = "Model"
@@ -75,12 +76,12 @@ def serve(
     if (option := first_option(*variant)) is not None:
         require_refusion(option, [choice.decoder for choice in choices])
     served = served_models(choices, variant)
-    info = inspect_checkpoint(checkpoint, trust_remote_code)
+    record = resolve_checkpoint(checkpoint, trust_remote_code)  # once; the fit check and the loader read it
     for choice in choices:  # before any weights load
-        check_decoder_fits(choice.decoder, info.bidirectional, shifted=info.shifted)
+        check_model_fits(choice.decoder, record)
     quiet_library_output()
     needs_mask = any(decoder_spec(choice.decoder).needs_mask for choice in choices)
-    loaded = load_model(checkpoint, device, dtype, trust_remote_code=trust_remote_code, require_mask=needs_mask)
+    loaded = load_model(record, device, dtype, require_mask=needs_mask)
     require_chat_template(loaded.tokenizer, f"'{checkpoint}'", use="/v1/chat/completions renders chat turns")
     metrics = ServeMetrics()
     scheduler = Scheduler(loaded, max_batch=max_batch, max_queue=max_queue, stats=metrics)

@@ -203,6 +203,23 @@ def test_switching_models_frees_the_previous_one_before_the_next_loads(causal_ch
     assert alive_at_load == [[], [False]]
 
 
+def test_two_decoders_on_one_checkpoint_share_one_resolve_and_one_load(causal_checkpoint, monkeypatch):
+    """`bench --model X --decoder ar refusion`: X is resolved once while planning and loaded once, with the mask
+    token refusion needs (it used to load again when the next decoder needed a mask and AR had not)."""
+    from refusion_cli.bench import runner
+
+    resolved, loads = [], []
+    resolve, load = runner.resolve_checkpoint, runner.load_model
+    monkeypatch.setattr(runner, "resolve_checkpoint", lambda name, *rest: resolved.append(name) or resolve(name, *rest))
+    monkeypatch.setattr(runner, "load_model", lambda checkpoint, *args, **kwargs: loads.append(
+        (checkpoint.name, kwargs["require_mask"])) or load(checkpoint, *args, **kwargs))
+    settings = BenchSettings(decoders=("ar", "refusion"), gen_lengths=(8,), warmup=0, ablation=False,
+                             models={"ar": str(causal_checkpoint), "refusion": str(causal_checkpoint)})
+    rows = list(run_bench(settings, [BenchPrompt("Say hi.", None)]))
+    assert [row.decoder for row in rows] == ["ar", "refusion"]
+    assert resolved == [str(causal_checkpoint)] and loads == [(str(causal_checkpoint), True)]
+
+
 def test_one_decoder_given_two_checkpoints_or_one_option_two_values_is_refused():
     # eval runs a decoder on each checkpoint given; bench measures one per decoder
     assert parse_models(["ar=ar-tiny", "ar=other"], ("ar", "refusion")) == {"ar": ["ar-tiny", "other"],

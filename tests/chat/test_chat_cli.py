@@ -172,6 +172,23 @@ def test_bad_options_are_one_line_and_exit_2(args, message, causal_checkpoint, m
     assert "Traceback" not in out.err and out.out == ""
 
 
+def test_a_decoder_that_does_not_fit_is_refused_before_the_weights_load(causal_checkpoint, monkeypatch, capsys):
+    """As eval and bench do: the checkpoint's record is checked against the decoder first, nothing is loaded."""
+    from refusion_cli.cli import chat
+    from refusion_cli.cli.app import main
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the weights were loaded before the decoder's fit was checked")
+
+    monkeypatch.setattr(chat, "load_model", no_load)
+    monkeypatch.setattr(sys, "argv", ["refusion", "chat", "--model", str(causal_checkpoint), "--decoder", "llada",
+                                      "--prompt", QUESTION])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    err = " ".join(capsys.readouterr().err.split())
+    assert exit_info.value.code == 2 and "the llada decoder needs a bidirectional (masked-diffusion) model" in err
+
+
 @pytest.fixture(scope="module")
 def embedded_problem() -> dict[str, str]:
     return read_jsonl(REPO / "evals" / "synthetic" / "test.jsonl")[EMBEDDED_QUESTION_INDEX]

@@ -204,8 +204,10 @@ def test_a_checkpoint_whose_own_code_fails_to_load_is_one_error_line(causal_chec
     (directory / "configuration_mystery.py").write_text(MYSTERY_CONFIG)
     (directory / "modeling_mystery.py").write_text(MYSTERY_MODEL)
     monkeypatch.delenv("REFUSION_DEBUG", raising=False)
-    code, out, err = run(monkeypatch, capsys, "chat", "--decoder", "ar", "--model", str(directory), "--device", "cpu",
-                         "--trust-remote-code", "--prompt", "hi")
+    # remote code counts as a masked-diffusion model: the decoder that fits it, so that the fit check (before any
+    # weights load) passes and the load itself fails
+    code, out, err = run(monkeypatch, capsys, "chat", "--decoder", "llada", "--model", str(directory), "--device",
+                         "cpu", "--trust-remote-code", "--prompt", "hi")
     assert code == 2 and out == "" and "Traceback" not in err
     (line,) = [line for line in err.splitlines() if line.strip()]
     assert line.startswith("error: cannot load the weights of ") and "AttributeError" in line
