@@ -62,7 +62,7 @@ def serve(
                                                       help="more values of --decoder or --set")] = None,
 ) -> None:
     """Serve decoders over an OpenAI-compatible API (/v1/chat/completions, /v1/completions), with a live web view at /."""
-    from refusion_cli.serve.app import ServerState, run_server
+    from refusion_cli.serve.app import ServerState, check_address, run_server
     from refusion_cli.serve.engine import Scheduler
     from refusion_cli.serve.metrics import ServeMetrics
 
@@ -79,6 +79,7 @@ def serve(
     record = resolve_checkpoint(checkpoint, trust_remote_code)  # once; the fit check and the loader read it
     for choice in choices:  # before any weights load
         check_model_fits(choice.decoder, record)
+    check_address(host, port)  # before the model loads
     quiet_library_output()
     needs_mask = any(decoder_spec(choice.decoder).needs_mask for choice in choices)
     loaded = load_model(record, device, dtype, require_mask=needs_mask)
