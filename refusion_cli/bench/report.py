@@ -37,6 +37,7 @@ from typing import IO, Any, get_type_hints
 from refusion_cli.bench.frontier import FRONTIER_CSV, FrontierPoint
 from refusion_cli.bench.machine import Machine
 from refusion_cli.bench.runner import RECOMPUTE, BenchRow, BenchSample
+from refusion_cli.decoding.spec import PRESET_DECODER
 from refusion_cli.errors import UserError
 
 ROWS_FILE = "bench.csv"
@@ -181,8 +182,8 @@ def row_from_record(record: dict[str, str]) -> BenchRow:
 
 def ablation_ratios(rows: Sequence[BenchRow]) -> dict[int, float]:
     """gen_length -> TPS with KV reuse ÷ TPS when recomputing (rows holding both)."""
-    reuse = {row.gen_length: row.tps for row in rows if row.decoder == "refusion"}
-    recompute = {row.gen_length: row.tps for row in rows if row.decoder == "refusion" + RECOMPUTE}
+    reuse = {row.gen_length: row.tps for row in rows if row.decoder == PRESET_DECODER}
+    recompute = {row.gen_length: row.tps for row in rows if row.decoder == PRESET_DECODER + RECOMPUTE}
     return {length: reuse[length] / recompute[length] for length in reuse
             if length in recompute and recompute[length] > 0}
 

@@ -46,8 +46,8 @@ import torch
 from refusion_cli.bench.machine import Machine, PeakMemory, describe_machine
 from refusion_cli.bench.prompts import BenchPrompt
 from refusion_cli.bench.sweep import check_swept_overrides, setting_label, sweep_configs
-from refusion_cli.decoding.registry import decoder_spec, default_model, run_decoder
-from refusion_cli.decoding.spec import DecoderChoice, check_preset, require_refusion
+from refusion_cli.decoding.registry import BASELINE, EMBEDDED_DECODERS, decoder_spec, default_model, run_decoder
+from refusion_cli.decoding.spec import PRESET_DECODER, DecoderChoice, check_preset, require_refusion
 from refusion_cli.decoding.stats import DecodeResult, batch_stats, mean_tps, run_tps
 from refusion_cli.decoding.variants import asked_variants, first_option, variant_label, variant_options
 from refusion_cli.errors import UserError
@@ -57,7 +57,7 @@ from refusion_cli.models.devices import default_dtype, free_device_memory, parse
 from refusion_cli.models.loading import LoadedModel, check_model_fits, load_model
 from refusion_cli.tasks.synthetic import is_correct
 
-DEFAULT_DECODERS = ("refusion", "ar", "llada", "llada-fast-dllm")  # every decoder with an embedded model
+DEFAULT_DECODERS = EMBEDDED_DECODERS  # every decoder with an embedded model
 DEFAULT_GEN_LENGTH = 256
 RECOMPUTE = " (recompute)"  # label suffix of the kv_reuse=False ablation
 
@@ -203,7 +203,7 @@ def decoder_config(decoder: str, gen_length: int, overrides: dict[str, str] | No
 
 def measuring_order(decoders: Sequence[str]) -> list[str]:
     """The decoders in the order their rows are measured: each once, AR first, the others as given."""
-    return sorted(dict.fromkeys(decoders), key=lambda name: name != "ar")  # stable
+    return sorted(dict.fromkeys(decoders), key=lambda name: name != BASELINE)  # stable
 
 
 def measured_lengths(lengths: Sequence[int]) -> list[int]:
@@ -247,11 +247,11 @@ def plan_entries(settings: BenchSettings, checkpoints: Mapping[str, Checkpoint] 
                 if size > 1:
                     entries.append(BenchEntry(decoder + batch_suffix(size), decoder, models[decoder], length, config,
                                               batch_size=size))
-            if decoder == "refusion" and settings.ablation:
+            if decoder == PRESET_DECODER and settings.ablation:
                 entries.append(BenchEntry(decoder + RECOMPUTE, decoder, models[decoder], length, config,
                                           kv_reuse=False))
             variants = (asked_variants(settings.causal_fix, settings.causal_first, settings.recheck)
-                        if decoder == "refusion" else [])
+                        if decoder == PRESET_DECODER else [])
             entries += [BenchEntry(variant_label(decoder, flags), decoder, models[decoder], length, config,
                                    **variant_options(flags)) for flags in variants]
             if settings.sweep:  # the decoder's grid, then each variant's
@@ -368,7 +368,7 @@ def run_bench(
             row = measure_entry(entry, loaded, prompt_ids, prompts, settings, ar_tps_at.get(entry.gen_length),
                                 on_sample)
             del loaded  # the slot holds the only reference: switching models frees this one before the next loads
-            if entry.decoder == "ar" and entry.batch_size == 1:
+            if entry.decoder == BASELINE and entry.batch_size == 1:
                 ar_tps_at[entry.gen_length] = row.tps
                 row.speedup_vs_ar = 1.0 if row.tps > 0 else None
             yield row

@@ -37,7 +37,7 @@ import torch
 from jinja2 import TemplateError
 
 from refusion_cli.decoding.registry import build_config, check_decoder_fits, run_decoder, with_length
-from refusion_cli.decoding.spec import DecoderChoice
+from refusion_cli.decoding.spec import PRESET_DECODER, DecoderChoice
 from refusion_cli.decoding.stats import DecodeStats
 from refusion_cli.decoding.variants import PAPER, Variant, variant_label, variant_options
 from refusion_cli.errors import UserError
@@ -63,7 +63,7 @@ class ChatAnswer:
 
 
 class ChatSession:
-    def __init__(self, loaded: LoadedModel, decoder: str = "refusion", overrides: dict[str, Any] | None = None,
+    def __init__(self, loaded: LoadedModel, decoder: str = PRESET_DECODER, overrides: dict[str, Any] | None = None,
                  *, model_name: str = "", seed: int = 0, force: bool = False, keep_history: bool = True,
                  system: str | None = None, preset: str | None = None, variant: Variant = PAPER):
         check_decoder_fits(decoder, loaded.bidirectional, force=force, shifted=loaded.shifted)

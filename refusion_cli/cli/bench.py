@@ -73,6 +73,7 @@ from refusion_cli.cli.options import (DECODER_NAMES, PATH_OPTION, CausalFirstOpt
                                       DtypeOpt, ModelsOpt, MultiValues, PresetOpt, RecheckOpt, SeedOpt, SetOpt,
                                       TrustRemoteCodeOpt, in_panel, option_values, route_stray_values, split_commas)
 from refusion_cli.cli.output import console, print_table, quiet_library_output
+from refusion_cli.decoding.registry import BASELINE
 from refusion_cli.decoding.spec import one_model_each, parse_decoder_options
 from refusion_cli.errors import UserError
 from refusion_cli.models.checkpoint import Checkpoint
@@ -265,7 +266,7 @@ class BenchRun:
         """Measure the entries the run does not have yet."""
         done = len(self.rows)
         ar_tps = {entry.gen_length: row.tps for entry, row in zip(self.entries, self.rows)
-                  if entry.decoder == "ar" and entry.batch_size == 1}
+                  if entry.decoder == BASELINE and entry.batch_size == 1}
         finished = False
         try:
             with self.progress:

@@ -37,7 +37,7 @@ from refusion_cli.cli.options import (PATH_OPTION, VARIANT_WHAT, CausalFirstOpt,
                                       TrustRemoteCodeOpt, in_panel, route_stray_values, split_commas, text_value)
 from refusion_cli.cli.output import console, err_console, quiet_library_output
 from refusion_cli.decoding.registry import decoder_spec
-from refusion_cli.decoding.spec import DecoderChoice, one_model_each, parse_decoder_options, require_refusion
+from refusion_cli.decoding.spec import PRESET_DECODER, DecoderChoice, one_model_each, parse_decoder_options, require_refusion
 from refusion_cli.decoding.variants import first_option
 from refusion_cli.errors import UserError
 from refusion_cli.models.chat import require_chat_template
@@ -55,7 +55,7 @@ DECODES_WITH = {name: f"ReFusion decodes with {name}=True: {what} (this toolkit'
 
 def chat(
     model: in_panel(ModelOpt, MODEL) = None,
-    decoder: in_panel(DecoderOpt, DECODING) = "refusion",
+    decoder: in_panel(DecoderOpt, DECODING) = PRESET_DECODER,
     set_options: in_panel(SetOpt, DECODING, help="decoder setting KEY=VALUE or DECODER.KEY=VALUE, e.g. "
                           "slot_threshold=0.8 (repeatable; /set in the chat)") = None,
     preset: in_panel(PresetOpt, DECODING) = None,

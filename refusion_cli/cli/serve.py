@@ -18,7 +18,7 @@ from refusion_cli.cli.options import (CausalFirstOpt, CausalFixOpt, DecodersOpt,
                                       in_panel, option_values, route_stray_values, split_commas)
 from refusion_cli.cli.output import err_console, quiet_library_output
 from refusion_cli.decoding.registry import decoder_spec, default_model
-from refusion_cli.decoding.spec import DecoderChoice, parse_decoder_options, require_refusion
+from refusion_cli.decoding.spec import PRESET_DECODER, DecoderChoice, parse_decoder_options, require_refusion
 from refusion_cli.decoding.variants import PAPER, Variant, first_option
 from refusion_cli.errors import UserError
 from refusion_cli.models.chat import require_chat_template
@@ -35,7 +35,7 @@ def serve(
     model: in_panel(ModelOpt, MODEL, help="the checkpoint every decoder runs on: embedded name, local directory, "
                     "hub id or BASE+ADAPTER (default: the first decoder's embedded model, refusion-tiny for "
                     "refusion)") = None,
-    decoder: in_panel(DecodersOpt, DECODING, help="decoders to serve, each a model id of its own") = ["refusion"],  # noqa: B006
+    decoder: in_panel(DecodersOpt, DECODING, help="decoders to serve, each a model id of its own") = [PRESET_DECODER],  # noqa: B006
     set_options: in_panel(SetOpt, DECODING) = None,
     preset: in_panel(PresetOpt, DECODING) = None,
     causal_fix: in_panel(CausalFixOpt, DECODING, help="serve ReFusion with causal_fix=True (this toolkit's "
@@ -70,7 +70,7 @@ def serve(
         raise UserError("--api-key is empty", hint="leave it out to serve without a key")
     values = route_stray_values(list(stray or []), MultiValues(option_values(decoder, "--decoder"), [],
                                                                split_commas(set_options)), "refusion serve")
-    checkpoint = model or default_model(values.decoders[0] if values.decoders else "refusion")
+    checkpoint = model or default_model(values.decoders[0] if values.decoders else PRESET_DECODER)
     choices = parse_decoder_options(values.decoders, [checkpoint], values.overrides, preset)
     variant = (causal_fix, causal_first, recheck)
     if (option := first_option(*variant)) is not None:
@@ -99,7 +99,7 @@ def served_models(choices: list[DecoderChoice], variant: Variant) -> dict[str, S
     """One model id per decoder (ReFusion's carries the variant)."""
     served = {}
     for choice in choices:
-        flags = variant if choice.decoder == "refusion" else PAPER
+        flags = variant if choice.decoder == PRESET_DECODER else PAPER
         choice.config()  # refuse bad --set values before loading anything
         entry = ServedModel(served_id(choice.decoder, flags), choice, flags)
         served[entry.id] = entry

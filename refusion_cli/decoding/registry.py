@@ -58,6 +58,7 @@ class DecoderSpec:
             raise TypeError(f"the registry entry {self.name} needs open_row (decoding.rows)")
 
 
+BASELINE = "ar"  # the autoregressive baseline: bench measures it first and reports every decoder's speed-up over it
 LLADA_BLOCK_LENGTH = 32  # LLaDA's block when it divides the length (else one block of the whole length)
 
 DECODERS: dict[str, DecoderSpec] = {
@@ -105,6 +106,8 @@ DECODERS: dict[str, DecoderSpec] = {
                              answer_script="dream eval.py"),
 }
 
+
+EMBEDDED_DECODERS = tuple(name for name, spec in DECODERS.items() if spec.default_model is not None)  # run offline
 
 def decoder_spec(name: str) -> DecoderSpec:
     if name not in DECODERS:
@@ -248,5 +251,5 @@ def run_decoder(
     return results if batch else results[0]
 
 
-__all__ = ["DECODERS", "DecoderSpec", "LLADA_BLOCK_LENGTH", "build_config", "calls_kind", "check_decoder_fits",
+__all__ = ["BASELINE", "DECODERS", "DecoderSpec", "EMBEDDED_DECODERS", "LLADA_BLOCK_LENGTH", "build_config", "calls_kind", "check_decoder_fits",
            "decoder_spec", "default_model", "length_settings", "row_options", "run_decoder", "with_length"]
