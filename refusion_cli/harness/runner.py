@@ -2,7 +2,9 @@
 
 Contract of :func:`run_eval`:
 
-1) plan      every (benchmark, decoder) config is built first (``preset`` or the preset the suite
+1) plan      with ``table1``, the decoders and checkpoints are the registry's Table 1 rows
+             (:func:`table1_models`: each row's folders under ``checkpoints``, every one there, or its
+             hub ids); every (benchmark, decoder) config is built first (``preset`` or the preset the suite
              names for the benchmark, where the decoder has one; the benchmark's response budget;
              then ``--set`` overrides, parsed and validated by ``decoding.spec``; with
              ``causal_fix`` / ``causal_first`` / ``recheck``, ReFusion's variants of
@@ -63,7 +65,7 @@ from refusion_cli.harness.report import METRICS_FILE, RunResult, merge_results, 
 from refusion_cli.harness.scoring import TaskScorer
 from refusion_cli.harness.answers import answer_rule
 from refusion_cli.harness.evaluation import run_task, seed_lm_eval
-from refusion_cli.harness.manifest import EvalProtocol
+from refusion_cli.harness.manifest import EvalProtocol, Table1Row, table1_rows
 from refusion_cli.harness.suite import (Benchmark, RenderedTask, Suite, check_data, data_root, load_suite, load_tasks,
                                         render)
 from refusion_cli.models.chat import require_chat_template
@@ -77,9 +79,18 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
+class Table1Selection:
+    """``refusion eval --table1``: the paper's Table 1 rows, each its own decoder on its checkpoint (and adapter)
+    as the registry names them (``manifest.table1``)."""
+
+    rows: tuple[str, ...] = ()  # each a row's number or name (``--rows``); empty: all nine
+    checkpoints: Path | None = None  # the folder holding each checkpoint and adapter under its hub name; None: the hub
+
+
+@dataclass(frozen=True)
 class EvalOptions:
     tasks: list[str]  # benchmark names as the user gave them (short, lm-eval, "paper", "all")
-    decoders: list[str]
+    decoders: list[str]  # empty with table1 (each row names its own)
     output: Path
     models: list[str] = field(default_factory=list)  # "PATH" (every decoder) or "decoder=PATH"
     overrides: list[str] = field(default_factory=list)  # "key=value" or "decoder.key=value"
@@ -98,8 +109,12 @@ class EvalOptions:
     causal_first: bool = False  # also evaluate ReFusion with causal_first=True (and both, with causal_fix)
     recheck: bool = False  # also evaluate ReFusion with recheck=True (and all three, with the other two)
     protocol: EvalProtocol = EvalProtocol.PAPER  # whose task definitions: the paper's runs or lm-eval's own
+    table1: Table1Selection | None = None  # the decoders and models are Table 1's rows (None: decoders and models)
 
     def __post_init__(self) -> None:
+        if self.table1 is not None and (self.decoders or self.models):
+            raise UserError("--table1 runs each row's own decoder on its own checkpoint; it takes no --decoder or "
+                            "--model", hint="pick rows with --rows, and give their folder with --checkpoints")
         try:
             object.__setattr__(self, "protocol", EvalProtocol(self.protocol))
         except ValueError:
@@ -160,6 +175,34 @@ def decoder_runs(choices: list[DecoderChoice], variants: list[Variant] | None = 
             runs.append(DecoderRun(choice.decoder, model, label,
                                    re.sub(r"[^A-Za-z0-9_.-]", "_", label.replace(":", "__")), choice, variant))
     return runs
+
+
+def table1_models(rows: list[Table1Row], checkpoints: Path | None) -> list[str]:
+    """Each row's ``DECODER=CHECKPOINT`` (``BASE+ADAPTER`` for an adapter row): its folders under ``checkpoints``,
+    named as their hub ids' names (``DIR/LLaDA-8B-Instruct+DIR/D2F_LLaDA_Instruct_8B_Lora``), or with no folder the
+    hub ids. A folder that is not there is one error naming each row that lacks one, before anything loads."""
+    if checkpoints is None:
+        return [f"{row.decoder}={'+'.join(name for name in (row.checkpoint, row.adapter) if name)}" for row in rows]
+    root = checkpoints.expanduser()
+    if not root.is_dir():
+        raise UserError(f"--checkpoints {checkpoints} does not exist or is not a directory",
+                        hint="give the folder that holds each row's checkpoint under its hub name")
+    if "+" in str(root) and any(row.adapter for row in rows):
+        raise UserError(f"--checkpoints {checkpoints}: the path holds '+', which joins a base and its adapter "
+                        "(BASE+ADAPTER)", hint="move or link the folder to a path without '+'")
+    missing: dict[Path, list[Table1Row]] = {}  # a folder that is not there -> the rows that need it
+    for row in rows:
+        for folder in row.folders:
+            if not (root / folder).is_dir():
+                missing.setdefault(root / folder, []).append(row)
+    if missing:
+        lacks = "; ".join(f"{path} for row{'s' if len(needing) > 1 else ''} "
+                          f"{', '.join(str(row.number) for row in needing)} ({', '.join(row.name for row in needing)})"
+                          for path, needing in missing.items())
+        raise UserError(f"--checkpoints {checkpoints} lacks {len(missing)} folder(s) of Table 1's rows: {lacks}",
+                        hint="put each checkpoint and adapter there in a folder named as its hub id's last part "
+                             "(docs/checkpoints.md), or pick the rows you have with --rows")
+    return [f"{row.decoder}={'+'.join(str(root / folder) for folder in row.folders)}" for row in rows]
 
 
 def model_fingerprint(model: str, trust_remote_code: bool = False) -> str:
@@ -275,6 +318,7 @@ class Plan:
     sandbox: str | None = None  # how code benchmarks' candidates are isolated here (None: no code benchmark)
     # each distinct --model, resolved once: what the fit check, the loader and the journal key read
     checkpoints: dict[str, Checkpoint] = field(default_factory=dict)
+    table1: list[tuple[Table1Row, str]] = field(default_factory=list)  # with --table1: each row and its model
 
 
 def plan_eval(options: EvalOptions, suite: Suite | None = None,
@@ -285,7 +329,12 @@ def plan_eval(options: EvalOptions, suite: Suite | None = None,
     the fields a task reads stops the run here, not after the benchmarks before it)."""
     suite = suite or load_suite(protocol=options.protocol)
     benchmarks = suite.select(options.tasks)
-    choices = parse_decoder_options(options.decoders, options.models, options.overrides, options.preset)
+    decoders, models, rows = options.decoders, options.models, []
+    if options.table1 is not None:  # the registry's rows: their decoders, their folders (all there) or hub ids
+        rows = table1_rows(options.table1.rows)
+        decoders = list(dict.fromkeys(row.decoder for row in rows))
+        models = table1_models(rows, options.table1.checkpoints)
+    choices = parse_decoder_options(decoders, models, options.overrides, options.preset)
     flags = (options.causal_fix, options.causal_first, options.recheck)
     if (option := first_option(*flags)) is not None:
         require_refusion(option, [choice.decoder for choice in choices])
@@ -329,7 +378,8 @@ def plan_eval(options: EvalOptions, suite: Suite | None = None,
         for benchmark in benchmarks:
             seed_lm_eval(options.seed)  # GPQA shuffles its choices while it is built
             tasks[benchmark.name] = load_tasks(rendered[benchmark.name], Path(scratch) / benchmark.name)
-    return Plan(benchmarks, runs, configs, rendered, tasks, device, dtype, sandbox, checkpoints)
+    return Plan(benchmarks, runs, configs, rendered, tasks, device, dtype, sandbox, checkpoints,
+                [(row, model.partition("=")[2]) for row, model in zip(rows, models)])
 
 
 def run_eval(options: EvalOptions, observer: EvalObserver | None = None, suite: Suite | None = None,

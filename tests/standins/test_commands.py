@@ -95,18 +95,22 @@ def test_eval_runs_synthetic_and_humaneval_on_each_stand_in(standin, name, monke
 def test_a_llama_3_run_stands_beside_the_papers_llama_3_row(monkeypatch, capsys, tmp_path):
     """A model folder named as the checkpoint is matched to its Table 1 row (ar: Llama-3-8B-Instruct, not Qwen3-8B),
     and the paper protocol ends its responses at <|eot_id|>, the tokenizer's EOS."""
+    from refusion_cli.harness.manifest import hub_name, table1
     from tools.standins import build_standin
 
-    model = build_standin("llama-3-8b-instruct", tmp_path / "Meta-Llama-3-8B-Instruct")
+    [llama] = [row for row in table1()[1] if row.name == "Llama-3-8B-Instruct"]  # its numbers: the registry's
+    model = build_standin("llama-3-8b-instruct", tmp_path / hub_name(llama.checkpoint))
     output = tmp_path / "eval"
     code, _, err = run(monkeypatch, capsys, "eval", "--task", "humaneval", "--decoder", "ar", "--model", str(model),
                        "--device", "cpu", "--set", f"gen_length={GEN_LENGTH}", "--limit", "1",
                        "--confirm-run-unsafe-code", "--output", str(output))
     assert code == 0, err
     summary = (output / "summary.md").read_text(encoding="utf-8")
-    [line] = [line for line in summary.splitlines() if line.startswith("| Llama-3-8B-Instruct |")]
-    assert line.startswith("| Llama-3-8B-Instruct | ar:Meta-Llama-3-8B-Instruct | - (35.23) / - (32.07) |")
-    assert "(46.34, " in line  # its HumanEval cell beside the paper's
+    [line] = [line for line in summary.splitlines() if line.startswith(f"| {llama.name} |")]
+    mmlu_pro, humaneval = llama.cells["mmlu_pro"], llama.cells["humaneval"]
+    assert line.startswith(f"| {llama.name} | ar:{hub_name(llama.checkpoint)} | - ({mmlu_pro[0]:.2f}) / "
+                           f"- ({mmlu_pro[1]:.2f}) |")
+    assert f"({humaneval[0]:.2f}, " in line  # its HumanEval cell beside the paper's
 
 
 @pytest.fixture(scope="module")
