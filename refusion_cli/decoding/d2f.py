@@ -41,7 +41,7 @@ from refusion_cli.decoding.batching import Generators, Prompt, Prompts
 from refusion_cli.decoding.config import ConfigError, check_non_negative, check_positive, check_probability
 from refusion_cli.decoding.dream import DreamConfig, check_filters, predict_tokens
 from refusion_cli.decoding.mdm import (Block, Canvas, CanvasFeed, CanvasStep, MDMStep, RowKV, choose_positions,
-                                      decode_canvases, read_offsets)
+                                      decode_canvases, read_offsets, take_rows)
 from refusion_cli.decoding.stats import DecodeResult, EosIds, eos_ids
 
 # forced_rank -> the Dream ranking that computes it (D2F's sampling_strategy default / margin_confidence / neg_entropy)
@@ -212,7 +212,7 @@ def d2f_row(canvas: Canvas, config: D2FConfig, shifted: bool,
         offsets, rows = read_offsets(wanted, cached)
         logits, kept = yield CanvasFeed(canvas.stats, canvas.ids[cached:end], start=cached, prefix=cache, keep=keep,
                                         among=block_causal(canvas, config.block_size, cached, end), read=offsets)
-        read = logits[rows]  # [M (+ 1), V]
+        read = take_rows(logits, rows)  # [M (+ 1), V]
         # shifted: a mask at the first fed position is predicted by the last cached one, from an earlier call
         mask_logits = read[: predictors.numel()]
         before_call = predictors < cached

@@ -252,7 +252,7 @@ class CanvasCalls:
                 fed = slice(cached_width + pads[row], cached_width + pads[row] + feed.keep)
                 kept = [(layer.keys[row, :, fed].clone(), layer.values[row, :, fed].clone())
                         for layer in cache.layers]
-            replies[index] = (logits[row, reads[row]], kept)
+            replies[index] = (take_rows(logits[row], reads[row]), kept)
         return replies
 
     def _read_columns(self, rows: list[CanvasFeed], pads: list[int],
@@ -320,6 +320,14 @@ def _fill_cache(cache: DynamicCache, prefixes: list[RowKV | None], suffixes: lis
         cache.update(keys, values, layer)
 
 
+def take_rows(logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """``logits[rows]`` ([R, V] of [N, V]), as a view when ``rows`` is 0..N-1 (at batch 1, the common case):
+    each copy of a read is as large as the logits a call returns."""
+    if rows.numel() == logits.shape[0] and torch.equal(rows, torch.arange(rows.numel(), device=rows.device)):
+        return logits
+    return logits[rows]
+
+
 def read_offsets(positions: torch.Tensor, first: int) -> tuple[torch.Tensor, torch.Tensor]:
     """For canvas ``positions`` [R] read from a call that feeds from canvas position ``first`` on: the fed
     offsets to compute (ascending, each once: a feed's ``read``) and the row of each position among them [R]."""
@@ -361,18 +369,18 @@ class CanvasPasses:
         offsets, rows = read_offsets((positions - int(self.shifted)).clamp(min=first), first)
         if not self.use_cache:
             logits, _ = yield CanvasFeed(self.stats, canvas, read=offsets)
-            return logits[rows]
+            return take_rows(logits, rows)
         if self.prefix is None:  # the block's first step: full pass, keep the cached positions' K/V
             keep = canvas.numel() if self.dual_cache else block.start
             logits, kept = yield CanvasFeed(self.stats, canvas, keep=keep, read=offsets)
             self.prefix = [(keys[:, : block.start], values[:, : block.start]) for keys, values in kept]
             if self.dual_cache:
                 self.suffix = [(keys[:, block.end:], values[:, block.end:]) for keys, values in kept]
-            return logits[rows]
+            return take_rows(logits, rows)
         end = block.end if self.dual_cache else canvas.numel()
         logits, _ = yield CanvasFeed(self.stats, canvas[block.start: end], start=block.start, prefix=self.prefix,
                                      suffix=self.suffix, read=offsets)
-        return logits[rows]
+        return take_rows(logits, rows)
 
 
 # ---------------------------------------------------------------------------------------------
