@@ -21,6 +21,7 @@ import torch
 
 from refusion_cli.decoding.batching import check_ids
 from refusion_cli.decoding.config import config_fields
+from refusion_cli.decoding.registry import decoder_spec
 from refusion_cli.decoding.rows import response_budget
 from refusion_cli.decoding.spec import DecoderChoice
 from refusion_cli.decoding.variants import PAPER, Variant, variant_options
@@ -159,7 +160,7 @@ def _max_tokens(body: dict[str, Any], chat: bool) -> int | None:
 def _decoder_options(body: dict[str, Any], entry: ServedModel) -> dict[str, Any]:
     """``decoder_options``, plus ``temperature`` / ``top_p`` where the decoder's config has them."""
     options = dict(_typed(body, "decoder_options", dict) or {})
-    fields = config_fields(type(entry.choice.config()))
+    fields = config_fields(decoder_spec(entry.decoder).config_class)
     for name, greedy in (("temperature", 0.0), ("top_p", 1.0)):
         value = _typed(body, name, float)
         if value is None:
