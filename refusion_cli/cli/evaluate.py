@@ -30,6 +30,7 @@ from refusion_cli.cli.options import (DECODER_NAMES, LIST_HELP, PATH_OPTION, Cau
                                       DeviceOpt, DtypeOpt, ModelsOpt, MultiValues, PresetOpt, RecheckOpt, SeedOpt,
                                       SetOpt, TrustRemoteCodeOpt, in_panel, route_stray_values, split_commas)
 from refusion_cli.cli.output import console, debug_enabled, print_table
+from refusion_cli.decoding.spec import PRESET_DECODER
 from refusion_cli.distributed import leave_process_group
 from refusion_cli.errors import UserError
 from refusion_cli.harness.manifest import EvalProtocol, read_manifest, table1_rows
@@ -104,7 +105,7 @@ def evaluate(
     suite = load_suite(protocol=protocol)
     task_names = frozenset({*suite.benchmarks, *(b.lm_eval_task for b in suite.benchmarks.values()), "paper", "all"})
     stray, selection = _table1_selection(table1, checkpoints, rows, more or [])
-    decoders = split_commas(decoder) or ([] if table1 else ["refusion"])
+    decoders = split_commas(decoder) or ([] if table1 else [PRESET_DECODER])
     values = route_stray_values(stray, MultiValues(decoders, list(model or []), split_commas(set_),
                                                    tasks=split_commas(task), task_names=task_names), "refusion eval")
     if not values.tasks and not table1:
