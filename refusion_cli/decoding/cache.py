@@ -18,7 +18,9 @@ of the cache, and the call is the single-row call of a batch of one.
 Rows are left-padded to the longest input of the call; padding is masked out for every real
 token, and pad positions see only themselves. A lane's first call (its prompt, far longer than a
 decoding step) runs in a call of its own beside the rows already decoding, and its K/V then joins
-the cache, so those rows are not padded to the prompt's length.
+the cache, so those rows are not padded to the prompt's length. A padded call reduces over other
+shapes than a lane's call alone, so its logits differ from batch 1's by float rounding: a decision
+within that rounding of a tie can go the other way.
 """
 
 from __future__ import annotations

@@ -167,8 +167,9 @@ def decode_d2f(
     """Decode one response with D2F's decoder, or one per prompt of a batch (a list of prompts: results
     in order, ``on_step(prompt_index, step)``); ``shifted``: read token p from the logits of p - 1 (Dream).
 
-    ``batch_size`` rows (None: all) decode at once in shared model calls, each exactly as alone; with
-    sampling, give one generator per prompt to draw each row's tokens as its own decode would."""
+    ``batch_size`` rows (None: all) decode at once in shared model calls, each as alone (up to float
+    rounding, see mdm); with sampling, give one generator per prompt to draw each row's tokens as its
+    own decode would."""
     return decode_canvases(model, prompt_ids, config.response_length,
                            lambda canvas, row_generator: d2f_row(canvas, config, shifted, row_generator),
                            mask_token_id=mask_token_id, eos_token_id=eos_token_id, generator=generator,

@@ -223,8 +223,9 @@ def decode_dream(
     """Decode one response with Dream's sampler, or one per prompt of a batch (a list of prompts:
     results in order, ``on_step(prompt_index, step)``); ``result.trace`` lists what every step unmasked.
 
-    ``batch_size`` rows (None: all) decode at once in shared model calls, each exactly as alone;
-    with sampling, give one generator per prompt to draw each row's noise as its own decode would."""
+    ``batch_size`` rows (None: all) decode at once in shared model calls, each as alone (up to float
+    rounding, see mdm); with sampling, give one generator per prompt to draw each row's noise as its
+    own decode would."""
     return decode_canvases(model, prompt_ids, config.gen_length,
                            lambda canvas, row_generator: dream_row(canvas, config, row_generator),
                            mask_token_id=mask_token_id, eos_token_id=eos_token_id, generator=generator,

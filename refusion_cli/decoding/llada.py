@@ -22,7 +22,7 @@ prefix cache) and ``dual_cache`` the K/V right of the block too, so that later s
 alone (Fast-dLLM's dual cache); both are exact for causal models and approximate for bidirectional
 ones. With either, a block's first step is the full pass and counts as a step of its schedule, and
 a cached step always follows it (see mdm.Canvas.steps). A list of prompts is decoded as a batch,
-each row exactly as alone (see mdm.decode_canvases). The model should be bidirectional (see
+each row as alone (see mdm.decode_canvases). The model should be bidirectional (see
 ``registry.check_decoder_fits``); it is not checked here.
 """
 
@@ -135,8 +135,9 @@ def decode_llada(
     """Decode one response with LLaDA's sampler, or one per prompt of a batch (a list of prompts:
     results in order, ``on_step(prompt_index, step)``); ``result.trace`` lists what every step unmasked.
 
-    ``batch_size`` rows (None: all) decode at once in shared model calls, each exactly as alone;
-    with sampling, give one generator per prompt to draw each row's noise as its own decode would."""
+    ``batch_size`` rows (None: all) decode at once in shared model calls, each as alone (up to float
+    rounding, see mdm); with sampling, give one generator per prompt to draw each row's noise as its
+    own decode would."""
     return decode_canvases(model, prompt_ids, config.gen_length,
                            lambda canvas, row_generator: llada_row(canvas, config, row_generator),
                            mask_token_id=mask_token_id, eos_token_id=eos_token_id, generator=generator,

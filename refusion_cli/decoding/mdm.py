@@ -20,8 +20,10 @@ Batches: a sampler is written as a row program (a generator that yields a :class
 each model call and is sent its logits back); :func:`decode_canvases` runs one program per prompt,
 ``batch_size`` at a time, through :func:`refusion_cli.decoding.cache.drive`, and
 :class:`CanvasCalls` makes one padded, masked model call of every running row's feed. Each row keeps
-its own canvas, counters, generator and cached K/V, so it decodes exactly as it would alone; one
-prompt is a batch of one through the same code.
+its own canvas, counters, generator and cached K/V, so it decodes as it would alone; one prompt is
+a batch of one through the same code. Up to float rounding: a padded call reduces over other shapes
+than a row's call alone, so its logits differ from batch 1's by float rounding, and a decision
+within that rounding of a tie can go the other way.
 
 Logits: a feed names the fed positions whose logits its row reads (a LLaDA block, Dream's masks,
 D2F's decoding blocks), and the model computes the head at those positions only; with a vocabulary
@@ -407,7 +409,8 @@ def decode_canvases(
     """Run ``program`` (a sampler's row program) on the canvas of each prompt, ``batch_size`` rows
     (None: all) at a time in shared model calls; one prompt gives one result, a batch a list.
 
-    Each row runs its own decode exactly (same tokens, same forwards as alone); a finished row's
+    Each row runs its own decode (same tokens, same forwards as alone, but for a near-tie that the
+    batched call's float rounding flips: see the module docstring); a finished row's
     place goes to the next prompt. ``on_step(step)``, or ``on_step(prompt_index, step)`` for a batch;
     ``generator``: one, shared (drawn by the rows in turn), or one per prompt.
     """

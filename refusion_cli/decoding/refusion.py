@@ -233,10 +233,10 @@ def decode_refusion(
     iteration as it is committed (with a batch: ``on_step(prompt_index, step)``).
 
     A batch (a list of prompts) returns one result per prompt, in order. ``batch_size`` rows
-    (None: all) decode at once, one shared model call per round; each row runs exactly its own
-    decode (same tokens, same forwards as alone), and when one finishes the next prompt takes its
-    row. With ``temperature`` > 0 a shared ``generator`` is drawn from by the rows in turn; give
-    one generator per prompt to draw each row's noise as its own decode would.
+    (None: all) decode at once, one shared model call per round; each row runs its own decode (same
+    tokens, same forwards as alone, up to float rounding: see cache.Lanes), and when one finishes the
+    next prompt takes its row. With ``temperature`` > 0 a shared ``generator`` is drawn from by the
+    rows in turn; give one generator per prompt to draw each row's noise as its own decode would.
     ``kv_reuse=False``, ``causal_fix=True``, ``causal_first=True`` and ``recheck=True`` are ablations
     (see the module docstring); the last three combine."""
     batch, prompts = batch_prompts(model, prompt_ids, batch_size, config.padded_length,
