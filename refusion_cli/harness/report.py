@@ -58,6 +58,8 @@ class RunResult:
     batch_size: int = 1  # requests decoded together; above 1, ``tps`` is the throughput of the batched calls
     protocol: str = ""  # whose task definitions ("paper", "lm-eval"; empty: the same under both, or written before)
     also: dict[str, float] = dataclasses.field(default_factory=dict)  # other scores of the same answers (lm-eval's, %)
+    # a code benchmark: how its candidates ran (sandbox.Isolation.record: user, interpreter, packages, namespaces)
+    sandbox: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 

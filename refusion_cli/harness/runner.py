@@ -476,7 +476,15 @@ def summarize(benchmark: Benchmark, run: DecoderRun, config: Any, digest: str, e
         device=where[0], dtype=where[1], prompts_cut=sum(r.get("prompt_cut", 0) > 0 for r in chosen),
         batch_size=batch_size, protocol=benchmark.task_protocol.value if benchmark.task_protocol else "",
         also={key: 100.0 * float(top[key]) for key in benchmark.also if top.get(key) is not None},
+        sandbox=sandbox_record() if benchmark.code else {},
     )
+
+
+def sandbox_record() -> dict[str, Any]:
+    """How this process ran code candidates (user, interpreter, packages reachable), for the run's metadata."""
+    from refusion_cli.harness.sandbox import isolation
+
+    return isolation().record()
 
 
 def _plain(values: dict[str, Any]) -> dict[str, Any]:

@@ -90,6 +90,11 @@ def test_eval_runs_synthetic_and_humaneval_on_each_stand_in(standin, name, monke
     for task in ("synthetic", "humaneval"):
         (samples,) = (output / "samples" / task).glob("*.jsonl")
         assert len(samples.read_text().splitlines()) == 1
+    cells = {cell["benchmark"]: cell for cell in json.loads((output / "metrics.json").read_text())["results"]}
+    assert cells["synthetic"]["sandbox"] == {}  # no code ran
+    sandbox = cells["humaneval"]["sandbox"]  # how the candidate ran, beside its score
+    assert sandbox["user"] in ("throwaway", "evaluator") and sandbox["packages"] is True
+    assert Path(sandbox["interpreter"]).exists()
 
 
 def test_a_llama_3_run_stands_beside_the_papers_llama_3_row(monkeypatch, capsys, tmp_path):
