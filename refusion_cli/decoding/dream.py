@@ -31,6 +31,19 @@ logits shifted within the call, so the block's first position would read its own
 never masked by then. Only the logits that predict a mask are computed (on a cached full pass, only
 those of the block's first mask). A list of prompts is decoded as a batch, each row as alone (see
 mdm.decode_canvases).
+
+Logits memory: plain Dream reads the logits before every mask of its one 512-token block, and its
+sampler (top-p sort with int64 indices, softmax, cumulative sum, float32 weights for the draw) makes
+several copies of them. So a step is predicted ``mdm.LOGITS_CHUNK`` masks at a time: a call that
+reads more positions than that computes no logits, the row applies the model's head to the final
+hidden states of a chunk of them, and the chunk is reduced to its tokens, token probabilities and
+confidences [n] before the next chunk's logits exist; the ranking then works on all the masks, as
+above. On the CPU this gives the same tokens as one [masks, V] pass, sampling included: a row's draw in
+``torch.multinomial`` does not depend on the rows beside it, and the head's rows are bit for bit those
+of one product of all the reads (in bfloat16 and float64; float32 on several threads rounds a product
+of other rows differently, as a batched call does: see ``mdm.SMALLEST_CHUNK``). On a GPU the chunked
+draws may consume the generator differently from one [masks, V] draw (sampling only; greedy decoding
+draws nothing), and cuBLAS may round a chunk's product differently, which can flip a near-tie.
 """
 
 from __future__ import annotations
@@ -50,12 +63,14 @@ from refusion_cli.decoding.mdm import (
     CanvasPasses,
     CanvasStep,
     MDMStep,
+    ReadLogits,
     check_blocks,
     check_fast_options,
     choose_positions,
     decode_canvases,
     even_schedule,
     forbid_mask,
+    logit_chunks,
     sample,
     uniform,
 )
@@ -176,6 +191,18 @@ def predict_tokens(logits: torch.Tensor, config: DreamConfig, mask_token_id: int
     return tokens, token_prob, confidence
 
 
+def predict_chunks(logits: ReadLogits, config: DreamConfig, mask_token_id: int,
+                   generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """1) :func:`predict_tokens` on ``logits``' rows, ``mdm.LOGITS_CHUNK`` at a time: (tokens, their probabilities,
+    confidence) [n]; a chunk's logits are computed, and reduced, once the previous chunk's are gone."""
+    parts = []
+    for chunk in logit_chunks(logits):
+        parts.append(predict_tokens(chunk, config, mask_token_id, generator))
+        del chunk  # gone before the next chunk's logits are computed
+    tokens, token_prob, confidence = zip(*parts)
+    return torch.cat(tokens), torch.cat(token_prob), torch.cat(confidence)
+
+
 def transfer_count(n_masked: int, step: int, timesteps: torch.Tensor) -> int:
     """2) How many masks go at ``step`` (t -> s): int(n * (1 - s/t)), all of them at the last step."""
     if step == timesteps.numel() - 2:
@@ -234,7 +261,7 @@ def decode_dream(
 
 def dream_row(canvas: Canvas, config: DreamConfig, generator: torch.Generator | None) -> CanvasStep[DecodeResult]:
     """One prompt's Dream decode as a row program (see mdm.decode_canvases)."""
-    passes = CanvasPasses(canvas.stats, config.use_cache, config.dual_cache, shifted=True)
+    passes = CanvasPasses(canvas.stats, config.use_cache, config.dual_cache, shifted=True, chunked=True)
     timesteps = torch.linspace(1, config.eps, config.steps_per_block + 1)  # float32, as the reference
     mask_token_id = canvas.mask_token_id
     for block in canvas.blocks(config.block_tokens):
@@ -247,20 +274,21 @@ def dream_row(canvas: Canvas, config: DreamConfig, generator: torch.Generator | 
             # the cached sampler's full pass unmasks the block's first position only
             first_only = config.use_cache and step == 0 and (config.threshold is not None or config.steps_per_block > 1)
             reads = where[:1] if first_only else where
-            logits = yield from passes(canvas.ids, block.start + reads)  # [n, V] of ``reads``, the model's dtype
+            # the logits [n, V] of ``reads`` (the model's dtype), or their head input for predict_chunks
+            logits = yield from passes(canvas.ids, block.start + reads)
             if where.numel() == 0:  # the cached step after a block its full pass finished
                 picked, tokens = where, where
             elif first_only:
                 picked = reads
-                tokens = predict_tokens(logits, config, mask_token_id, generator)[0]
+                tokens = predict_chunks(logits, config, mask_token_id, generator)[0]
             elif config.alg == "origin":
                 # 2) each mask goes with probability 1 - s/t; 1) only those get a token
                 chosen = origin_transfers(where.numel(), step, timesteps, generator, canvas.device)
                 picked = where[chosen]
-                tokens = predict_tokens(logits[chosen], config, mask_token_id, generator)[0]
+                tokens = predict_chunks(logits[chosen], config, mask_token_id, generator)[0]
             else:
                 # 1) predict every mask (as the reference), 2) unmask the best ranked
-                tokens, token_prob, confidence = predict_tokens(logits, config, mask_token_id, generator)
+                tokens, token_prob, confidence = predict_chunks(logits, config, mask_token_id, generator)
                 count = 0 if config.threshold is not None else transfer_count(where.numel(), step, timesteps)
                 limit = None
                 if config.threshold is not None and not config.use_cache:

@@ -27,11 +27,18 @@ within that rounding of a tie can go the other way.
 
 Logits: a feed names the fed positions whose logits its row reads (a LLaDA block, Dream's masks,
 D2F's decoding blocks), and the model computes the head at those positions only; with a vocabulary
-of 126k-152k words, the logits of a whole canvas cost more memory than the rest of the call.
+of 126k-152k words, the logits of a whole canvas cost more memory than the rest of the call. A row
+that reads more positions than that, Dream's 512 masks, asks for them in chunks (``chunked``): when a
+call reads more than :data:`LOGITS_CHUNK` positions, the model's head computes nothing during the
+call, and such a row gets the head's input at its read positions (a :class:`HeadInput`, the final
+hidden states) and applies the head :data:`LOGITS_CHUNK` positions at a time (:func:`logit_chunks`),
+so that no row holds more than [LOGITS_CHUNK, V] logits at once. A model whose head cannot be reached
+(``get_output_embeddings``) computes the logits in the call, and the row reads them a chunk at a time.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass, field
 from typing import Callable, Generator, Iterator, TypeVar
@@ -47,6 +54,13 @@ from refusion_cli.decoding.stats import (BatchClock, DecodeResult, DecodeStats, 
                                          cut_after_eos, kept_logits, logits_at, timed_call, wide_float)
 
 T = TypeVar("T")
+
+LOGITS_CHUNK = 32  # the most read positions whose logits a chunked row (Dream) holds at once: [LOGITS_CHUNK, V]
+# The CPU's BLAS computes a product of 1 to 3 rows another way than a longer one (float32; bfloat16 at Dream's
+# 3,584 wide), and float64's in groups of 4: chunks of rows that start at multiples of 4 and have at least 4 rows
+# give the head's rows bit for bit as one product of them all (measured here in float64 and bfloat16, and in
+# float32 on one thread; float32 on several threads splits rows by their count, and rounds differently)
+SMALLEST_CHUNK = 4
 
 
 @dataclass
@@ -188,9 +202,25 @@ class CanvasFeed:
     keep: int | None = None  # return the K/V of the first ``keep`` fed positions (None: keep none, no cache)
     among: torch.Tensor | None = None  # [Q, Q] bool: fed token q sees fed token k (None: all, or the earlier ones)
     read: torch.Tensor | None = None  # [R] ascending fed offsets whose logits are returned (None: every one)
+    chunked: bool = False  # the row takes a HeadInput for its logits when the call reads more than LOGITS_CHUNK
 
 
-CanvasReply = tuple[torch.Tensor, RowKV | None]  # the read positions' logits [R, V], the kept K/V
+@dataclass(frozen=True)
+class HeadInput:
+    """What the model's head turns into the logits of R read positions: their final hidden states [R, H]."""
+
+    states: torch.Tensor  # [R, H], the model's dtype
+    head: torch.nn.Module  # the model's output embeddings: states [n, H] -> logits [n, V]
+
+    def __len__(self) -> int:
+        return self.states.shape[0]
+
+    def __getitem__(self, rows: torch.Tensor | slice) -> HeadInput:
+        return HeadInput(self.states[rows], self.head)
+
+
+ReadLogits = torch.Tensor | HeadInput  # the logits [R, V] of a row's read positions, or what the head makes them from
+CanvasReply = tuple[ReadLogits, RowKV | None]  # the read positions' logits (a HeadInput for a chunked feed), the K/V
 CanvasStep = Generator[CanvasFeed, CanvasReply, T]  # a row program's step: yields feeds, is sent replies
 
 
@@ -206,7 +236,9 @@ class CanvasCalls:
     or padding; a pad sees only itself. The cached K/V are laid in one :class:`DynamicCache` made for
     the call: every row's prefix left-aligned and zero-padded to the longest prefix, then every row's
     suffix likewise; the fed tokens' K/V follow them. The model computes logits only at the columns
-    some row reads (one index set for the whole call: the union of the rows' reads).
+    some row reads (one index set for the whole call: the union of the rows' reads), and at none when
+    they are more than LOGITS_CHUNK and some feed is ``chunked``: such a feed gets its reads' head input,
+    any other row the head's output at its reads.
     """
 
     def __init__(self, model: torch.nn.Module):
@@ -225,27 +257,11 @@ class CanvasCalls:
         width = max(lengths)  # Q
         pads = [width - n for n in lengths]
         columns, reads = self._read_columns(rows, pads, width)  # [U]; per row, its reads among the U
-        keep_logits = logits_at(self.model, columns, width)
-        cached = any(feed.prefix is not None or feed.suffix is not None or feed.keep is not None for feed in rows)
-        if not cached and min(lengths) == width:
-            out, seconds = timed_call(self.model, input_ids=torch.stack([feed.ids for feed in rows]), use_cache=False,
-                                      **keep_logits)
-            cache, cached_width = None, 0
-        else:
-            prefix_width = max(_kv_length(feed.prefix) for feed in rows)  # W
-            suffix_width = max(_kv_length(feed.suffix) for feed in rows)  # S
-            cached_width = prefix_width + suffix_width
-            cache = DynamicCache(config=self.model.config) if cached else None
-            if cached_width:
-                _fill_cache(cache, [feed.prefix for feed in rows], [feed.suffix for feed in rows],
-                            prefix_width, suffix_width)
-            input_ids, position_ids, allowed = self._padded(rows, width, prefix_width, suffix_width)
-            mask = additive_mask(allowed, self.dtype)  # [B, 1, Q, W + S + Q]
-            cache_kwargs = cache_argument(self.model, cache) if cached else {}
-            out, seconds = timed_call(self.model, input_ids=input_ids, position_ids=position_ids,
-                                      attention_mask=mask_argument(self.model.config, mask),
-                                      use_cache=cached, **cache_kwargs, **keep_logits)
-        logits = kept_logits(out.logits, columns)  # [B, U, V]
+        head = output_head(self.model)
+        chunks = head is not None and columns.numel() > LOGITS_CHUNK and any(feed.chunked for feed in rows)
+        with head_input(head if chunks else None, columns) as states:  # states: [B, U, H] once the head ran
+            out, seconds, cache, cached_width = self._call(rows, width, logits_at(self.model, columns, width))
+        read_logits = self._row_reads(rows, reads, out, columns, head, states)
         replies = {}
         for row, (index, feed) in enumerate(feeds.items()):
             count_call(feed.stats, lengths[row], seconds)
@@ -254,8 +270,43 @@ class CanvasCalls:
                 fed = slice(cached_width + pads[row], cached_width + pads[row] + feed.keep)
                 kept = [(layer.keys[row, :, fed].clone(), layer.values[row, :, fed].clone())
                         for layer in cache.layers]
-            replies[index] = (take_rows(logits[row], reads[row]), kept)
+            replies[index] = (read_logits[row], kept)
         return replies
+
+    def _call(self, rows: list[CanvasFeed], width: int,
+              keep_logits: dict) -> tuple[object, float | None, DynamicCache | None, int]:
+        """The model's output and seconds for the rows' feeds, left-padded to ``width``; the call's cache (None
+        without one) and the cached columns left of the fed ones in it."""
+        cached = any(feed.prefix is not None or feed.suffix is not None or feed.keep is not None for feed in rows)
+        if not cached and all(feed.ids.numel() == width for feed in rows):
+            out, seconds = timed_call(self.model, input_ids=torch.stack([feed.ids for feed in rows]), use_cache=False,
+                                      **keep_logits)
+            return out, seconds, None, 0
+        prefix_width = max(_kv_length(feed.prefix) for feed in rows)  # W
+        suffix_width = max(_kv_length(feed.suffix) for feed in rows)  # S
+        cache = DynamicCache(config=self.model.config) if cached else None
+        if prefix_width + suffix_width:
+            _fill_cache(cache, [feed.prefix for feed in rows], [feed.suffix for feed in rows],
+                        prefix_width, suffix_width)
+        input_ids, position_ids, allowed = self._padded(rows, width, prefix_width, suffix_width)
+        mask = additive_mask(allowed, self.dtype)  # [B, 1, Q, W + S + Q]
+        cache_kwargs = cache_argument(self.model, cache) if cached else {}
+        out, seconds = timed_call(self.model, input_ids=input_ids, position_ids=position_ids,
+                                  attention_mask=mask_argument(self.model.config, mask),
+                                  use_cache=cached, **cache_kwargs, **keep_logits)
+        return out, seconds, cache, prefix_width + suffix_width
+
+    @staticmethod
+    def _row_reads(rows: list[CanvasFeed], reads: list[torch.Tensor], out: object, columns: torch.Tensor,
+                   head: torch.nn.Module | None, states: list[torch.Tensor]) -> list[ReadLogits]:
+        """Each row's read logits [R, V] from the call's output, or, where the head's input was kept (``states``),
+        a chunked row's HeadInput and any other row's logits computed from it."""
+        if not states:
+            logits = kept_logits(out.logits, columns)  # [B, U, V]
+            return [take_rows(logits[row], read) for row, read in enumerate(reads)]
+        hidden = states[-1]  # [B, U, H]
+        inputs = [HeadInput(take_rows(hidden[row], read), head) for row, read in enumerate(reads)]
+        return [given if feed.chunked else given.head(given.states) for feed, given in zip(rows, inputs)]
 
     def _read_columns(self, rows: list[CanvasFeed], pads: list[int],
                       width: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -322,12 +373,56 @@ def _fill_cache(cache: DynamicCache, prefixes: list[RowKV | None], suffixes: lis
         cache.update(keys, values, layer)
 
 
-def take_rows(logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """``logits[rows]`` ([R, V] of [N, V]), as a view when ``rows`` is 0..N-1 (at batch 1, the common case):
-    each copy of a read is as large as the logits a call returns."""
-    if rows.numel() == logits.shape[0] and torch.equal(rows, torch.arange(rows.numel(), device=rows.device)):
+def take_rows(logits: torch.Tensor | HeadInput, rows: torch.Tensor) -> torch.Tensor | HeadInput:
+    """``logits[rows]`` ([R, V] of [N, V]; or of a HeadInput, or hidden states [N, H]), as a view when ``rows`` is
+    0..N-1 (at batch 1, the common case): each copy of a read is as large as the logits a call returns."""
+    if rows.numel() == len(logits) and torch.equal(rows, torch.arange(rows.numel(), device=rows.device)):
         return logits
     return logits[rows]
+
+
+def logit_chunks(logits: ReadLogits) -> Iterator[torch.Tensor]:
+    """The logits of ``logits``' rows in order, LOGITS_CHUNK rows ([n, V]) at a time, each computed when asked
+    for (one empty chunk when there are no rows). A last chunk of fewer than SMALLEST_CHUNK rows takes
+    SMALLEST_CHUNK rows of the chunk before it."""
+    rows = len(logits)
+    starts = list(range(0, max(rows, 1), LOGITS_CHUNK))
+    if len(starts) > 1 and rows - starts[-1] < SMALLEST_CHUNK < LOGITS_CHUNK:
+        starts[-1] -= SMALLEST_CHUNK
+    for start, end in zip(starts, starts[1:] + [rows]):
+        chunk = logits[start:end]
+        yield chunk.head(chunk.states) if isinstance(chunk, HeadInput) else chunk
+
+
+def output_head(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The model's head (transformers' ``get_output_embeddings``; a PEFT wrapper hands it on), or None."""
+    get_head = getattr(model, "get_output_embeddings", None)
+    head = get_head() if callable(get_head) else None
+    return head if isinstance(head, torch.nn.Module) else None
+
+
+@contextlib.contextmanager
+def head_input(head: torch.nn.Module | None, columns: torch.Tensor) -> Iterator[list[torch.Tensor]]:
+    """While open, ``head`` (None: nothing happens) computes nothing: each call of it puts the columns ``columns``
+    ([U] of the call's input columns) of its input [B, ., H] in the list this yields and gets a zero-length slice.
+
+    The head's input is the final hidden states at the columns the model computes the head at (all of them,
+    or the ``logits_to_keep`` ones); the logits are the head's output, as in transformers' causal LMs."""
+    states: list[torch.Tensor] = []
+    if head is None:
+        yield states
+        return
+
+    def keep(module: torch.nn.Module, args: tuple) -> tuple:
+        hidden = args[0]  # [B, T or U, H]
+        states.append(hidden if hidden.shape[1] == columns.numel() else hidden[:, columns])
+        return (hidden[:, :0], *args[1:])
+
+    handle = head.register_forward_pre_hook(keep)
+    try:
+        yield states
+    finally:
+        handle.remove()
 
 
 def read_offsets(positions: torch.Tensor, first: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -344,14 +439,16 @@ class CanvasPasses:
     and with ``dual_cache`` also of the suffix, positions [block.end, T); later calls feed the
     positions [block.start, T) after the prefix's K/V, or, with ``dual_cache``, only the block's,
     between the prefix's and the suffix's K/V. ``shifted`` (Dream): a position is predicted by the
-    logits of the position before it.
+    logits of the position before it. ``chunked``: the calls' feeds are chunked (see CanvasCalls).
     """
 
-    def __init__(self, stats: DecodeStats, use_cache: bool, dual_cache: bool = False, shifted: bool = False):
+    def __init__(self, stats: DecodeStats, use_cache: bool, dual_cache: bool = False, shifted: bool = False,
+                 chunked: bool = False):
         self.stats = stats
         self.use_cache = use_cache
         self.dual_cache = dual_cache
         self.shifted = shifted
+        self.chunked = chunked
         self.block: Block | None = None
         self.prefix: RowKV | None = None
         self.suffix: RowKV | None = None
@@ -361,27 +458,28 @@ class CanvasPasses:
         self.block = block
         self.prefix = self.suffix = None
 
-    def __call__(self, canvas: torch.Tensor, positions: torch.Tensor) -> CanvasStep[torch.Tensor]:
+    def __call__(self, canvas: torch.Tensor, positions: torch.Tensor) -> CanvasStep[ReadLogits]:
         """The logits [R, V] (the model's dtype) that predict the canvas ``positions`` [R] of the block:
         each position's own, or with ``shifted`` those of the position before it among the positions the
         call feeds (the first fed position reads its own, as each sampler's reference reads them). The
-        model computes the head at those positions only."""
+        model computes the head at those positions only; ``chunked``: at none when they are more than
+        LOGITS_CHUNK, and this returns their HeadInput."""
         block = self.block
         first = block.start if self.use_cache and self.prefix is not None else 0  # the first fed position
         offsets, rows = read_offsets((positions - int(self.shifted)).clamp(min=first), first)
         if not self.use_cache:
-            logits, _ = yield CanvasFeed(self.stats, canvas, read=offsets)
+            logits, _ = yield CanvasFeed(self.stats, canvas, read=offsets, chunked=self.chunked)
             return take_rows(logits, rows)
         if self.prefix is None:  # the block's first step: full pass, keep the cached positions' K/V
             keep = canvas.numel() if self.dual_cache else block.start
-            logits, kept = yield CanvasFeed(self.stats, canvas, keep=keep, read=offsets)
+            logits, kept = yield CanvasFeed(self.stats, canvas, keep=keep, read=offsets, chunked=self.chunked)
             self.prefix = [(keys[:, : block.start], values[:, : block.start]) for keys, values in kept]
             if self.dual_cache:
                 self.suffix = [(keys[:, block.end:], values[:, block.end:]) for keys, values in kept]
             return take_rows(logits, rows)
         end = block.end if self.dual_cache else canvas.numel()
         logits, _ = yield CanvasFeed(self.stats, canvas[block.start: end], start=block.start, prefix=self.prefix,
-                                     suffix=self.suffix, read=offsets)
+                                     suffix=self.suffix, read=offsets, chunked=self.chunked)
         return take_rows(logits, rows)
 
 
