@@ -1,6 +1,7 @@
 """Logits memory and seconds per model call of Table 1's nine rows, on stand-ins at their real vocabulary sizes.
 
     python -m tools.logits_memory --before REV --out results/logits-memory [--calls 48] [--prompt-lengths 150 700]
+        [--only DECODER ...]
 
 A decoder that asks the model for the logits of every fed position pays, per call and row, fed
 positions × vocabulary words (126,464 for LLaDA, 152,064 for Dream) in the model's dtype, and the
@@ -9,10 +10,13 @@ each of Table 1's rows (decoder and settings at a 512-token response; the checkp
 ``tools/standins.py``: the real vocabulary and layout, 2 layers 16 wide, so that the head dominates)
 and each prompt length, over the first ``--calls`` model calls of a decode at batch 1 in bfloat16:
 
-- logits per row per call: the bytes of the logits the model returned (its output's ``logits``),
-  divided by the call's rows: the largest and the mean over the calls;
+- logits per row per call: the bytes of the largest logits tensor the model's head made per row in the
+  call or in the row's step after it (a call's own logits, divided by its rows; Dream computes the logits
+  of more than ``mdm.LOGITS_CHUNK`` reads a chunk at a time after the call): the largest and the mean
+  over the calls;
 - peak memory per row: the peak resident set (Linux's VmHWM, reset once the model is loaded) above
-  the resident set then, over a 2-call warm-up decode and the measured one, in a process whose malloc
+  the resident set then, over a 2-call warm-up decode and the measured one (each up to the start of
+  the call after its last, so that the last call's step runs too), in a process whose malloc
   returns every freed block above 64 KiB to the system (a fixed ``MALLOC_MMAP_THRESHOLD_``):
   everything the decode held at once (the logits, the sampler's copies and probabilities, the
   activations, the cache);
@@ -21,8 +25,10 @@ and each prompt length, over the first ``--calls`` model calls of a decode at ba
 
 Each measurement runs in a fresh process. ``--before REV`` measures the decoders of revision REV too,
 beside those of ``--after REV`` (default: this working tree); a revision is checked out with ``git
-worktree`` into a temporary folder and imported from there. Prompts are random ids; no EOS ends a
-decode early. Run it alone: other processes on the cores change the timings.
+worktree`` into a temporary folder and imported from there. ``--only`` measures some decoders' rows and
+keeps the other rows of the tables already in ``--out``, each with the commits it was measured at.
+Prompts are random ids; no EOS ends a decode early. Run it alone: other processes on the cores change
+the timings.
 """
 
 from __future__ import annotations
@@ -96,15 +102,21 @@ def measure(row: Row, prompt_length: int, calls: int, repeats: int, standins: Pa
     loaded = load_model(source, "cpu", torch.bfloat16, require_mask=row.decoder != "ar")
     config = build_config(row.decoder, with_length(row.decoder, {"gen_length": GEN_LENGTH}))
     prompt = torch.randint(0, PROMPT_IDS, (prompt_length,), generator=torch.Generator().manual_seed(0)).tolist()
-    logits_bytes: list[float] = []
+    logits_bytes: list[float] = []  # per call: the largest logits per row the head made in it and the step after it
     ends: list[float] = []
     limit = [2]  # calls of the warm-up decode, then of the measured one
 
-    def hook(module, args, kwargs, out):
-        logits_bytes.append(out.logits.numel() * out.logits.element_size() / out.logits.shape[0])
-        ends.append(time.perf_counter())
-        if len(ends) == limit[0]:
+    def call_starts(module, args, kwargs):
+        if len(ends) == limit[0]:  # the last measured call and its step are done
             raise Enough
+        logits_bytes.append(0.0)
+
+    def call_ends(module, args, kwargs, out):
+        ends.append(time.perf_counter())
+
+    def head_made(module, args, out):  # [B, U, V] in a call, [n, V] in a row's step
+        per_row = out.numel() * out.element_size() / (out.shape[0] if out.dim() == 3 else 1)
+        logits_bytes[-1] = max(logits_bytes[-1], per_row)
 
     def decode() -> None:
         try:
@@ -114,7 +126,9 @@ def measure(row: Row, prompt_length: int, calls: int, repeats: int, standins: Pa
             return
         raise RuntimeError(f"{row.decoder} finished within {limit[0]} calls")
 
-    handle = loaded.model.register_forward_hook(hook, with_kwargs=True)
+    handles = [loaded.model.register_forward_pre_hook(call_starts, with_kwargs=True),
+               loaded.model.register_forward_hook(call_ends, with_kwargs=True),
+               loaded.model.get_output_embeddings().register_forward_hook(head_made)]
     before = memory_kib("VmRSS")
     reset_peak()
     decode()  # warm-up (its memory counts: what it leaves in the heap, the measured decode reuses)
@@ -126,7 +140,8 @@ def measure(row: Row, prompt_length: int, calls: int, repeats: int, standins: Pa
         decode()
         seconds.append(ends[-1] - start)
     peak = memory_kib("VmHWM")
-    handle.remove()
+    for handle in handles:
+        handle.remove()
     return {"row": row.name, "decoder": row.decoder, "prompt_length": prompt_length, "calls": calls,
             "repeats": repeats,
             "vocabulary": loaded.model.get_input_embeddings().num_embeddings,
@@ -188,10 +203,33 @@ def ratio(before: float, after: float) -> str:
     return f"{before / after:.1f}×" if after > 0 else "–"
 
 
-def write_tables(out: Path, results: list[dict], command: str, before: str | None, after: str) -> None:
+FIELDS = ["revision", "commit", "row", "decoder", "prompt_length", "vocabulary", "calls", "repeats", "logits_mb_max",
+          "logits_mb_mean", "peak_mb", "seconds_per_call"]
+
+
+def kept_results(out: Path, measured: set[str]) -> list[dict]:
+    """The results in ``out``'s table of the decoders not in ``measured`` (none without a table)."""
+    table = out / "logits-memory.csv"
+    if not table.is_file():
+        return []
+    with table.open(newline="") as handle:
+        kept = [row for row in csv.DictReader(handle) if row["decoder"] not in measured]
+    for row in kept:
+        for field in FIELDS[4:]:
+            row[field] = float(row[field]) if "." in row[field] else int(row[field])
+    return kept
+
+
+def in_table_order(results: list[dict]) -> list[dict]:
+    """Table 1's row order, then prompt length, before then after."""
+    rows = [row.name for row in ROWS]
+    return sorted(results, key=lambda r: (rows.index(r["row"]), r["prompt_length"], r["revision"] != "before"))
+
+
+def write_tables(out: Path, results: list[dict], command: str, before: str | None, after: str,
+                 kept: bool) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    fields = ["revision", "row", "decoder", "prompt_length", "vocabulary", "calls", "repeats", "logits_mb_max",
-              "logits_mb_mean", "peak_mb", "seconds_per_call"]
+    fields = FIELDS
     with (out / "logits-memory.csv").open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=fields)
         writer.writeheader()
@@ -203,18 +241,22 @@ def write_tables(out: Path, results: list[dict], command: str, before: str | Non
              f"`{command}`\n",
              f"Each decoder at its Table 1 settings (512-token response), batch 1, bfloat16, on the stand-in of its "
              f"checkpoint (`tools/standins.py`: real vocabulary and layout, 2 layers 16 wide), its first {calls} model "
-             f"calls of a random prompt. **logits**: MiB of logits the model returned per row per call, largest and "
-             f"mean over the calls. **peak**: the peak resident set (Linux VmHWM) over a 2-call warm-up and the "
-             f"measured decode, above the resident set of the loaded model, MiB per row, with malloc returning every "
+             f"calls of a random prompt. **logits**: MiB of the largest logits tensor the model's head made per row "
+             f"in a call or in the row's step after it (Dream computes the logits of more than 32 reads a chunk at a "
+             f"time after the call), largest and mean over the calls. **peak**: the peak resident set (Linux VmHWM) "
+             f"over a 2-call warm-up and the measured decode, each up to the start of the call after its last, above "
+             f"the resident set of the loaded model, MiB per row, with malloc returning every "
              f"freed block above 64 KiB (`MALLOC_MMAP_THRESHOLD_=65536`): everything the decode held at once "
              f"(logits, the sampler's copies and probabilities, activations, cache). **s/call**: wall seconds of the "
              f"decode up to its last measured call, per call, the fastest of {repeats} decodes in another process "
              f"with the default allocator (the model is tiny, so the head and the sampler dominate; on the real "
-             f"7-8B models the layers do). Revisions: before `{before}`, after `{after}`.\n"]
+             f"7-8B models the layers do). This command measured before `{before}`, after `{after}`"
+             + (", the rows of the decoders it names; the other rows are kept from the earlier table, measured "
+                "at the commits their row names." if kept else ".") + "\n"]
     by_key = {(r["revision"], r["row"], r["prompt_length"]): r for r in results}
-    lines.append("| row | decoder | prompt | logits max, before → after | logits mean, before → after | "
-                 "peak, before → after | s/call, before → after |")
-    lines.append("|---|---|---|---|---|---|---|")
+    lines.append("| row | decoder | prompt | commits, before → after | logits max, before → after | "
+                 "logits mean, before → after | peak, before → after | s/call, before → after |")
+    lines.append("|---|---|---|---|---|---|---|---|")
     for result in results:
         if result["revision"] != "after":
             continue
@@ -224,7 +266,8 @@ def write_tables(out: Path, results: list[dict], command: str, before: str | Non
             new = result[field]
             cells.append(f"{old[field]:.{digits}f} → {new:.{digits}f} ({ratio(old[field], new)})" if old
                          else f"{new:.{digits}f}")
-        lines.append(f"| {result['row']} | {result['decoder']} | {result['prompt_length']} | "
+        commits = f"{old['commit']} → {result['commit']}" if old else result["commit"]
+        lines.append(f"| {result['row']} | {result['decoder']} | {result['prompt_length']} | {commits} | "
                      + " | ".join(cells) + " |")
     (out / "logits-memory.md").write_text("\n".join(lines) + "\n")
 
@@ -258,6 +301,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--repeats must be at least 1, got {args.repeats}")
     set_threads(parser, args.threads)
     rows = [index for index, row in enumerate(ROWS) if args.only is None or row.decoder in args.only]
+    before = git_revision(args.before) if args.before else None
+    after = git_revision(args.after) if args.after else "this working tree"
     with tempfile.TemporaryDirectory() as scratch:
         standins = build_standins(args.standins or Path(scratch) / "standins")
         revisions = {"before": args.before, "after": args.after}
@@ -272,15 +317,17 @@ def main(argv: list[str] | None = None) -> None:
             for index in rows:
                 for prompt_length in args.prompt_lengths:
                     for name, source in sources.items():
-                        result = {"revision": name, **run_one(index, prompt_length, args, standins, source)}
+                        commit = before if name == "before" else after
+                        result = {"revision": name, "commit": commit,
+                                  **run_one(index, prompt_length, args, standins, source)}
                         print(json.dumps(result), flush=True)
                         results.append(result)
         finally:
             for folder in filter(None, sources.values()):
                 subprocess.run(["git", "worktree", "remove", "--force", str(folder)], check=False)
     command = "python -m tools.logits_memory " + " ".join(argv)
-    write_tables(args.out, results, command, git_revision(args.before) if args.before else None,
-                 git_revision(args.after) if args.after else "this working tree")
+    kept = kept_results(args.out, set(args.only)) if args.only else []
+    write_tables(args.out, in_table_order(results + kept), command, before, after, kept=bool(kept))
 
 
 if __name__ == "__main__":
