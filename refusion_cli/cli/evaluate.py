@@ -73,9 +73,13 @@ def evaluate(
     preset: in_panel(PresetOpt, HOW, help="named settings for every task, for each decoder that has them "
                       "(default: the task's preset from evals/suite.yaml, where the decoder has it)") = None,
     set_: in_panel(SetOpt, HOW) = None,
-    batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="requests decoded together (every "
-                                            "answer is the one of batch 1; above 1 the TPS column is throughput)",
-                                            rich_help_panel=HOW)] = 1,
+    batch_size: Annotated[str, typer.Option("--batch-size", help="requests decoded together (answers: batch 1's "
+                                            "up to float rounding; above 1 the TPS column is throughput), or auto: "
+                                            "the largest batch that fits the memory (see --max-memory)",
+                                            rich_help_panel=HOW)] = "1",
+    max_memory: Annotated[str | None, typer.Option("--max-memory", help="with --batch-size auto: what the weights "
+                                                   "and the decoding rows may take, e.g. 20GiB (default: a GPU's "
+                                                   "free memory, or the RAM available)", rich_help_panel=HOW)] = None,
     causal_fix: in_panel(CausalFixOpt, HOW) = False,
     causal_first: in_panel(CausalFirstOpt, HOW) = False,
     recheck: in_panel(RecheckOpt, HOW) = False,
@@ -122,7 +126,7 @@ def evaluate(
         overrides=values.overrides, table1=selection,
         preset=preset, limit=limit, data_dir=data_dir, data_files=list(data_file or []), download=download,
         confirm_run_unsafe_code=confirm_run_unsafe_code, device=device, dtype=dtype, seed=seed,
-        trust_remote_code=trust_remote_code, batch_size=batch_size, causal_fix=causal_fix, causal_first=causal_first,
+        trust_remote_code=trust_remote_code, batch_size=batch_size, max_memory=max_memory, causal_fix=causal_fix, causal_first=causal_first,
         recheck=recheck, protocol=protocol,
     )
     main_process = int(os.environ.get("RANK", "0")) == 0
@@ -270,6 +274,8 @@ class EvalView:
                 f"[yellow]{self.description}: {result.prompts_cut} of {result.samples} prompt(s) were longer than the "
                 f"model's positions leave room for beside a {result.config['gen_length']}-token response; their "
                 "start was cut[/] (prompt_cut in the samples)", highlight=False, soft_wrap=True)
+        for note in result.batch_notes:
+            self.progress.console.print(f"[dim]{self.description}: {note}[/]", highlight=False, soft_wrap=True)
 
 
 def summary_view(cells: list[RunResult]) -> tuple[list[Group], list[Text]]:

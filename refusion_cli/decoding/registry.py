@@ -24,6 +24,8 @@ from refusion_cli.decoding.config import PRESETS, TOOLKIT_PRESETS, ARConfig, ReF
 from refusion_cli.decoding.d2f import DREAM_PRESETS, LLADA_PRESETS, D2FConfig
 from refusion_cli.decoding.dream import FAST_DLLM_PRESETS as DREAM_FAST_DLLM_PRESETS
 from refusion_cli.decoding.dream import DreamConfig
+from refusion_cli.decoding.memory import (ModelSize, RowMemory, ar_memory, d2f_memory, dream_memory, llada_memory,
+                                           refusion_memory, row_bytes)
 from refusion_cli.decoding.llada import FAST_DLLM_PRESETS as LLADA_FAST_DLLM_PRESETS
 from refusion_cli.decoding.llada import LLaDAConfig
 from refusion_cli.decoding.rows import (CANVAS, LANES, RowOpener, RowOptions, RowProgram, ar_rows, d2f_rows, dream_rows,
@@ -52,10 +54,13 @@ class DecoderSpec:
     # authors' or its accelerated baseline's; harness.answers holds each script's rule)
     answer_script: str = "eval.py"
     open_row: RowOpener | None = None  # opens one prompt's row program (decoding.rows); every entry sets it
+    row_memory: RowMemory | None = None  # what one row holds at its largest call (decoding.memory); every entry sets it
 
     def __post_init__(self) -> None:
         if self.open_row is None:
             raise TypeError(f"the registry entry {self.name} needs open_row (decoding.rows)")
+        if self.row_memory is None:
+            raise TypeError(f"the registry entry {self.name} needs row_memory (decoding.memory)")
 
 
 BASELINE = "ar"  # the autoregressive baseline: bench measures it first and reports every decoder's speed-up over it
@@ -63,14 +68,14 @@ LLADA_BLOCK_LENGTH = 32  # LLaDA's block when it divides the length (else one bl
 
 DECODERS: dict[str, DecoderSpec] = {
     "refusion": DecoderSpec("refusion", ReFusionConfig, "refusion-tiny", True, False,
-                            "ReFusion: slot planning + causal verification, KV reuse", open_row=refusion_rows,
+                            "ReFusion: slot planning + causal verification, KV reuse", row_memory=refusion_memory, open_row=refusion_rows,
                             presets=MappingProxyType({**PRESETS, **TOOLKIT_PRESETS})),
     "ar": DecoderSpec("ar", ARConfig, "ar-tiny", False, False, "greedy autoregressive decoding with a KV cache",
-                      open_row=ar_rows),
+                      row_memory=ar_memory, open_row=ar_rows),
     # revision 2 of llada and dream: float64 confidence over the whole vocabulary, leftmost of equal confidences.
     # revision 3 of llada: with use_cache, a cached step always follows a block's full pass, also when that pass
     # finished the block (Fast-dLLM's count of model calls; the tokens are those of revision 2).
-    "llada": DecoderSpec("llada", LLaDAConfig, "mdm-tiny", True, True, "LLaDA: semi-autoregressive masked diffusion", open_row=llada_rows,
+    "llada": DecoderSpec("llada", LLaDAConfig, "mdm-tiny", True, True, "LLaDA: semi-autoregressive masked diffusion", row_memory=llada_memory, open_row=llada_rows,
                          revision=3, presets=LLADA_FAST_DLLM_PRESETS, shifted=False, blocks_of=LLADA_BLOCK_LENGTH,
                          answer_script="eval_llada.py"),
     # revision 3 of dream: Fast-dLLM's cached sampler (a block's full pass unmasks its first position only, the
@@ -78,30 +83,30 @@ DECODERS: dict[str, DecoderSpec] = {
     # takes (an even share of the block over steps, cumulated): other tokens than revision 2's for those settings
     "dream": DecoderSpec("dream", DreamConfig, None, True, True,
                          "Dream: masked diffusion with shifted logits (needs a Dream-style model)", revision=3,
-                         open_row=dream_rows,
+                         row_memory=dream_memory, open_row=dream_rows,
                          answer_script="dream eval.py",
                          presets=DREAM_FAST_DLLM_PRESETS, shifted=True),
     # Table 1's Fast-dLLM rows as decoders of their own, so that one run holds them beside LLaDA's and Dream's
     # rows: the llada and dream decoders starting from their fast-dllm preset (blocks of 32, threshold 0.9,
     # prefix and dual cache)
     "llada-fast-dllm": DecoderSpec("llada-fast-dllm", LLaDAConfig, "mdm-tiny", True, True,
-                                   "Fast-dLLM on LLaDA: threshold parallel unmasking, prefix and dual KV cache", open_row=llada_rows,
+                                   "Fast-dLLM on LLaDA: threshold parallel unmasking, prefix and dual KV cache", row_memory=llada_memory, open_row=llada_rows,
                                    revision=3, shifted=False, base=LLADA_FAST_DLLM_PRESETS["fast-dllm"],
                                    answer_script="eval_llada.py",
                                    blocks_of=LLADA_FAST_DLLM_PRESETS["fast-dllm"].block_length),
     "dream-fast-dllm": DecoderSpec("dream-fast-dllm", DreamConfig, None, True, True,
-                                   "Fast-dLLM on Dream: threshold parallel unmasking, prefix and dual KV cache", open_row=dream_rows,
+                                   "Fast-dLLM on Dream: threshold parallel unmasking, prefix and dual KV cache", row_memory=dream_memory, open_row=dream_rows,
                                    revision=3, shifted=True, base=DREAM_FAST_DLLM_PRESETS["fast-dllm"],
                                    answer_script="dream eval.py",
                                    blocks_of=DREAM_FAST_DLLM_PRESETS["fast-dllm"].block_length),
     # D2F runs on the checkpoint with D2F's LoRA adapter (--model BASE+ADAPTER, docs/checkpoints.md)
     "llada-d2f": DecoderSpec("llada-d2f", D2FConfig, None, True, True,
                              "D2F on LLaDA: a pipeline of blocks decoded in parallel, finished blocks' K/V cached",
-                             open_row=d2f_rows,
+                             row_memory=d2f_memory, open_row=d2f_rows,
                              presets=MappingProxyType(LLADA_PRESETS), shifted=False,
                              answer_script="D2F eval_llada.py"),
     "dream-d2f": DecoderSpec("dream-d2f", D2FConfig, None, True, True,
-                             "D2F on Dream: a pipeline of blocks decoded in parallel (shifted logits)", open_row=d2f_rows,
+                             "D2F on Dream: a pipeline of blocks decoded in parallel (shifted logits)", row_memory=d2f_memory, open_row=d2f_rows,
                              presets=MappingProxyType(DREAM_PRESETS), shifted=True,
                              answer_script="dream eval.py"),
 }
@@ -253,3 +258,9 @@ def run_decoder(
 
 __all__ = ["BASELINE", "DECODERS", "DecoderSpec", "EMBEDDED_DECODERS", "LLADA_BLOCK_LENGTH", "build_config", "calls_kind", "check_decoder_fits",
            "decoder_spec", "default_model", "length_settings", "row_options", "run_decoder", "with_length"]
+
+
+def row_memory_bytes(decoder: str, config: Any, prompt_length: int, size: ModelSize) -> int:
+    """Bytes one row of ``decoder`` holds at its largest call, for a prompt of ``prompt_length`` tokens
+    (decoding.memory's model)."""
+    return row_bytes(decoder_spec(decoder).row_memory(config, prompt_length, size.word), size)

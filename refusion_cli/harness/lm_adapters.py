@@ -52,19 +52,21 @@ from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window, simple_parse_args_string
 
 from refusion_cli.decoding.config import ConfigError
-from refusion_cli.decoding.registry import DECODERS, DecoderSpec, decoder_spec, default_model, run_decoder
+from refusion_cli.decoding.memory import ModelSize, fitting_batch, is_out_of_memory, memory_budget, parse_memory
+from refusion_cli.decoding.registry import (DECODERS, DecoderSpec, decoder_spec, default_model, row_memory_bytes,
+                                           run_decoder)
 from refusion_cli.decoding.spec import PRESET_DECODER
 from refusion_cli.decoding.stats import batch_stats, float_logits
 from refusion_cli.decoding.variants import FLAGS, variant_options
 from refusion_cli.errors import UserError
 from refusion_cli.harness.answers import answer_rule
 from refusion_cli.harness.manifest import EvalProtocol
-from refusion_cli.harness.model_args import (as_bool, batch_size_value, check_model_args, decoder_choice,
+from refusion_cli.harness.model_args import (AUTO, as_bool, batch_size_value, check_model_args, decoder_choice,
                                              lm_eval_default_device)
 from refusion_cli.harness.requests import (SAMPLING_KEYS, GenerationHook, PreparedRequest, SampleRecord,
                                            asks_for_sampling, batches, stop_strings, with_gen_length)
 from refusion_cli.models.checkpoint import resolve_checkpoint
-from refusion_cli.models.devices import parse_device, parse_dtype
+from refusion_cli.models.devices import free_device_memory, parse_device, parse_dtype
 from refusion_cli.models.loading import LoadedModel, check_model_fits, load_model
 
 
@@ -100,6 +102,7 @@ class DecoderLM(TemplateLM):
         enable_thinking: bool | str | None = None,
         batch_size: int | str | None = None,
         max_batch_size: int | str | None = None,
+        max_memory: int | str | None = None,
         config: Any | None = None,
         causal_fix: bool | str = False,
         causal_first: bool | str = False,
@@ -116,9 +119,14 @@ class DecoderLM(TemplateLM):
             raise ConfigError(f"protocol must be one of {', '.join(p.value for p in EvalProtocol)}, "
                               f"got {protocol!r}") from None
         check_model_args(self.decoder, set(decoder_options))  # unknown keys fail before anything loads
-        self.batch_size = batch_size_value(batch_size)
-        if max_batch_size is not None:
-            raise ConfigError("max_batch_size: automatic batch sizes are not supported; leave it unset")
+        self.batch_size = batch_size_value(batch_size)  # a number, or AUTO: chosen per generate_until call
+        self.max_batch_size = None if max_batch_size is None else batch_size_value(max_batch_size)
+        self.max_memory = None if max_memory is None else parse_memory(max_memory)
+        if self.batch_size != AUTO and (self.max_memory is not None or self.max_batch_size is not None):
+            raise ConfigError("max_memory and max_batch_size bound batch_size=auto; give batch_size=auto with them")
+        if self.max_batch_size == AUTO:
+            raise ConfigError("max_batch_size must be a whole number of requests")
+        self.batch_notes: list[str] = []  # what batch_size=auto chose and every halving, in order
         spec = decoder_spec(self.decoder)
         if config is not None and (decoder_options or preset is not None):
             raise ConfigError("pass either a config object or decoder options / preset, not both")
@@ -244,8 +252,21 @@ class DecoderLM(TemplateLM):
         if pending and not self.warmed_up:
             self.decode([pending[0][1]])
             self.warmed_up = True
-        for batch in batches(pending, self.batch_size):
-            for (index, _), sample in zip(batch, self.decode([prepared for _, prepared in batch])):
+        size = self.choose_batch(pending) if self.batch_size == AUTO else self.batch_size
+        while pending:
+            batch = batches(pending, size)[0]
+            try:
+                decoded = self.decode([prepared for _, prepared in batch])
+            except Exception as error:  # noqa: BLE001 - only an allocation that did not fit is handled
+                if not is_out_of_memory(error) or len(batch) == 1:
+                    raise
+                size = len(batch) // 2  # nothing of the batch was recorded: its requests decode again
+                done = sum(output is not None for output in outputs)
+                self.batch_notes.append(f"out of memory at batch {len(batch)} after {done} requests: halved to {size}")
+                free_device_memory(self._device)
+                continue
+            pending = pending[len(batch):]
+            for (index, _), sample in zip(batch, decoded):
                 request = requests[index]
                 self.samples.append(sample)
                 if self.hook is not None:
@@ -253,6 +274,19 @@ class DecoderLM(TemplateLM):
                 self.cache_hook.add_partial("generate_until", request.args, sample.text)
                 outputs[index] = sample.text
         return [text for text in outputs if text is not None]
+
+    def choose_batch(self, pending: list[tuple[int, PreparedRequest]]) -> int:
+        """batch_size=auto: the largest batch whose rows fit the memory budget, at the longest request."""
+        if not pending:
+            return 1
+        size = ModelSize.of(self.model)
+        row = max(row_memory_bytes(self.decoder, prepared.config, len(prepared.prompt_ids), size)
+                  for _, prepared in pending)
+        budget, source = memory_budget(self._device, self.max_memory, size.weights)
+        cap = len(pending) if self.max_batch_size is None else min(len(pending), self.max_batch_size)
+        choice = fitting_batch(budget, size.weights, row, cap, source)
+        self.batch_notes.append(choice.describe())
+        return choice.size
 
     def generate(self, context: str, gen_kwargs: dict[str, Any] | None = None) -> SampleRecord:
         """Decode one prompt string (already chat-templated if wanted) under lm-eval's generation keys."""

@@ -23,8 +23,11 @@ ADAPTER_OPTIONS: dict[str, str] = {
     "enable_thinking": "passed to the chat template (Qwen3 templates read it)",
     "protocol": "whose answer handling: lm-eval (default, lm-eval's hf model) or paper (the paper's harness: the "
                 "response ends at the tokenizer's EOS only, special tokens go after the stop strings)",
-    "batch_size": "requests decoded together (default 1, the paper's setting; every answer is the one of batch 1)",
-    "max_batch_size": "lm-eval's automatic batch search: not supported, leave unset",
+    "batch_size": "requests decoded together (default 1, the paper's setting; every answer is the one of batch 1 "
+                  "up to float rounding), or auto: the largest batch the memory model fits (decoding/memory.py)",
+    "max_batch_size": "the largest batch batch_size=auto may choose",
+    "max_memory": "with batch_size=auto: what the weights and the rows may take, e.g. 20GiB (default: a GPU's free "
+                  "memory, or the RAM available)",
     **{flag: f"refusion only: decode with {flag}=True, one of this toolkit's decoding variants (default false)"
        for flag in FLAGS},
 }
@@ -77,15 +80,19 @@ def decoder_config(decoder: str, preset: str | None, options: dict[str, Any]) ->
     return decoder_choice(decoder, preset, options).config()
 
 
-def batch_size_value(value: int | str | None) -> int:
-    """lm-eval's ``batch_size``: a whole number >= 1 (None: 1); ``auto`` is not supported."""
+AUTO = "auto"  # batch_size=auto (lm-eval's auto:N, which searches N times, is read as auto: each call chooses)
+
+
+def batch_size_value(value: int | str | None) -> int | str:
+    """lm-eval's ``batch_size``: a whole number >= 1 (None: 1) or ``auto`` (:data:`AUTO`)."""
     if value is None:
         return 1
+    if isinstance(value, str) and value.strip().lower().split(":")[0] == AUTO:
+        return AUTO
     try:
         size = int(value)
     except (TypeError, ValueError):
-        raise ConfigError(f"batch_size={value}: give a whole number of requests (automatic batch sizes are not "
-                          "supported)") from None
+        raise ConfigError(f"batch_size={value}: give a whole number of requests or auto") from None
     if size < 1:
         raise ConfigError(f"batch_size must be at least 1, got {size}")
     return size

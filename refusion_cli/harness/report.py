@@ -56,6 +56,7 @@ class RunResult:
     dtype: str = ""  # the model's weights, e.g. "bfloat16"
     tps_sample_mean: float | None = None  # the mean of per-sample TPS (None in a metrics.json written before it)
     batch_size: int = 1  # requests decoded together; above 1, ``tps`` is the throughput of the batched calls
+    batch_notes: list[str] = dataclasses.field(default_factory=list)  # --batch-size auto's choice and why; halvings
     protocol: str = ""  # whose task definitions ("paper", "lm-eval"; empty: the same under both, or written before)
     also: dict[str, float] = dataclasses.field(default_factory=dict)  # other scores of the same answers (lm-eval's, %)
     # a code benchmark: how its candidates ran (sandbox.Isolation.record: user, interpreter, packages, namespaces)
@@ -311,6 +312,13 @@ def write_reports(directory: Path, results: list[RunResult]) -> None:
             writer.writerow(table.headers)
             writer.writerows(table.rows)
     csv_path.with_suffix(".tmp").replace(csv_path)
-    write_atomically(directory / MARKDOWN_FILE, markdown(tables))
+    write_atomically(directory / MARKDOWN_FILE, markdown(tables) + batch_notes_section(results))
+
+
+def batch_notes_section(results: list[RunResult]) -> str:
+    """summary.md's list of the batch sizes ``--batch-size auto`` chose, and why, and every halving ('' if none)."""
+    lines = [f"- {result.label}, {result.title}: {'; '.join(result.batch_notes)}"
+             for result in results if result.batch_notes]
+    return "\n**batch sizes**\n\n" + "\n".join(lines) + "\n" if lines else ""
 
 

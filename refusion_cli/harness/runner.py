@@ -53,6 +53,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from refusion_cli.decoding.config import ConfigError
+from refusion_cli.decoding.memory import parse_memory
 from refusion_cli.decoding.registry import decoder_spec
 from refusion_cli.decoding.spec import (PRESET_DECODER, DecoderChoice, parse_assignments, parse_decoder_options,
                                         require_refusion)
@@ -66,6 +68,7 @@ from refusion_cli.harness.scoring import TaskScorer
 from refusion_cli.harness.answers import answer_rule
 from refusion_cli.harness.evaluation import run_task, seed_lm_eval
 from refusion_cli.harness.manifest import EvalProtocol, Table1Row, table1_rows
+from refusion_cli.harness.model_args import AUTO, batch_size_value
 from refusion_cli.harness.suite import (Benchmark, RenderedTask, Suite, check_data, data_root, load_suite, load_tasks,
                                         render)
 from refusion_cli.models.chat import require_chat_template
@@ -104,7 +107,8 @@ class EvalOptions:
     dtype: str | None = None
     seed: int = 0
     trust_remote_code: bool = False
-    batch_size: int = 1  # requests decoded together; every answer is the one of batch 1
+    batch_size: int | str = 1  # requests decoded together (answers: batch 1's up to float rounding), or "auto"
+    max_memory: str | None = None  # with batch_size "auto": what the weights and rows may take ("20GiB")
     causal_fix: bool = False  # also evaluate ReFusion with causal_fix=True (decoding.variants)
     causal_first: bool = False  # also evaluate ReFusion with causal_first=True (and both, with causal_fix)
     recheck: bool = False  # also evaluate ReFusion with recheck=True (and all three, with the other two)
@@ -120,8 +124,14 @@ class EvalOptions:
         except ValueError:
             raise UserError(f"unknown protocol '{self.protocol}'; choose from "
                             f"{', '.join(p.value for p in EvalProtocol)}") from None
-        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
-            raise UserError(f"--batch-size must be a whole number >= 1, got {self.batch_size}")
+        try:
+            object.__setattr__(self, "batch_size", batch_size_value(self.batch_size))
+            if self.max_memory is not None:
+                parse_memory(self.max_memory)
+        except ConfigError as error:
+            raise UserError(f"--{str(error).replace('_', '-')}") from None
+        if self.max_memory is not None and self.batch_size != AUTO:
+            raise UserError("--max-memory bounds --batch-size auto", hint="add --batch-size auto, or leave --max-memory out")
 
 
 class EvalObserver(JournalObserver, Protocol):
@@ -228,7 +238,7 @@ ANSWERS_REVISION = 2
 
 
 def config_hash(decoder: str, config: Any, fingerprint: str, seed: int, chat_template: bool,
-                where: tuple[str, str], metric: str, stop_token_ids: tuple[int, ...] = (), batch_size: int = 1,
+                where: tuple[str, str], metric: str, stop_token_ids: tuple[int, ...] = (), batch_size: int | str = 1,
                 variant: Variant = PAPER, protocol: EvalProtocol | None = None) -> str:
     """What a journaled sample is reused under: decoder settings, model files, seed, template, device
     and dtype (another dtype decodes other tokens; another device measures other timings), and the
@@ -246,7 +256,7 @@ def config_hash(decoder: str, config: Any, fingerprint: str, seed: int, chat_tem
         material["revision"] = revision
     if len(stop_token_ids) > 1:
         material["stop_token_ids"] = list(stop_token_ids)
-    if batch_size > 1:
+    if batch_size != 1:
         material["batch_size"] = batch_size
     if any(variant):
         material["variant"] = variant_options(variant)
@@ -420,7 +430,8 @@ def run_eval(options: EvalOptions, observer: EvalObserver | None = None, suite: 
                                         decoder=run.decoder, model=model, label=run.file_label, config_hash=digest,
                                         scorer=scorers[benchmark.name], rank=rank, observer=observer)
                 adapter = ADAPTERS[run.decoder](pretrained=loaded, config=config, seed=options.seed, device=device,
-                                                batch_size=options.batch_size, protocol=benchmark.answer_protocol,
+                                                batch_size=options.batch_size, max_memory=options.max_memory,
+                                                protocol=benchmark.answer_protocol,
                                                 hook=journal, warmed_up=run.decoder in warmed,
                                                 **variant_options(run.variant))
                 observer.on_run_start(benchmark, run.label, config)
@@ -431,7 +442,8 @@ def run_eval(options: EvalOptions, observer: EvalObserver | None = None, suite: 
                     warmed.add(run.decoder)
                 if rank != 0 or evaluation is None:
                     continue
-                result = summarize(benchmark, run, config, digest, evaluation, journal, where, options.batch_size)
+                result = summarize(benchmark, run, config, digest, evaluation, journal, where, options.batch_size,
+                                   adapter.batch_notes)
                 results.append(result)
                 write_reports(options.output, merge_results(earlier, results))
                 observer.on_run_end(result)
@@ -441,8 +453,11 @@ def run_eval(options: EvalOptions, observer: EvalObserver | None = None, suite: 
 
 
 def summarize(benchmark: Benchmark, run: DecoderRun, config: Any, digest: str, evaluation: dict[str, Any],
-              journal: SampleJournal, where: tuple[str, str], batch_size: int = 1) -> RunResult:
-    """Step 3 for one (benchmark, decoder): the journal's records of the documents lm-eval scored."""
+              journal: SampleJournal, where: tuple[str, str], batch_size: int | str = 1,
+              batch_notes: list[str] | None = None) -> RunResult:
+    """Step 3 for one (benchmark, decoder): the journal's records of the documents lm-eval scored;
+    ``batch_notes``: what batch size auto chose and every halving (the adapter's); with auto the cell's
+    batch size is the largest its samples were decoded in."""
     latest: dict[tuple[str, int], dict[str, Any]] = {}
     for record in read_records(journal_files(journal.directory, journal.label)):
         if record.get("config_hash") == digest:
@@ -474,7 +489,9 @@ def summarize(benchmark: Benchmark, run: DecoderRun, config: Any, digest: str, e
         lm_eval_results={name: _plain(values) for name, values in
                          {**evaluation["results"], **evaluation.get("groups", {})}.items()},
         device=where[0], dtype=where[1], prompts_cut=sum(r.get("prompt_cut", 0) > 0 for r in chosen),
-        batch_size=batch_size, protocol=benchmark.task_protocol.value if benchmark.task_protocol else "",
+        batch_size=batch_size if batch_size != AUTO else max((r.get("batch_rows", 1) for r in chosen), default=1),
+        batch_notes=list(batch_notes or []),
+        protocol=benchmark.task_protocol.value if benchmark.task_protocol else "",
         also={key: 100.0 * float(top[key]) for key in benchmark.also if top.get(key) is not None},
         sandbox=sandbox_record() if benchmark.code else {},
     )

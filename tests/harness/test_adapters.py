@@ -102,7 +102,9 @@ def test_a_key_from_model_args_and_the_command_line_must_agree():
     ("slot_sise=8", "slot_sise"),
     ("steps=8", "steps"),  # an LLaDA option is not a ReFusion one
     ("preset=nope", "nope"),
-    ("batch_size=auto", "batch_size"),
+    ("batch_size=many", "batch_size"),
+    ("max_memory=2GiB", "max_memory and max_batch_size bound batch_size=auto"),
+    ("batch_size=auto,max_memory=lots", "cannot read 'lots' as a memory size"),
     ("slot_size=abc", "slot_size"),
 ])
 def test_bad_model_args_are_errors_before_loading(model_args, message):

@@ -1,0 +1,53 @@
+"""``batch_size=auto`` with a memory budget on the LLaDA stand-in (its real 126,464-word vocabulary, so that
+a row's logits and sampler are what its memory is): the adapter picks the batch the memory model predicts,
+and the weights plus the measured peak of decoding (the resident set above the loaded process's) stay
+under the budget."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+SCRIPT = r"""
+import json, sys
+from lm_eval.api.instance import Instance
+from tools.logits_memory import memory_kib, reset_peak
+from refusion_cli.decoding.memory import ModelSize, fitting_batch, parse_memory
+from refusion_cli.decoding.registry import build_config, row_memory_bytes
+from refusion_cli.harness.lm_adapters import ADAPTERS
+
+standin, budget = sys.argv[1], sys.argv[2]
+prompts = [f"Question {i}: how many legs have {i} spiders and {i + 1} ants together?" for i in range(6)]
+requests = [Instance("generate_until", {}, (text, {"until": [], "max_gen_toks": 32}), i)
+            for i, text in enumerate(prompts)]
+lm = ADAPTERS["llada"](pretrained=standin, device="cpu", dtype="bfloat16", batch_size="auto", max_memory=budget,
+                       warmed_up=True, gen_length=32, steps=32, block_length=32)
+size = ModelSize.of(lm.model)
+loaded = memory_kib("VmRSS")  # the weights, and the tokenizer and libraries the load brought in (not budgeted)
+reset_peak()
+answers = lm.generate_until(requests)
+peak = size.weights + (memory_kib("VmHWM") - loaded) * 1024  # the weights and everything the decode held at once
+config = build_config("llada", {"gen_length": 32, "steps": 32, "block_length": 32})
+row = max(row_memory_bytes("llada", config, len(lm.tok_encode(text)), size) for text in prompts)
+predicted = fitting_batch(parse_memory(budget), size.weights, row, len(prompts), "--max-memory").size
+print(json.dumps({"rows": sorted({s.batch_rows for s in lm.samples}), "predicted": predicted, "peak": peak,
+                  "row": row, "weights": size.weights, "notes": lm.batch_notes, "answers": len(answers)}))
+"""
+
+
+def test_batch_size_auto_picks_the_predicted_batch_and_its_peak_stays_under_the_budget(standin, tmp_path):
+    model = standin("llada-8b-instruct")
+    budget_mib = 64 + 8 + 3.5 * 47  # the reserve, the stand-in's weights and 3.5 rows of ~47 MiB: batch 3
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", SCRIPT, str(model), f"{budget_mib:.0f}MiB"], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["predicted"] == 3 and found["rows"] == [3] and found["answers"] == 6  # two batches of 3
+    assert found["notes"][0].startswith("batch size auto: 3 (")
+    assert found["peak"] <= round(budget_mib) * 2**20, found  # the weights and two batches decoded
