@@ -11,8 +11,11 @@ discovery). Contract of every adapter:
   and ``recheck`` (this toolkit's decoding variants, ``decoding.variants``). Any other key is an error,
   never ignored.
 - ``generate_until`` decodes ``batch_size`` requests at a time (default 1, the paper's setting) with
-  ``registry.run_decoder``; every request gets the answer it gets alone (the decoders batch row for
-  row), a batch of more than one is timed as a whole (``SampleRecord.wall_share``). ``max_gen_toks`` becomes the
+  ``registry.run_decoder``; every request gets the answer it gets alone up to float rounding (the
+  decoders batch row for row), a batch of more than one is timed as a whole (``SampleRecord.wall_share``).
+  ``batch_size=auto`` takes the largest batch that fits ``max_memory`` (or the free memory) by
+  ``decoding.memory``'s model, at most ``max_batch_size``; a batch that runs out of memory is halved and
+  decoded again (nothing of it was recorded). ``adapter.batch_notes`` says what was chosen and halved. ``max_gen_toks`` becomes the
   config's ``gen_length``, and the settings that follow the length move with it as ``refusion eval``
   sets them (``registry.length_settings``: LLaDA's and Dream's ``steps``, LLaDA's ``block_length``)
   unless ``model_args`` set them; the response becomes text as ``protocol`` says
@@ -260,6 +263,8 @@ class DecoderLM(TemplateLM):
             except Exception as error:  # noqa: BLE001 - only an allocation that did not fit is handled
                 if not is_out_of_memory(error) or len(batch) == 1:
                     raise
+                decoded = None
+            if decoded is None:  # out of the handler, so that the failed batch's tensors are let go first
                 size = len(batch) // 2  # nothing of the batch was recorded: its requests decode again
                 done = sum(output is not None for output in outputs)
                 self.batch_notes.append(f"out of memory at batch {len(batch)} after {done} requests: halved to {size}")
