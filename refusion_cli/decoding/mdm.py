@@ -415,7 +415,7 @@ def head_input(head: torch.nn.Module | None, columns: torch.Tensor) -> Iterator[
 
     def keep(module: torch.nn.Module, args: tuple) -> tuple:
         hidden = args[0]  # [B, T or U, H]
-        states.append(hidden if hidden.shape[1] == columns.numel() else hidden[:, columns])
+        states.append(kept_logits(hidden, columns))  # the columns of [B, T or U, H], as of the logits
         return (hidden[:, :0], *args[1:])
 
     handle = head.register_forward_pre_hook(keep)

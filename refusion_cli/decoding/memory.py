@@ -29,7 +29,7 @@ from typing import Any, Callable
 import torch
 
 from refusion_cli.decoding.config import ConfigError
-from refusion_cli.decoding.mdm import LOGITS_CHUNK
+from refusion_cli.decoding.mdm import LOGITS_CHUNK, output_head
 
 RESERVE_SHARE = 0.05  # of the budget, held back for what the model does not count
 RESERVE_MIN = 64 * 2**20  # bytes
@@ -65,7 +65,7 @@ class ModelSize:
         heads = config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         tensors = [*model.parameters(), *model.buffers()]
-        head = model.get_output_embeddings()
+        head = output_head(model)
         return cls(weights=sum(t.numel() * t.element_size() for t in tensors), layers=config.num_hidden_layers,
                    kv_width=(getattr(config, "num_key_value_heads", None) or heads) * head_dim,
                    hidden=config.hidden_size, intermediate=config.intermediate_size,
@@ -149,12 +149,13 @@ class BatchChoice:
     weights: int
     row: int  # bytes of the largest row
     requests: int
+    fits: int  # rows the budget holds (the batch is at most ``requests`` of them)
 
     def describe(self) -> str:
         """One line: the batch and why."""
         return (f"batch size auto: {self.size} ({_mib(self.budget)} {self.source}, weights {_mib(self.weights)}, "
                 f"reserve {_mib(reserve(self.budget))}, {_mib(self.row)} a row at the longest prompt"
-                f"{', capped at the ' + str(self.requests) + ' requests' if self.size == self.requests else ''})")
+                f"{', capped at the ' + str(self.requests) + ' requests' if self.fits > self.requests else ''})")
 
 
 def reserve(budget: int) -> int:
@@ -163,8 +164,8 @@ def reserve(budget: int) -> int:
 
 def fitting_batch(budget: int, weights: int, row: int, requests: int, source: str) -> BatchChoice:
     """The largest batch whose weights, rows and reserve fit ``budget`` (at least 1, at most ``requests``)."""
-    rows = (budget - weights - reserve(budget)) // max(row, 1)
-    return BatchChoice(max(1, min(int(rows), requests)), budget, source, weights, row, requests)
+    rows = int((budget - weights - reserve(budget)) // max(row, 1))
+    return BatchChoice(max(1, min(rows, requests)), budget, source, weights, row, requests, rows)
 
 
 def memory_budget(device: torch.device, max_memory: int | None, weights: int) -> tuple[int, str]:
