@@ -14,12 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Callable, overload
+from typing import Any
 
-import torch
-
-from refusion_cli.decoding.batching import Generators, Prompt, Prompts, batch_prompts, row_callback, row_generators
-from refusion_cli.decoding.cache import drive
 from refusion_cli.decoding.config import PRESETS, TOOLKIT_PRESETS, ARConfig, ReFusionConfig, config_from_dict
 from refusion_cli.decoding.d2f import DREAM_PRESETS, LLADA_PRESETS, D2FConfig
 from refusion_cli.decoding.dream import FAST_DLLM_PRESETS as DREAM_FAST_DLLM_PRESETS
@@ -28,9 +24,9 @@ from refusion_cli.decoding.memory import (ModelSize, RowMemory, ar_memory, d2f_m
                                            refusion_memory, row_bytes)
 from refusion_cli.decoding.llada import FAST_DLLM_PRESETS as LLADA_FAST_DLLM_PRESETS
 from refusion_cli.decoding.llada import LLaDAConfig
-from refusion_cli.decoding.rows import (CANVAS, LANES, RowOpener, RowOptions, RowProgram, ar_rows, d2f_rows, dream_rows,
-                                        llada_rows, refusion_rows, response_budget, shared_calls)
-from refusion_cli.decoding.stats import BatchClock, DecodeResult, EosIds
+from refusion_cli.decoding.rows import (CANVAS, LANES, RowOpener, RowOptions, ar_rows, d2f_rows, dream_rows,
+                                        llada_rows, refusion_rows)
+from refusion_cli.decoding.stats import EosIds
 from refusion_cli.decoding.variants import PAPER, Variant
 from refusion_cli.errors import UserError
 
@@ -198,62 +194,10 @@ def row_options(decoder: str, mask_token_id: int | None, eos_token_id: EosIds,
     return RowOptions(mask_token_id, eos_token_id, bool(decoder_spec(decoder).shifted), variant)
 
 
-@overload
-def run_decoder(decoder: str, model: torch.nn.Module, prompt_ids: Prompts, config: Any, *,
-                mask_token_id: int | None, eos_token_id: EosIds, generator: Generators = None,
-                on_step: Callable[[int, Any], None] | None = None, kv_reuse: bool = True, causal_fix: bool = False,
-                causal_first: bool = False, recheck: bool = False, batch_size: int | None = None) -> list[DecodeResult]: ...
-
-
-@overload
-def run_decoder(decoder: str, model: torch.nn.Module, prompt_ids: Prompt, config: Any, *,
-                mask_token_id: int | None, eos_token_id: EosIds, generator: torch.Generator | None = None,
-                on_step: Callable[[Any], None] | None = None, kv_reuse: bool = True, causal_fix: bool = False,
-                causal_first: bool = False, recheck: bool = False, batch_size: int | None = None) -> DecodeResult: ...
-
-
-@torch.no_grad()
-def run_decoder(
-    decoder: str,
-    model: torch.nn.Module,
-    prompt_ids: Prompt | Prompts,
-    config: Any,
-    *,
-    mask_token_id: int | None,
-    eos_token_id: EosIds,
-    generator: Generators = None,
-    on_step: Callable[..., None] | None = None,
-    kv_reuse: bool = True,
-    causal_fix: bool = False,
-    causal_first: bool = False,
-    recheck: bool = False,
-    batch_size: int | None = None,
-) -> DecodeResult | list[DecodeResult]:
-    """Decode one prompt with the named decoder, or a batch (a list of prompts: one result per prompt,
-    in order, ``on_step(prompt_index, record)``); ``kv_reuse``, ``causal_fix``, ``causal_first`` and
-    ``recheck`` are ReFusion's ablations.
-
-    Every decoder decodes ``batch_size`` rows (None: all) in shared model calls, each row its own program
-    (the entry's ``open_row``; ``cache.drive`` gives a finished row's place to the next prompt); a row's
-    ``seconds`` is its latency from the start of the call."""
-    spec = decoder_spec(decoder)
-    if not isinstance(config, spec.config_class):
-        raise UserError(f"the {decoder} decoder takes a {spec.config_class.__name__}, not {type(config).__name__}")
-    if spec.needs_mask and mask_token_id is None:
-        raise UserError(f"the {decoder} decoder needs a model with a mask token")
-    batch, prompts = batch_prompts(model, prompt_ids, batch_size, response_budget(config),
-                                   mask_token_id=mask_token_id if spec.needs_mask else None, eos_token_id=eos_token_id)
-    generators = row_generators(generator, len(prompts))
-    options = row_options(decoder, mask_token_id, eos_token_id, (causal_fix, causal_first, recheck))
-    calls = shared_calls(calls_kind(decoder, kv_reuse), model)
-    clock = BatchClock(prompts[0].device)
-
-    def start(index: int) -> RowProgram:
-        return spec.open_row(calls, index, prompts[index], config, options, generators[index],
-                             row_callback(on_step, index, batch), clock)
-
-    results = drive(calls, start, len(prompts), batch_size, clock)
-    return results if batch else results[0]
+def run_decoder(*args: Any, **kwargs: Any) -> Any:
+    """engine.run_decoder (here until every caller imports it from there)."""
+    from refusion_cli.decoding.engine import run_decoder as run
+    return run(*args, **kwargs)
 
 
 __all__ = ["BASELINE", "DECODERS", "DecoderSpec", "EMBEDDED_DECODERS", "LLADA_BLOCK_LENGTH", "build_config", "calls_kind", "check_decoder_fits",

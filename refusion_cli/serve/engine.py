@@ -1,23 +1,23 @@
-"""The serving engine: one scheduler thread owns the model and decodes every request as a row of a
-padded batch, admitting and retiring rows between two model calls (step-level continuous batching).
+"""The serving scheduler: one thread owns the model and steps the one decoding engine
+(:class:`refusion_cli.decoding.engine.Engine`), which admits and retires rows between two model calls
+(step-level continuous batching) under a row cap and a memory budget.
 
 Contract. :meth:`Scheduler.submit` takes a :class:`Job` (prompt ids, a validated decoder config, a seed
 and a ``sink``) from any thread and returns at once; it raises :class:`QueueFull` when ``max_queue`` jobs
-already wait and :class:`Draining` once :meth:`Scheduler.drain` began. The scheduler thread:
+already wait, :class:`Draining` once :meth:`Scheduler.drain` began and :class:`Dead` once the scheduler
+thread has died. Sinks get :class:`Commits` (what each decoder step committed; only when the job asks
+for ``steps``), then :class:`Finished` or :class:`Failed`; a sink must not block (the HTTP side puts
+events on a queue) and its time is kept out of the row's latency.
 
-1. admits waiting jobs, oldest first, while fewer than ``max_batch`` rows run: each opens a row
-   (its registry entry's ``open_row``) in the shared-calls object of its kind (``Lanes`` for ReFusion and AR,
-   ``CanvasCalls`` for the masked-diffusion decoders) and runs up to its first feed;
-2. drops the rows whose job was cancelled (a client that went away);
-3. makes one padded model call per kind of the running rows' feeds and sends each row its logits;
-   a row whose program returned is retired and its job's sink gets :class:`Finished`.
+A job's ``stop`` rule ends its row at the step where its committed prefix holds a stop (the HTTP side's
+stop strings, ``min_tokens``): the row leaves the batch then, so the compute is saved, not only the text
+cut; ``eos_token_ids`` replaces the model's end ids for the job (``()``: none, ``ignore_eos``).
 
-A row decodes exactly the program ``run_decoder`` runs for that prompt alone, with its own
-``torch.Generator`` seeded with the job's seed; a batched call differs from a batch of one at most by
-float rounding (docs/serve.md). Sinks get :class:`Commits` (what each decoder step committed),
-(only when the job asks for ``steps``), then :class:`Finished` or :class:`Failed`; a sink must not block (the HTTP side puts events on a queue)
-and its time is kept out of the row's latency. An exception in one row's program fails that job
-only; one in a shared model call fails the rows of that call, and the next call starts afresh.
+Faults: an exception in one row's program fails that job only; one in a shared model call fails the rows
+of that call (a memory error requeues them instead: see the engine). An exception anywhere else in the
+scheduler thread is fatal: :attr:`Scheduler.failure` holds its reason, every waiting and running job
+gets :class:`Failed`, later submits raise :class:`Dead`, and ``on_death(reason)`` is called so that the
+process can exit and its supervisor restart it.
 
 Nothing here knows of HTTP or text: token ids in, token ids and counters out.
 """
@@ -28,17 +28,16 @@ import itertools
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from refusion_cli.decoding.cache import SharedCalls
-from refusion_cli.decoding.registry import calls_kind, decoder_spec, row_options
-from refusion_cli.decoding.rows import Commit, RowProgram, commits, shared_calls
-from refusion_cli.decoding.stats import BatchClock, DecodeResult
+from refusion_cli.decoding.engine import Engine, Failed, Finished, Outcome, Request, StopRule
+from refusion_cli.decoding.registry import row_options
+from refusion_cli.decoding.rows import Commit, commits
+from refusion_cli.decoding.stats import DecodeResult, EosIds
 from refusion_cli.decoding.variants import PAPER, Variant
 from refusion_cli.models.loading import LoadedModel
 
@@ -53,19 +52,13 @@ class Draining(Exception):
     """The server is shutting down and takes no new job."""
 
 
+class Dead(Exception):
+    """The scheduler thread died; the process is about to exit."""
+
+
 @dataclass(frozen=True)
 class Commits:
     commits: list[Commit]
-
-
-@dataclass(frozen=True)
-class Finished:
-    result: DecodeResult  # tokens in position order, cut after the first EOS; stats.seconds: the row's latency
-
-
-@dataclass(frozen=True)
-class Failed:
-    message: str
 
 
 Event = Commits | Finished | Failed
@@ -82,17 +75,10 @@ class Job:
     seed: int = 0
     variant: Variant = PAPER
     steps: bool = True  # send Commits events (a streamed response); False: Finished or Failed only
+    eos_token_ids: EosIds | None = None  # None: the model's end ids; (): none (the response runs to its budget)
+    stop: StopRule | None = None  # ends the row early (engine.StopRule); its Finished is ``stopped``
     cancelled: threading.Event = field(default_factory=threading.Event)
     id: int = field(default_factory=itertools.count().__next__)
-
-
-@dataclass
-class _Row:
-    job: Job
-    program: RowProgram
-    calls: SharedCalls
-    clock: BatchClock
-    feed: Any = None
 
 
 class EngineStats:
@@ -106,18 +92,28 @@ class EngineStats:
 
     def finished(self, result: DecodeResult) -> None: ...
 
+    def oom_requeue(self) -> None: ...
+
 
 class Scheduler:
     def __init__(self, loaded: LoadedModel, *, max_batch: int = 16, max_queue: int = 256,
-                 stats: EngineStats | None = None):
+                 max_memory: int | None = None, stats: EngineStats | None = None,
+                 on_death: Callable[[str], None] | None = None):
+        """``max_batch``: the most rows at once; ``max_memory`` (bytes): admit rows while the memory
+        model's bytes fit it (None: rows are bounded by ``max_batch`` only)."""
         self.loaded = loaded
         self.max_batch = max_batch
         self.max_queue = max_queue
         self.stats = stats or EngineStats()
+        self.on_death = on_death
         self.device = next(loaded.model.parameters()).device
-        self._waiting: deque[Job] = deque()
-        self._running: dict[int, _Row] = {}
-        self._calls: dict[tuple[str, bool], SharedCalls] = {}
+        self.engine = Engine(loaded.model, max_rows=max_batch, max_memory=max_memory)
+        self.engine.on_call = self.stats.model_call
+        self.engine.on_requeue = self.stats.oom_requeue
+        self.failure: str | None = None  # why the scheduler thread died (None: alive)
+        self._requests: dict[int, Request] = {}  # by job id, until the job's outcome
+        self._jobs: dict[int, Job] = {}
+        self._incoming: list[Job] = []
         self._wake = threading.Condition()
         self._draining = False
         self._stopped = False
@@ -130,12 +126,14 @@ class Scheduler:
 
     def submit(self, job: Job) -> None:
         with self._wake:
+            if self.failure is not None:
+                raise Dead(self.failure)
             if self._draining:
                 raise Draining()
-            if len(self._waiting) >= self.max_queue:
+            if self.depth >= self.max_queue:
                 raise QueueFull()
-            self._waiting.append(job)
-            self.stats.queued(len(self._waiting))
+            self._incoming.append(job)
+            self.stats.queued(self.depth)
             self._wake.notify()
 
     def cancel(self, job: Job) -> None:
@@ -146,11 +144,15 @@ class Scheduler:
 
     @property
     def depth(self) -> int:
-        return len(self._waiting)
+        return len(self._incoming) + len(self.engine.waiting)
 
     @property
     def rows(self) -> int:
-        return len(self._running)
+        return len(self.engine.running)
+
+    @property
+    def alive(self) -> bool:
+        return self.failure is None
 
     def drain(self, timeout: float) -> bool:
         """Take no new job, let the queued and running ones finish within ``timeout`` seconds, then fail
@@ -159,9 +161,9 @@ class Scheduler:
             self._draining = True
             self._wake.notify()
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and (self._waiting or self._running):
+        while time.monotonic() < deadline and self.failure is None and (self.depth or self.rows):
             time.sleep(0.02)
-        finished = not (self._waiting or self._running)
+        finished = not (self.depth or self.rows)
         with self._wake:
             self._stopped = True
             self._wake.notify()
@@ -171,108 +173,88 @@ class Scheduler:
     # --- the scheduler thread -------------------------------------------------------------------
 
     def _loop(self) -> None:
-        with torch.inference_mode():
-            while True:
-                with self._wake:
-                    while not (self._waiting or self._running or self._stopped):
-                        self._wake.wait()
-                    if self._stopped:
-                        break
-                    admitted = self._admit()
-                for row in admitted:
-                    self._advance(row, None)
-                self._drop_cancelled()
-                for kind, calls in list(self._calls.items()):
-                    rows = {index: row for index, row in self._running.items() if row.calls is calls}
-                    if rows:
-                        self._call(kind, calls, rows)
-        for row in list(self._running.values()):
-            self._retire(row, Failed("the server shut down before this request finished"))
-        for job in self._waiting:
-            job.sink(Failed("the server shut down before this request started"))
-        self._waiting.clear()
+        try:
+            with torch.inference_mode():
+                self._serve()
+        except BaseException as error:  # noqa: BLE001 - anything that escapes the guarded calls is fatal
+            self._die(error)
+            return
+        self._fail_all("the server shut down before this request finished")
+
+    def _serve(self) -> None:
+        while True:
+            with self._wake:
+                while not (self._incoming or self.engine.busy or self._stopped):
+                    self._wake.wait()
+                if self._stopped:
+                    return
+                incoming, self._incoming = self._incoming, []
+            for job in incoming:
+                self._enqueue(job)
+            for job_id, request in self._requests.items():
+                if not request.cancelled and self._job_cancelled(job_id):
+                    self.engine.cancel(request)
+            self.engine.step()
+            self.stats.queued(self.depth)
+            self.stats.running(self.rows)
+            self._forget_cancelled()
+
+    def _enqueue(self, job: Job) -> None:
+        """The job as an engine request (its prompt on the device, its generator seeded)."""
+        sink = job.sink
+        eos = self.loaded.stop_token_ids if job.eos_token_ids is None else job.eos_token_ids
+        request = Request(
+            job.decoder, torch.tensor(job.prompt_ids, dtype=torch.long, device=self.device), job.config,
+            row_options(job.decoder, self.loaded.mask_token_id, eos, job.variant),
+            done=lambda outcome: self._done(job, outcome),
+            generator=torch.Generator(device=self.device).manual_seed(job.seed),
+            on_step=(lambda record: sink(Commits(commits(record)))) if job.steps else None,
+            stop=job.stop, id=job.id)
+        request.cancelled = job.cancelled.is_set()
+        self._requests[job.id] = request
+        self._jobs[job.id] = job
+        self.engine.submit(request)
+
+    def _job_cancelled(self, job_id: int) -> bool:
+        return self._jobs[job_id].cancelled.is_set()
+
+    def _forget_cancelled(self) -> None:
+        """Requests the engine dropped unfinished (cancelled) have no outcome: forget them here."""
+        live = {request.id for request in self.engine.waiting} | set(self.engine.running)
+        for job_id in [job_id for job_id, request in self._requests.items()
+                       if request.cancelled and job_id not in live]:
+            self._requests.pop(job_id)
+            self._jobs.pop(job_id)
+
+    def _done(self, job: Job, outcome: Outcome) -> None:
+        self._requests.pop(job.id, None)
+        self._jobs.pop(job.id, None)
+        if isinstance(outcome, Finished):
+            self.stats.finished(outcome.result)
+        elif outcome.error is not None:
+            log.error("request %d failed: %s", job.id, outcome.message, exc_info=outcome.error)
+        job.sink(outcome)
+
+    def _fail_all(self, message: str) -> None:
+        for job in list(self._jobs.values()):
+            job.sink(Failed(message))
+        for job in self._incoming:
+            job.sink(Failed(message))
+        self._jobs.clear()
+        self._requests.clear()
+        self._incoming.clear()
         self.stats.running(0)
         self.stats.queued(0)
 
-    def _admit(self) -> list[_Row]:
-        """Open rows for waiting jobs while there is room (called under the lock)."""
-        admitted = []
-        while self._waiting and len(self._running) + len(admitted) < self.max_batch:
-            job = self._waiting.popleft()
-            if job.cancelled.is_set():
-                continue
-            calls = self._calls_for(job)
-            clock = BatchClock(self.device)
-            sink = job.sink
-
-            def on_step(record: Any, sink: Callable[[Event], None] = sink) -> None:
-                sink(Commits(commits(record)))
-
-            try:
-                prompt = torch.tensor(job.prompt_ids, dtype=torch.long, device=self.device)
-                generator = torch.Generator(device=self.device).manual_seed(job.seed)
-                options = row_options(job.decoder, self.loaded.mask_token_id, self.loaded.stop_token_ids, job.variant)
-                program = decoder_spec(job.decoder).open_row(calls, job.id, prompt, job.config, options, generator,
-                                                             on_step if job.steps else None, clock)
-            except Exception as exc:  # a bad row fails its request only
-                log.exception("request %d could not start", job.id)
-                job.sink(Failed(f"the decode could not start: {exc}"))
-                continue
-            row = _Row(job, program, calls, clock)
-            self._running[job.id] = row
-            admitted.append(row)
-        self.stats.queued(len(self._waiting))
-        self.stats.running(len(self._running))
-        return admitted
-
-    def _calls_for(self, job: Job) -> SharedCalls:
-        kind = calls_kind(job.decoder, job.variant)
-        if kind not in self._calls:
-            self._calls[kind] = shared_calls(kind, self.loaded.model)
-        return self._calls[kind]
-
-    def _advance(self, row: _Row, reply: Any) -> None:
-        """Send ``reply`` to the row's program (None: start it) and keep its next feed, or retire it."""
-        try:
-            row.feed = next(row.program) if reply is None else row.program.send(reply)
-        except StopIteration as stop:
-            result: DecodeResult = stop.value
-            result.stats.seconds = row.clock.latency()
-            self._retire(row, Finished(result))
-        except Exception as exc:  # this request's decode failed; the others go on
-            log.exception("request %d failed", row.job.id)
-            self._retire(row, Failed(f"the decode failed: {exc}"))
-
-    def _drop_cancelled(self) -> None:
-        for row in [row for row in self._running.values() if row.job.cancelled.is_set()]:
-            row.program.close()
-            self._retire(row, None)
-
-    def _call(self, kind: tuple[str, bool], calls: SharedCalls, rows: dict[int, _Row]) -> None:
-        """One padded model call of every row's feed, each row sent its reply."""
-        try:
-            replies = calls.forward({index: row.feed for index, row in rows.items()})
-        except Exception as exc:  # the shared call failed: its rows fail, the next call starts afresh
-            log.exception("a model call of %d rows failed", len(rows))
-            del self._calls[kind]
-            for row in rows.values():
-                self._running.pop(row.job.id, None)
-                row.program.close()
-                row.job.sink(Failed(f"the model call failed: {exc}"))
-            self.stats.running(len(self._running))
-            return
-        self.stats.model_call(len(rows))
-        for index, row in rows.items():
-            self._advance(row, replies[index])
-
-    def _retire(self, row: _Row, event: Event | None) -> None:
-        self._running.pop(row.job.id, None)
-        self.stats.running(len(self._running))
-        row.calls.close(row.job.id)
-        if isinstance(event, Finished):
-            self.stats.finished(event.result)
-        if event is not None:
-            row.job.sink(event)
+    def _die(self, error: BaseException) -> None:
+        reason = f"the scheduler stopped: {type(error).__name__}"
+        log.critical("%s", reason, exc_info=error)
+        with self._wake:
+            self.failure = reason
+        self._fail_all("the server's scheduler stopped; this request was not answered")
+        if self.on_death is not None:
+            self.on_death(reason)
 
 
-__all__ = ["Commits", "Draining", "EngineStats", "Event", "Failed", "Finished", "Job", "QueueFull", "Scheduler"]
+__all__ = ["Commits", "Dead", "Draining", "EngineStats", "Event", "Failed", "Finished", "Job", "QueueFull",
+           "Scheduler"]
