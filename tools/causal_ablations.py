@@ -18,7 +18,7 @@ import dataclasses
 from pathlib import Path
 
 from refusion_cli.cli.output import fail
-from refusion_cli.decoding import decode_refusion
+from refusion_cli.decoding import run_decoder
 from refusion_cli.decoding.config import TOOLKIT_PRESETS
 from refusion_cli.errors import UserError
 from refusion_cli.models.chat import user_prompt_ids
@@ -26,7 +26,7 @@ from refusion_cli.models.loading import load_model
 from refusion_cli.tasks.synthetic import is_correct, read_jsonl
 from tools import set_threads
 
-VARIANTS = {  # name -> decode_refusion options
+VARIANTS = {  # name -> run_decoder's ReFusion options
     "default": {},
     "causal_fix": {"causal_fix": True},
     "causal_first": {"causal_first": True},
@@ -62,8 +62,8 @@ def main(argv: list[str] | None = None) -> None:
     print("|---|---|---|---|---|---|---|")
     right: dict[str, list[bool]] = {}
     for name, options in VARIANTS.items():
-        results = decode_refusion(loaded.model, prompts, config, mask_token_id=loaded.mask_token_id,
-                                  eos_token_id=loaded.stop_token_ids, batch_size=args.batch_size, **options)
+        results = run_decoder("refusion", loaded.model, prompts, config, mask_token_id=loaded.mask_token_id,
+                              eos_token_id=loaded.stop_token_ids, batch_size=args.batch_size, **options)
         right[name] = [is_correct(loaded.tokenizer.decode(result.tokens, skip_special_tokens=True),
                                   problem["target"]) for result, problem in zip(results, problems)]
         tpf = sum(result.stats.tpf for result in results) / len(results)

@@ -15,9 +15,8 @@ import argparse
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from refusion_cli.decoding.ar import decode_ar
-from refusion_cli.decoding.config import ReFusionConfig
-from refusion_cli.decoding.refusion import decode_refusion
+from refusion_cli.decoding.config import ARConfig, ReFusionConfig
+from refusion_cli.decoding.registry import run_decoder
 from refusion_cli.decoding.stats import DecodeStats
 from tools import set_threads
 
@@ -84,13 +83,13 @@ def main(argv: list[str] | None = None) -> None:
         for reuse in (True, False) if args.recompute else (True,):
             runs = []
             for repeat in range(args.repeats + 1):
-                result = decode_refusion(model, prompt, config, mask_token_id=mask_id, eos_token_id=None,
-                                         kv_reuse=reuse)
+                result = run_decoder("refusion", model, prompt, config, mask_token_id=mask_id, eos_token_id=None,
+                                     kv_reuse=reuse)
                 if repeat:
                     runs.append(result.stats)
             print(summarise(f"{name}{'' if reuse else ' (recompute)'}", runs))
-    runs = [decode_ar(model, prompt, max_new_tokens=args.gen_length, eos_token_id=None).stats
-            for _ in range(args.repeats + 1)][1:]
+    runs = [run_decoder("ar", model, prompt, ARConfig(gen_length=args.gen_length), mask_token_id=None,
+                        eos_token_id=None).stats for _ in range(args.repeats + 1)][1:]
     print(summarise("ar", runs))
 
 

@@ -33,7 +33,7 @@ from typing import Sequence
 import torch
 
 from refusion_cli.cli.output import fail, quiet_library_output
-from refusion_cli.decoding.refusion import decode_refusion
+from refusion_cli.decoding.registry import run_decoder
 from refusion_cli.decoding.spec import preset_config
 from refusion_cli.errors import UserError
 from refusion_cli.jsonl import json_objects, read_text
@@ -185,9 +185,9 @@ def attribute_errors(loaded, problems: list[dict[str, str]], config, causal_fix:
     every wrong answer (see the module)."""
     tokenizer, counts = loaded.tokenizer, ErrorAttribution()
     for problem in problems:
-        result = decode_refusion(loaded.model, user_prompt_ids(tokenizer, problem["question"]), config,
-                                 mask_token_id=loaded.mask_token_id, eos_token_id=loaded.stop_token_ids,
-                                 causal_fix=causal_fix)
+        result = run_decoder("refusion", loaded.model, user_prompt_ids(tokenizer, problem["question"]), config,
+                             mask_token_id=loaded.mask_token_id, eos_token_id=loaded.stop_token_ids,
+                             causal_fix=causal_fix)
         counts.tokens += result.stats.tokens
         counts.forwards += result.stats.forwards
         reference = reference_ids(tokenizer, problem, loaded.eos_token_id)

@@ -1,14 +1,24 @@
-"""Fixtures for the decoder tests: tiny float64 models and hooks that watch or steer their calls."""
+"""Fixtures for the decoder tests: tiny float64 models and hooks that watch or steer their calls, and
+``greedy``, the AR decoder through ``run_decoder``."""
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import pytest
 import torch
 
+from refusion_cli.decoding import ARConfig, run_decoder
+from refusion_cli.decoding.stats import EosIds
 from tests.decoding.reference import MODEL_SEEDS
 from tests.tiny import VOCAB, tiny_qwen3
+
+
+def greedy(model: torch.nn.Module, prompt_ids: Any, gen_length: int, eos_token_id: EosIds, **options: Any) -> Any:
+    """``run_decoder("ar", ...)``: greedy decoding of at most ``gen_length`` new tokens (no mask token)."""
+    return run_decoder("ar", model, prompt_ids, ARConfig(gen_length=gen_length), mask_token_id=None,
+                       eos_token_id=eos_token_id, **options)
+
 
 @pytest.fixture(scope="session")
 def prompt() -> list[int]:

@@ -12,10 +12,10 @@ import itertools
 import pytest
 import torch
 
-from refusion_cli.decoding import (DreamConfig, LLaDAConfig, ReFusionConfig, decode_ar, decode_dream, decode_llada,
-                                   decode_refusion)
+from refusion_cli.decoding import DreamConfig, LLaDAConfig, ReFusionConfig, run_decoder
 from refusion_cli.decoding.stats import batch_stats
 from refusion_cli.errors import UserError
+from tests.decoding.conftest import greedy
 from tests.decoding.reference import CONFIGS, MODEL_SEEDS
 from tests.tiny import MASK_ID, tiny_qwen3
 
@@ -52,7 +52,8 @@ def test_refusion_rows_decode_as_alone_over_the_reference_sweep(models, seed):
         config = ReFusionConfig(gen_length=n, slot_size=k, block_size=b, slot_threshold=ts, token_threshold=tt)
 
         def decode(prompt_ids, eos, **options):
-            return decode_refusion(model, prompt_ids, config, mask_token_id=MASK_ID, eos_token_id=eos, **options)
+            return run_decoder("refusion", model, prompt_ids, config, mask_token_id=MASK_ID, eos_token_id=eos,
+                               **options)
 
         eos = eos_ids_for([decode(p, None).tokens for p in prompts])
         alone = [decode(p, eos) for p in prompts]
@@ -87,12 +88,12 @@ def test_refusion_ablations_batch_as_alone(models, options, seed):
     for k, b, n, ts, tt in CONFIGS[:5]:
         model, prompts = models[seed], prompts_for(seed)
         config = ReFusionConfig(gen_length=n, slot_size=k, block_size=b, slot_threshold=ts, token_threshold=tt)
-        eos = eos_ids_for([decode_refusion(model, p, config, mask_token_id=MASK_ID, eos_token_id=None,
-                                           **options).tokens for p in prompts])
-        alone = [decode_refusion(model, p, config, mask_token_id=MASK_ID, eos_token_id=eos, **options)
+        eos = eos_ids_for([run_decoder("refusion", model, p, config, mask_token_id=MASK_ID, eos_token_id=None,
+                                       **options).tokens for p in prompts])
+        alone = [run_decoder("refusion", model, p, config, mask_token_id=MASK_ID, eos_token_id=eos, **options)
                  for p in prompts]
-        batched = decode_refusion(model, prompts, config, mask_token_id=MASK_ID, eos_token_id=eos, batch_size=3,
-                                  **options)
+        batched = run_decoder("refusion", model, prompts, config, mask_token_id=MASK_ID, eos_token_id=eos,
+                              batch_size=3, **options)
         same_as_alone(batched, alone)
 
 
@@ -100,14 +101,14 @@ def test_refusion_rows_draw_from_their_own_generators(models):
     config = ReFusionConfig(gen_length=16, slot_size=4, block_size=8, slot_threshold=0.3, token_threshold=0.3,
                             temperature=1.0)
     prompts = prompts_for(0)
-    alone = [decode_refusion(models[0], p, config, mask_token_id=MASK_ID, eos_token_id=None,
-                             generator=torch.Generator().manual_seed(row)) for row, p in enumerate(prompts)]
-    batched = decode_refusion(models[0], prompts, config, mask_token_id=MASK_ID, eos_token_id=None, batch_size=2,
-                              generator=[torch.Generator().manual_seed(row) for row in range(len(prompts))])
+    alone = [run_decoder("refusion", models[0], p, config, mask_token_id=MASK_ID, eos_token_id=None,
+                         generator=torch.Generator().manual_seed(row)) for row, p in enumerate(prompts)]
+    batched = run_decoder("refusion", models[0], prompts, config, mask_token_id=MASK_ID, eos_token_id=None,
+                          batch_size=2, generator=[torch.Generator().manual_seed(row) for row in range(len(prompts))])
     same_as_alone(batched, alone)
     with pytest.raises(UserError, match="2 generators for 5 prompts"):
-        decode_refusion(models[0], prompts, config, mask_token_id=MASK_ID, eos_token_id=None,
-                        generator=[torch.Generator(), torch.Generator()])
+        run_decoder("refusion", models[0], prompts, config, mask_token_id=MASK_ID, eos_token_id=None,
+                    generator=[torch.Generator(), torch.Generator()])
 
 
 @pytest.mark.parametrize("max_new", [1, 12, 30])
@@ -115,11 +116,10 @@ def test_ar_rows_decode_as_alone(models, max_new):
     lengths = []
     for seed in MODEL_SEEDS:
         model, prompts = models[seed], prompts_for(seed)
-        eos = eos_ids_for([decode_ar(model, p, max_new_tokens=30, eos_token_id=None).tokens for p in prompts])
-        alone = [decode_ar(model, p, max_new_tokens=max_new, eos_token_id=eos) for p in prompts]
+        eos = eos_ids_for([greedy(model, p, 30, None).tokens for p in prompts])
+        alone = [greedy(model, p, max_new, eos) for p in prompts]
         for batch_size in (None, 2, len(prompts) + 3):
-            same_as_alone(decode_ar(model, prompts, max_new_tokens=max_new, eos_token_id=eos, batch_size=batch_size),
-                          alone)
+            same_as_alone(greedy(model, prompts, max_new, eos, batch_size=batch_size), alone)
         lengths += [len(result.tokens) for result in alone]
     if max_new == 30:  # the EOS ids end some rows early, some late, and leave others running to the budget
         assert min(lengths) <= 10 and max(lengths) == 30 and any(15 < n < 30 for n in lengths), lengths
@@ -127,12 +127,12 @@ def test_ar_rows_decode_as_alone(models, max_new):
 
 def test_finished_rows_leave_the_batch_and_waiting_prompts_take_their_place(models, record_calls):
     model, prompts = models[0], prompts_for(0)
-    free = [decode_ar(model, p, max_new_tokens=30, eos_token_id=None).tokens for p in prompts]
+    free = [greedy(model, p, 30, None).tokens for p in prompts]
     eos = eos_ids_for(free)
-    alone = [decode_ar(model, p, max_new_tokens=30, eos_token_id=eos) for p in prompts]
+    alone = [greedy(model, p, 30, eos) for p in prompts]
     for batch_size in (None, 2):
         calls = record_calls(model)
-        batched = decode_ar(model, prompts, max_new_tokens=30, eos_token_id=eos, batch_size=batch_size)
+        batched = greedy(model, prompts, 30, eos, batch_size=batch_size)
         rows = [call.shape[0] for call in calls]
         limit = batch_size or len(prompts)
         assert max(rows) == limit and rows[-1] == 1  # the last row decodes alone at the end
@@ -149,10 +149,10 @@ def test_finished_rows_leave_the_batch_and_waiting_prompts_take_their_place(mode
 def test_batch_of_one_is_the_single_decode_and_batch_stats_sum_up(models):
     model, prompts = models[1], prompts_for(1)
     config = ReFusionConfig(gen_length=16, slot_size=4, block_size=8, slot_threshold=0.3, token_threshold=0.3)
-    single = decode_refusion(model, prompts[1], config, mask_token_id=MASK_ID, eos_token_id=None)
-    (row,) = decode_refusion(model, [prompts[1]], config, mask_token_id=MASK_ID, eos_token_id=None)
+    single = run_decoder("refusion", model, prompts[1], config, mask_token_id=MASK_ID, eos_token_id=None)
+    (row,) = run_decoder("refusion", model, [prompts[1]], config, mask_token_id=MASK_ID, eos_token_id=None)
     assert row.tokens == single.tokens and row.stats.forwards == single.stats.forwards
-    batched = decode_refusion(model, prompts, config, mask_token_id=MASK_ID, eos_token_id=None, batch_size=2)
+    batched = run_decoder("refusion", model, prompts, config, mask_token_id=MASK_ID, eos_token_id=None, batch_size=2)
     totals = batch_stats(batched)
     assert totals.rows == len(prompts) and totals.tokens == sum(r.stats.tokens for r in batched)
     assert totals.seconds == max(r.stats.seconds for r in batched) > 0
@@ -165,20 +165,18 @@ def test_on_step_of_a_batch_names_the_prompt(models):
     model, prompts = models[2], prompts_for(2)
     config = ReFusionConfig(gen_length=16, slot_size=4, block_size=8, slot_threshold=0.3, token_threshold=0.3)
     seen: dict[int, list] = {}
-    results = decode_refusion(model, prompts, config, mask_token_id=MASK_ID, eos_token_id=None, batch_size=3,
-                              on_step=lambda index, step: seen.setdefault(index, []).append(step))
+    results = run_decoder("refusion", model, prompts, config, mask_token_id=MASK_ID, eos_token_id=None, batch_size=3,
+                          on_step=lambda index, step: seen.setdefault(index, []).append(step))
     assert seen == {index: result.trace for index, result in enumerate(results)}
 
 
 def test_bad_batch_size_is_refused(models):
     with pytest.raises(UserError, match="batch_size must be a positive integer"):
-        decode_ar(models[0], [[1, 2], [3]], max_new_tokens=4, eos_token_id=None, batch_size=0)
+        greedy(models[0], [[1, 2], [3]], 4, None, batch_size=0)
 
 
 def test_run_decoder_takes_a_batch_for_every_decoder(models, bidirectional_model):
-    from refusion_cli.decoding import LLaDAConfig
     from refusion_cli.decoding.config import ARConfig
-    from refusion_cli.decoding.registry import run_decoder
 
     prompts = prompts_for(0)
     cases = [
@@ -253,8 +251,8 @@ def mdm_rows_decode_as_alone(decoder, models, configs) -> dict[str, int]:
         def decode(prompt_ids, eos, **options):
             generator = row_generators_for(len(prompt_ids)) if isinstance(prompt_ids[0], list) else \
                 torch.Generator().manual_seed(100 + prompts.index(prompt_ids))
-            return decoder(model, prompt_ids, config, mask_token_id=MASK_ID, eos_token_id=eos, generator=generator,
-                           **options)
+            return run_decoder(decoder, model, prompt_ids, config, mask_token_id=MASK_ID, eos_token_id=eos,
+                               generator=generator, **options)
 
         eos = eos_ids_for([decode(p, None).tokens for p in prompts])
         alone = [decode(p, eos) for p in prompts]
@@ -275,14 +273,14 @@ def mdm_rows_decode_as_alone(decoder, models, configs) -> dict[str, int]:
 
 
 def test_llada_rows_decode_as_alone_over_a_sweep(mdm_models):
-    seen = mdm_rows_decode_as_alone(decode_llada, mdm_models, [llada_config(case) for case in LLADA_SWEEP])
+    seen = mdm_rows_decode_as_alone("llada", mdm_models, [llada_config(case) for case in LLADA_SWEEP])
     assert all(count > 0 for count in seen.values()), seen
 
 
 def test_dream_rows_decode_as_alone_over_a_sweep(mdm_models):
     configs = [dream_config(case) for case in DREAM_SWEEP]
     assert {config.alg for config in configs} == {"origin", "maskgit_plus", "topk_margin", "entropy"}
-    seen = mdm_rows_decode_as_alone(decode_dream, mdm_models, configs)
+    seen = mdm_rows_decode_as_alone("dream", mdm_models, configs)
     assert all(count > 0 for count in seen.values()), seen
 
 
@@ -292,16 +290,16 @@ def test_mdm_rows_share_calls_and_finished_rows_leave(mdm_models, record_calls, 
     a waiting prompt joins, and each call holds one row per running prompt (its canvas, padded)."""
     model, prompts = mdm_models[0], prompts_for(0)
     if decoder == "llada":
-        decode, config = decode_llada, LLaDAConfig(gen_length=16, steps=16, block_length=8, threshold=0.3)
+        config = LLaDAConfig(gen_length=16, steps=16, block_length=8, threshold=0.3)
     else:
-        decode, config = decode_dream, DreamConfig(gen_length=16, steps=2, alg="entropy", temperature=0.0,
-                                                   top_p=None, threshold=0.3)
-    alone = [decode(model, p, config, mask_token_id=MASK_ID, eos_token_id=None) for p in prompts]
+        config = DreamConfig(gen_length=16, steps=2, alg="entropy", temperature=0.0, top_p=None, threshold=0.3)
+    alone = [run_decoder(decoder, model, p, config, mask_token_id=MASK_ID, eos_token_id=None) for p in prompts]
     forwards = [result.stats.forwards for result in alone]
     assert len(set(forwards)) > 1, forwards  # rows finish at different times
     for batch_size in (None, 2):
         calls = record_calls(model)
-        batched = decode(model, prompts, config, mask_token_id=MASK_ID, eos_token_id=None, batch_size=batch_size)
+        batched = run_decoder(decoder, model, prompts, config, mask_token_id=MASK_ID, eos_token_id=None,
+                              batch_size=batch_size)
         same_as_alone(batched, alone)
         rows = [call.shape[0] for call in calls]
         assert max(rows) == (batch_size or len(prompts))
@@ -318,22 +316,19 @@ def test_mdm_on_step_of_a_batch_names_the_prompt(mdm_models):
     model, prompts = mdm_models[1], prompts_for(1)
     config = LLaDAConfig(gen_length=16, steps=8, block_length=8, threshold=0.4, use_cache=True)
     seen: dict[int, list] = {}
-    results = decode_llada(model, prompts, config, mask_token_id=MASK_ID, eos_token_id=None, batch_size=3,
-                           on_step=lambda index, step: seen.setdefault(index, []).append(step))
+    results = run_decoder("llada", model, prompts, config, mask_token_id=MASK_ID, eos_token_id=None, batch_size=3,
+                          on_step=lambda index, step: seen.setdefault(index, []).append(step))
     assert seen == {index: result.trace for index, result in enumerate(results)}
-    (row,) = decode_dream(model, [prompts[2]], DreamConfig(gen_length=8, steps=4, temperature=0.0, top_p=None),
-                          mask_token_id=MASK_ID, eos_token_id=None)
-    single = decode_dream(model, prompts[2], DreamConfig(gen_length=8, steps=4, temperature=0.0, top_p=None),
-                          mask_token_id=MASK_ID, eos_token_id=None)
+    greedy_dream = DreamConfig(gen_length=8, steps=4, temperature=0.0, top_p=None)
+    (row,) = run_decoder("dream", model, [prompts[2]], greedy_dream, mask_token_id=MASK_ID, eos_token_id=None)
+    single = run_decoder("dream", model, prompts[2], greedy_dream, mask_token_id=MASK_ID, eos_token_id=None)
     assert row.tokens == single.tokens and row.trace == single.trace
     with pytest.raises(UserError, match="2 generators for 5 prompts"):
-        decode_llada(model, prompts, config, mask_token_id=MASK_ID, eos_token_id=None,
-                     generator=[torch.Generator(), torch.Generator()])
+        run_decoder("llada", model, prompts, config, mask_token_id=MASK_ID, eos_token_id=None,
+                    generator=[torch.Generator(), torch.Generator()])
 
 
 def test_run_decoder_batches_llada_and_dream(mdm_models, record_calls):
-    from refusion_cli.decoding.registry import run_decoder
-
     model, prompts = mdm_models[0], prompts_for(0)
     for decoder, config in [("llada", LLaDAConfig(gen_length=16, steps=8, block_length=8, use_cache=True)),
                             ("dream", DreamConfig(gen_length=16, steps=8, temperature=0.0, top_p=None))]:

@@ -8,23 +8,20 @@ checked against a counter hooked onto the model itself, not against the decoder'
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from typing import Any, Callable
 
 import pytest
 import torch
 
 from refusion_cli.decoding import (
+    ARConfig,
     D2FConfig,
     DecodeResult,
     DreamConfig,
     LLaDAConfig,
     ReFusionConfig,
     check_decoder_fits,
-    decode_ar,
-    decode_d2f,
-    decode_dream,
-    decode_llada,
-    decode_refusion,
+    run_decoder,
 )
 from refusion_cli.errors import UserError
 from tests.tiny import MASK_ID
@@ -33,19 +30,22 @@ LLADA = LLaDAConfig(gen_length=16, steps=8, block_length=8)
 DREAM = DreamConfig(gen_length=16, steps=8, alg="entropy", temperature=0.0, top_p=None)
 D2F = D2FConfig(gen_length=16, block_size=4, block_add_threshold=0.25, decoded_token_threshold=0.5, skip_threshold=0.3)
 
+
+def decode_with(decoder: str, config: Any) -> Callable[..., DecodeResult]:
+    """``decode(model, prompt, eos_token_id=None)``: ``run_decoder`` with ``decoder`` and ``config``."""
+    return lambda model, prompt, eos=None: run_decoder(decoder, model, prompt, config, mask_token_id=MASK_ID,
+                                                       eos_token_id=eos)
+
+
 # name -> (needs a bidirectional model, decode(model, prompt, eos_token_id) -> result)
 DECODERS: dict[str, tuple[bool, Callable[..., DecodeResult]]] = {
-    "ar": (False, lambda model, prompt, eos: decode_ar(model, prompt, max_new_tokens=16, eos_token_id=eos)),
-    "refusion": (False, lambda model, prompt, eos: decode_refusion(
-        model, prompt, ReFusionConfig(gen_length=16, slot_size=4, block_size=8, slot_threshold=0.3,
-                                      token_threshold=0.3), mask_token_id=MASK_ID, eos_token_id=eos)),
-    "llada": (True, lambda model, prompt, eos: decode_llada(model, prompt, LLADA, mask_token_id=MASK_ID,
-                                                            eos_token_id=eos)),
-    "dream": (True, lambda model, prompt, eos: decode_dream(model, prompt, DREAM, mask_token_id=MASK_ID,
-                                                            eos_token_id=eos)),
-    **{name: (True, lambda model, prompt, eos, shifted=shifted: decode_d2f(model, prompt, D2F, shifted=shifted,
-                                                                          mask_token_id=MASK_ID, eos_token_id=eos))
-       for name, shifted in (("llada-d2f", False), ("dream-d2f", True))},
+    "ar": (False, decode_with("ar", ARConfig(gen_length=16))),
+    "refusion": (False, decode_with("refusion", ReFusionConfig(gen_length=16, slot_size=4, block_size=8,
+                                                               slot_threshold=0.3, token_threshold=0.3))),
+    "llada": (True, decode_with("llada", LLADA)),
+    "dream": (True, decode_with("dream", DREAM)),
+    "llada-d2f": (True, decode_with("llada-d2f", D2F)),
+    "dream-d2f": (True, decode_with("dream-d2f", D2F)),
 }
 
 
@@ -94,21 +94,12 @@ def test_several_eos_ids_end_a_response_at_the_first_of_any(causal_model, bidire
 @pytest.mark.parametrize(
     "decode",
     [
-        lambda model, prompt: decode_llada(model, prompt, dataclasses.replace(LLADA, cfg_scale=2.0),
-                                           mask_token_id=MASK_ID, eos_token_id=None),
-        lambda model, prompt: decode_llada(model, prompt, dataclasses.replace(LLADA, cfg_scale=2.0, use_cache=True),
-                                           mask_token_id=MASK_ID, eos_token_id=None),
-        lambda model, prompt: decode_llada(model, prompt, dataclasses.replace(LLADA, threshold=0.3, use_cache=True),
-                                           mask_token_id=MASK_ID, eos_token_id=None),
-        lambda model, prompt: decode_dream(model, prompt, dataclasses.replace(DREAM, threshold=0.35, use_cache=True,
-                                                                              block_length=8),
-                                           mask_token_id=MASK_ID, eos_token_id=None),
-        lambda model, prompt: decode_llada(model, prompt, dataclasses.replace(LLADA, threshold=0.0, use_cache=True,
-                                                                              dual_cache=True),
-                                           mask_token_id=MASK_ID, eos_token_id=None),
-        lambda model, prompt: decode_dream(model, prompt, dataclasses.replace(DREAM, use_cache=True, dual_cache=True,
-                                                                              block_length=8),
-                                           mask_token_id=MASK_ID, eos_token_id=None),
+        decode_with("llada", dataclasses.replace(LLADA, cfg_scale=2.0)),
+        decode_with("llada", dataclasses.replace(LLADA, cfg_scale=2.0, use_cache=True)),
+        decode_with("llada", dataclasses.replace(LLADA, threshold=0.3, use_cache=True)),
+        decode_with("dream", dataclasses.replace(DREAM, threshold=0.35, use_cache=True, block_length=8)),
+        decode_with("llada", dataclasses.replace(LLADA, threshold=0.0, use_cache=True, dual_cache=True)),
+        decode_with("dream", dataclasses.replace(DREAM, use_cache=True, dual_cache=True, block_length=8)),
     ],
     ids=["llada-cfg", "llada-cfg-cache", "llada-threshold-cache", "dream-threshold-cache", "llada-dual-cache",
          "dream-dual-cache"],
@@ -163,7 +154,7 @@ def test_unknown_decoder_is_refused_even_with_force():
 
 def test_decoders_accept_any_model_the_check_is_separate(causal_model, prompt):
     """The pairing check belongs to the CLI / harness; the sampler itself runs on a causal model."""
-    result = decode_llada(causal_model, prompt, LLADA, mask_token_id=MASK_ID, eos_token_id=None)
+    result = run_decoder("llada", causal_model, prompt, LLADA, mask_token_id=MASK_ID, eos_token_id=None)
     assert len(result.tokens) == 16 and MASK_ID not in result.tokens
     assert result.stats.forwards == LLADA.steps
 
@@ -175,8 +166,6 @@ def test_time_in_the_on_step_callback_is_not_decode_time(causal_model, bidirecti
     """
     import time
 
-    from refusion_cli.decoding import LLaDAConfig, ReFusionConfig, decode_llada, decode_refusion
-
     clock = [100.0]
     monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
 
@@ -184,10 +173,11 @@ def test_time_in_the_on_step_callback_is_not_decode_time(causal_model, bidirecti
         clock[0] += 0.25
 
     runs = [
-        lambda cb: decode_refusion(causal_model, prompt, ReFusionConfig(gen_length=8, slot_size=4, block_size=8),
-                                   mask_token_id=MASK_ID, eos_token_id=None, on_step=cb),
-        lambda cb: decode_llada(bidirectional_model, prompt, LLaDAConfig(gen_length=8, steps=4, block_length=8),
-                                mask_token_id=MASK_ID, eos_token_id=None, on_step=cb),
+        lambda cb: run_decoder("refusion", causal_model, prompt,
+                               ReFusionConfig(gen_length=8, slot_size=4, block_size=8),
+                               mask_token_id=MASK_ID, eos_token_id=None, on_step=cb),
+        lambda cb: run_decoder("llada", bidirectional_model, prompt, LLaDAConfig(gen_length=8, steps=4, block_length=8),
+                               mask_token_id=MASK_ID, eos_token_id=None, on_step=cb),
     ]
     for run in runs:
         result = run(slow_view)

@@ -13,7 +13,7 @@ from typing import Callable
 import pytest
 import torch
 
-from refusion_cli.decoding import ConfigError, D2FConfig, decode_d2f
+from refusion_cli.decoding import ConfigError, D2FConfig, run_decoder
 from refusion_cli.decoding.cache import additive_mask, mask_argument
 from refusion_cli.decoding.d2f import DREAM_PRESETS, LLADA_PRESETS
 from refusion_cli.decoding.registry import DECODERS
@@ -63,8 +63,14 @@ PROMPT = [5, 17, 3, 40, 22, 9]  # 6 tokens: the response starts at canvas positi
 P = len(PROMPT)
 
 
+def decoder_name(shifted: bool) -> str:
+    """The registry's D2F decoder reading shifted logits (Dream's) or not (LLaDA's)."""
+    return "dream-d2f" if shifted else "llada-d2f"
+
+
 def run(model, config: D2FConfig, *, shifted: bool = False, eos=None, prompt=PROMPT, **kwargs):
-    return decode_d2f(model, prompt, config, shifted=shifted, mask_token_id=MASK_ID, eos_token_id=eos, **kwargs)
+    return run_decoder(decoder_name(shifted), model, prompt, config, mask_token_id=MASK_ID, eos_token_id=eos,
+                       **kwargs)
 
 
 def commits(result) -> list[tuple[int, int, list[int]]]:
@@ -269,8 +275,8 @@ def test_a_batch_decodes_each_row_as_alone(bidirectional_model, shifted):
     prompts = [PROMPT, [7, 8, 9], [30, 31, 32, 33, 34, 35, 36, 37, 38]]
     alone = [run(bidirectional_model, PARALLEL, shifted=shifted, prompt=prompt) for prompt in prompts]
     for batch_size in (None, 2):
-        together = decode_d2f(bidirectional_model, prompts, PARALLEL, shifted=shifted, mask_token_id=MASK_ID,
-                              eos_token_id=None, batch_size=batch_size)
+        together = run_decoder(decoder_name(shifted), bidirectional_model, prompts, PARALLEL, mask_token_id=MASK_ID,
+                               eos_token_id=None, batch_size=batch_size)
         assert [result.tokens for result in together] == [result.tokens for result in alone]
         assert [result.trace for result in together] == [result.trace for result in alone]
         assert [result.stats.forwards for result in together] == [result.stats.forwards for result in alone]
@@ -328,4 +334,4 @@ def test_impossible_settings_fail_at_config_time(options, message):
 
 def test_mask_id_outside_the_vocabulary_is_refused(bidirectional_model):
     with pytest.raises(UserError, match=f"mask_token_id {VOCAB + 5} is outside the model's vocabulary"):
-        decode_d2f(bidirectional_model, PROMPT, PARALLEL, shifted=False, mask_token_id=VOCAB + 5, eos_token_id=None)
+        run_decoder("llada-d2f", bidirectional_model, PROMPT, PARALLEL, mask_token_id=VOCAB + 5, eos_token_id=None)

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from refusion_cli.decoding import ConfigError, DreamConfig, decode_dream
+from refusion_cli.decoding import ConfigError, DreamConfig, run_decoder
 from refusion_cli.decoding.dream import filter_logits
 from refusion_cli.errors import UserError
 from tests.decoding.conftest import one_hot_bias
@@ -18,8 +18,8 @@ GREEDY = DreamConfig(gen_length=16, steps=8, alg="maskgit_plus", temperature=0.0
 
 
 def run(model, prompt, config=GREEDY, seed=0, **kwargs):
-    return decode_dream(model, prompt, config, mask_token_id=MASK_ID, eos_token_id=None,
-                        generator=torch.Generator().manual_seed(seed), **kwargs)
+    return run_decoder("dream", model, prompt, config, mask_token_id=MASK_ID, eos_token_id=None,
+                       generator=torch.Generator().manual_seed(seed), **kwargs)
 
 
 def unmasked_offsets(result) -> list[int]:
@@ -286,7 +286,7 @@ def test_impossible_settings_fail_at_config_time(options, message):
 
 def test_mask_id_outside_the_vocabulary_is_refused(bidirectional_model, prompt):
     with pytest.raises(UserError, match=f"mask_token_id {VOCAB + 5} is outside the model's vocabulary"):
-        decode_dream(bidirectional_model, prompt, GREEDY, mask_token_id=VOCAB + 5, eos_token_id=None)
+        run_decoder("dream", bidirectional_model, prompt, GREEDY, mask_token_id=VOCAB + 5, eos_token_id=None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -357,7 +357,7 @@ def test_the_mask_keeps_its_share_of_the_probabilities():
     rows = {0: log_probs([0.5, 0.05, 0.05, 0.4]), 1: log_probs([0.1, 0.6, 0.3 - 1e-9, 1e-9])}
     model = FixedRowsModel(rows, default=log_probs([0.2, 0.45, 0.35 - 1e-9, 1e-9]))
     config = DreamConfig(gen_length=4, steps=2, alg="maskgit_plus", temperature=0.0, top_p=None)
-    result = decode_dream(model, [0], config, mask_token_id=3, eos_token_id=None)
+    result = run_decoder("dream", model, [0], config, mask_token_id=3, eos_token_id=None)
     assert [step.offsets for step in result.trace] == [[1], [0, 2, 3]]
     assert result.tokens == [0, 1, 1, 1]
 
@@ -367,8 +367,8 @@ def test_only_the_mask_in_the_nucleus_takes_the_best_other_token():
     model = FixedRowsModel({}, default=log_probs([0.05, 0.1 - 1e-9, 0.05, 0.8 + 1e-9]))
     for temperature in (0.0, 1.0):
         config = DreamConfig(gen_length=4, steps=2, alg="maskgit_plus", temperature=temperature, top_p=0.5)
-        result = decode_dream(model, [0], config, mask_token_id=3, eos_token_id=None,
-                              generator=torch.Generator().manual_seed(0))
+        result = run_decoder("dream", model, [0], config, mask_token_id=3, eos_token_id=None,
+                             generator=torch.Generator().manual_seed(0))
         assert result.tokens == [1, 1, 1, 1]
 
 
@@ -376,7 +376,7 @@ def test_equal_confidences_go_leftmost_first():
     """torch.topk leaves the order of ties unspecified (the CPU's is not the GPU's); a decode must not."""
     model = FixedRowsModel({}, default=log_probs([0.7, 0.2, 0.1 - 1e-9, 1e-9]))
     config = DreamConfig(gen_length=8, steps=4, alg="maskgit_plus", temperature=0.0, top_p=None)
-    result = decode_dream(model, [0], config, mask_token_id=3, eos_token_id=None)
+    result = run_decoder("dream", model, [0], config, mask_token_id=3, eos_token_id=None)
     assert [step.offsets for step in result.trace] == [[0], [1, 2], [3, 4], [5, 6, 7]]
 
 

@@ -17,7 +17,7 @@ import dataclasses
 import pytest
 import torch
 
-from refusion_cli.decoding import DreamConfig, decode_dream, mdm
+from refusion_cli.decoding import DreamConfig, mdm, run_decoder
 from refusion_cli.decoding.mdm import CanvasCalls, CanvasFeed, HeadInput, output_head
 from refusion_cli.decoding.stats import DecodeStats
 from tests.decoding.scripted import FixedRowsModel, log_probs
@@ -59,8 +59,8 @@ def decode(model, prompts, config, chunk, monkeypatch, seed=0, mask_token_id=MAS
     """The results of ``prompts`` (a batch) with the chunk set to ``chunk``; row i draws from seed + i."""
     monkeypatch.setattr(mdm, "LOGITS_CHUNK", chunk)
     generators = [torch.Generator().manual_seed(seed + row) for row in range(len(prompts))]
-    return decode_dream(model, prompts, config, mask_token_id=mask_token_id, eos_token_id=None,
-                        generator=generators, **options)
+    return run_decoder("dream", model, prompts, config, mask_token_id=mask_token_id, eos_token_id=None,
+                       generator=generators, **options)
 
 
 def assert_same(chunked, whole) -> None:

@@ -6,13 +6,14 @@ import itertools
 
 import torch
 
-from refusion_cli.decoding import ReFusionConfig, decode_refusion
+from refusion_cli.decoding import ReFusionConfig, run_decoder
 from tests.decoding.reference import ReferenceReFusion
 from tests.tiny import MASK_ID, tiny_qwen3
 
 
 def decode(model, prompt, config, kv_reuse):
-    return decode_refusion(model, prompt, config, mask_token_id=MASK_ID, eos_token_id=None, kv_reuse=kv_reuse)
+    return run_decoder("refusion", model, prompt, config, mask_token_id=MASK_ID, eos_token_id=None,
+                       kv_reuse=kv_reuse)
 
 
 def multi_slot_completion(result) -> bool:
@@ -79,7 +80,7 @@ def test_recompute_feeds_the_whole_context_every_pass():
 
 def test_only_the_fed_tokens_logits_are_computed(causal_model, prompt, record_calls):
     """The prompt and recomputed context get K/V but no logits: the LM head sees only the new tokens."""
-    from refusion_cli.decoding import decode_ar
+    from tests.decoding.conftest import greedy
 
     head_rows: list[int] = []
     handle = causal_model.lm_head.register_forward_hook(lambda module, args, out: head_rows.append(out.shape[1]))
@@ -97,7 +98,7 @@ def test_only_the_fed_tokens_logits_are_computed(causal_model, prompt, record_ca
             if not kv_reuse:
                 assert all(length > rows for rows, length in zip(head_rows, fed))  # the context is always re-fed
         head_rows.clear()
-        decode_ar(causal_model, prompt, max_new_tokens=8, eos_token_id=None)
+        greedy(causal_model, prompt, 8, None)
         assert head_rows == [1] * 8  # the prefill's too: only its last position
     finally:
         handle.remove()

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from refusion_cli.decoding import ConfigError, LLaDAConfig, decode_llada
+from refusion_cli.decoding import ConfigError, LLaDAConfig, run_decoder
 from refusion_cli.decoding.mdm import even_schedule
 from refusion_cli.errors import UserError
 from tests.decoding.scripted import FixedRowsModel, log_probs
@@ -18,8 +18,8 @@ SMALL = LLaDAConfig(gen_length=16, steps=8, block_length=8)  # 2 blocks, 4 steps
 
 
 def run(model, prompt, config=SMALL, seed=0, **kwargs):
-    return decode_llada(model, prompt, config, mask_token_id=MASK_ID, eos_token_id=None,
-                        generator=torch.Generator().manual_seed(seed), **kwargs)
+    return run_decoder("llada", model, prompt, config, mask_token_id=MASK_ID, eos_token_id=None,
+                       generator=torch.Generator().manual_seed(seed), **kwargs)
 
 
 def unmasked_offsets(result) -> list[int]:
@@ -283,7 +283,7 @@ def test_impossible_settings_fail_at_config_time(options, message):
 
 def test_mask_id_outside_the_vocabulary_is_refused(bidirectional_model, prompt):
     with pytest.raises(UserError, match=f"mask_token_id {VOCAB} is outside the model's vocabulary"):
-        decode_llada(bidirectional_model, prompt, SMALL, mask_token_id=VOCAB, eos_token_id=None)
+        run_decoder("llada", bidirectional_model, prompt, SMALL, mask_token_id=VOCAB, eos_token_id=None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -344,7 +344,7 @@ def test_confidence_is_the_float64_softmax():
     second = [value / 4096 for value in (8703, -701, -4930, -4482, 6333, 3906, -126, 2877)] + [-math.inf]
     model = FixedRowsModel({1: first, 2: second}, default=first, dtype=torch.float32)
     config = LLaDAConfig(gen_length=2, steps=2, block_length=2)
-    result = decode_llada(model, [0], config, mask_token_id=8, eos_token_id=None)
+    result = run_decoder("llada", model, [0], config, mask_token_id=8, eos_token_id=None)
     assert [step.offsets for step in result.trace] == [[1], [0]]
 
 
@@ -353,8 +353,8 @@ def test_the_mask_keeps_its_share_of_the_confidence():
     spans the whole vocabulary (0.5 < 0.6); without the mask the first would read 0.5 / 0.6."""
     first, second = log_probs([0.5, 0.05, 0.05, 0.4]), log_probs([0.1, 0.6, 0.3 - 1e-9, 1e-9])
     model = FixedRowsModel({1: first, 2: second}, default=first)
-    result = decode_llada(model, [0], LLaDAConfig(gen_length=2, steps=2, block_length=2),
-                          mask_token_id=3, eos_token_id=None)
+    result = run_decoder("llada", model, [0], LLaDAConfig(gen_length=2, steps=2, block_length=2),
+                         mask_token_id=3, eos_token_id=None)
     assert [step.offsets for step in result.trace] == [[1], [0]]
     assert result.tokens == [0, 1]
 
@@ -362,6 +362,6 @@ def test_the_mask_keeps_its_share_of_the_confidence():
 def test_equal_confidences_go_leftmost_first():
     """torch.topk leaves the order of ties unspecified (the CPU's is not the GPU's); a decode must not."""
     model = FixedRowsModel({}, default=log_probs([0.7, 0.2, 0.1 - 1e-9, 1e-9]))
-    result = decode_llada(model, [0], LLaDAConfig(gen_length=8, steps=4, block_length=8),
-                          mask_token_id=3, eos_token_id=None)
+    result = run_decoder("llada", model, [0], LLaDAConfig(gen_length=8, steps=4, block_length=8),
+                         mask_token_id=3, eos_token_id=None)
     assert [step.offsets for step in result.trace] == [[0, 1], [2, 3], [4, 5], [6, 7]]

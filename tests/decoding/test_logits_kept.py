@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from refusion_cli.decoding import D2FConfig, DreamConfig, LLaDAConfig, decode_d2f, decode_dream, decode_llada
+from refusion_cli.decoding import D2FConfig, DreamConfig, LLaDAConfig, run_decoder
 from refusion_cli.decoding.stats import kept_logits, logits_at
 from tests.tiny import MASK_ID
 
@@ -35,7 +35,7 @@ PROMPT = [5, 17, 3, 40, 22, 9, 11, 30, 2]  # 9 tokens: a canvas of 9 + 16
 def test_llada_computes_the_block_only(bidirectional_model, calls, cache):
     config = LLaDAConfig(gen_length=16, steps=8, block_length=8, use_cache=cache is not None,
                          dual_cache=cache == "dual", cfg_scale=1.0 if cache is None else 0.0)
-    decode_llada(bidirectional_model, PROMPT, config, mask_token_id=MASK_ID, eos_token_id=None)
+    run_decoder("llada", bidirectional_model, PROMPT, config, mask_token_id=MASK_ID, eos_token_id=None)
     assert {rows for _, rows in calls} == {8}  # a block, whatever the call fed (25, 17 or 8 positions)
     assert max(ids.shape[1] for ids, _ in calls) == len(PROMPT) + 16
 
@@ -49,8 +49,8 @@ def test_llada_computes_the_block_only(bidirectional_model, calls, cache):
     DreamConfig(gen_length=16, steps=2, block_length=8, use_cache=True, dual_cache=True, temperature=0.0, top_p=None),
 ], ids=["one-block", "origin", "prefix-cache", "dual-cache-one-step"])
 def test_dream_computes_the_logits_before_its_masks_only(bidirectional_model, calls, config):
-    result = decode_dream(bidirectional_model, PROMPT, config, mask_token_id=MASK_ID, eos_token_id=None,
-                          generator=torch.Generator().manual_seed(0))
+    result = run_decoder("dream", bidirectional_model, PROMPT, config, mask_token_id=MASK_ID, eos_token_id=None,
+                         generator=torch.Generator().manual_seed(0))
     for ids, rows in calls:
         assert rows <= int((ids == MASK_ID).sum()) < ids.shape[1]
     assert calls[0][1] == (1 if config.use_cache and config.steps_per_block > 1 else config.block_tokens)
@@ -62,7 +62,8 @@ def test_dream_computes_the_logits_before_its_masks_only(bidirectional_model, ca
 def test_d2f_computes_the_logits_of_its_decoding_blocks_masks_only(bidirectional_model, calls, shifted):
     config = D2FConfig(gen_length=16, block_size=4, block_add_threshold=0.5, decoded_token_threshold=0.5,
                        skip_threshold=0.2)
-    decode_d2f(bidirectional_model, PROMPT, config, shifted=shifted, mask_token_id=MASK_ID, eos_token_id=None)
+    decoder = "dream-d2f" if shifted else "llada-d2f"
+    run_decoder(decoder, bidirectional_model, PROMPT, config, mask_token_id=MASK_ID, eos_token_id=None)
     for ids, rows in calls:  # shifted: also the last position a call caches, for the next call's first mask
         assert rows <= int((ids == MASK_ID).sum()) + shifted < ids.shape[1]
 

@@ -1,11 +1,11 @@
-"""Every branch of decode_refusion, forced with a scripted model whose probabilities the test sets."""
+"""Every branch of the ReFusion decoder, forced with a scripted model whose probabilities the test sets."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from refusion_cli.decoding import ConfigError, ReFusionConfig, decode_refusion
+from refusion_cli.decoding import ConfigError, ReFusionConfig, run_decoder
 from tests.decoding.scripted import EOS, MASK, ScriptedModel
 
 PROMPT = [1, 2, 3]  # what run() feeds a 3-token prompt model
@@ -17,7 +17,7 @@ def truth_of(n: int) -> list[int]:
 
 def run(model, config, eos=EOS):
     prompt = [1 + i % 10 for i in range(model.prompt_len)]
-    return decode_refusion(model, prompt, config, mask_token_id=MASK, eos_token_id=eos)
+    return run_decoder("refusion", model, prompt, config, mask_token_id=MASK, eos_token_id=eos)
 
 
 def fed_positions(model, call):
@@ -85,7 +85,7 @@ def test_causal_fix_replaces_the_forced_token_with_the_causal_prediction():
     assert faithful.tokens == [truth[0], 13, *truth[2:]]  # forced in, as the reference decoder does
     assert faithful.trace[0].kinds == ["first", "forced", "verified", "verified"]
     model = ScriptedModel(3, truth, wrong=wrong)
-    fixed = decode_refusion(model, [1, 2, 3], config, mask_token_id=MASK, eos_token_id=EOS, causal_fix=True)
+    fixed = run_decoder("refusion", model, [1, 2, 3], config, mask_token_id=MASK, eos_token_id=EOS, causal_fix=True)
     assert fixed.tokens == truth  # the causal head's token instead
     assert fixed.trace[0].kinds == ["first", "corrected", "verified", "verified"]
     # plan + verify, round 1 (draft + verify: token 1 replaced, 2-3 not accepted), round 2 (draft + verify)
@@ -98,7 +98,7 @@ def test_causal_fix_in_the_last_round_recomputes_the_rows():
     config = ReFusionConfig(gen_length=4, slot_size=4, block_size=4, slot_threshold=0.9, token_threshold=0.9)
     wrong = {0: {3: 13}, 2: {3: 13}}  # only the last token is wrong: its replacement ends the completion
     model = ScriptedModel(3, truth, wrong=wrong)
-    fixed = decode_refusion(model, [1, 2, 3], config, mask_token_id=MASK, eos_token_id=EOS, causal_fix=True)
+    fixed = run_decoder("refusion", model, [1, 2, 3], config, mask_token_id=MASK, eos_token_id=EOS, causal_fix=True)
     assert fixed.tokens == truth and fixed.trace[0].rounds == 1
     assert fixed.stats.forwards == 2 + 2 + 1  # one more pass for the K/V of the replaced token
     assert model.calls[-1][0] == truth
@@ -114,7 +114,7 @@ def test_causal_first_takes_the_causal_token_after_a_committed_neighbour():
     assert faithful.tokens == [13, *truth[1:4], 13, *truth[5:]]  # the draft's first tokens, as the paper commits
     assert [step.kinds[0] for step in faithful.trace] == ["first", "first"]
     model = ScriptedModel(3, truth, plan=plan, wrong=wrong)
-    fixed = decode_refusion(model, PROMPT, config, mask_token_id=MASK, eos_token_id=EOS, causal_first=True)
+    fixed = run_decoder("refusion", model, PROMPT, config, mask_token_id=MASK, eos_token_id=EOS, causal_first=True)
     # slot 0: the last prompt token's prediction (first call); slot 1: that of offset 3, from slot 0's verification
     assert fixed.tokens == truth
     assert [step.kinds for step in fixed.trace] == [["causal-first", "verified", "verified", "verified"]] * 2
@@ -129,7 +129,7 @@ def test_causal_first_keeps_a_draft_that_is_surer_than_the_causal_head():
     # causal head gives the truth at offset 4 only 0.6, so the draft stays; slot 0 takes the causal token
     # (0.99 against the draft's 0.95)
     model = ScriptedModel(3, truth, plan={0: 0.95}, ar={4: 0.6}, wrong={2: {4: 13}})
-    result = decode_refusion(model, PROMPT, config, mask_token_id=MASK, eos_token_id=EOS, causal_first=True)
+    result = run_decoder("refusion", model, PROMPT, config, mask_token_id=MASK, eos_token_id=EOS, causal_first=True)
     assert result.tokens == [*truth[:4], 13, *truth[5:]]
     assert [step.kinds[0] for step in result.trace] == ["causal-first", "first"]
 
@@ -138,7 +138,7 @@ def test_causal_first_keeps_the_draft_where_the_left_neighbour_is_masked():
     truth = truth_of(8)
     config = ReFusionConfig(gen_length=8, slot_size=4, block_size=8, slot_threshold=0.9, token_threshold=0.9)
     model = ScriptedModel(3, truth, wrong={0: {4: 13}})  # both slots chosen by the first plan; slot 1 starts wrong
-    result = decode_refusion(model, PROMPT, config, mask_token_id=MASK, eos_token_id=EOS, causal_first=True)
+    result = run_decoder("refusion", model, PROMPT, config, mask_token_id=MASK, eos_token_id=EOS, causal_first=True)
     assert result.tokens == [*truth[:4], 13, *truth[5:]]  # offset 3 was not committed when slot 1 was planned
     (step,) = result.trace
     assert step.kinds == ["causal-first", "verified", "verified", "verified", "first", "verified", "verified",
@@ -249,7 +249,7 @@ def test_on_step_streams_every_iteration():
     model = ScriptedModel(3, truth, ar={6: 0.5})
     seen = []
     config = ReFusionConfig(gen_length=16, slot_size=4, block_size=16, slot_threshold=0.9, token_threshold=0.9)
-    result = decode_refusion(model, PROMPT, config, mask_token_id=MASK, eos_token_id=EOS, on_step=seen.append)
+    result = run_decoder("refusion", model, PROMPT, config, mask_token_id=MASK, eos_token_id=EOS, on_step=seen.append)
     assert seen == result.trace
     rebuilt = [None] * 16
     for step in seen:
@@ -270,8 +270,8 @@ def test_temperature_noise_is_reproducible_with_a_generator():
 
 def run_with_generator(truth, config, seed):
     model = ScriptedModel(3, truth, plan={i: 0.4 for i in range(8)})
-    return decode_refusion(model, PROMPT, config, mask_token_id=MASK, eos_token_id=EOS,
-                           generator=torch.Generator().manual_seed(seed)).tokens
+    return run_decoder("refusion", model, PROMPT, config, mask_token_id=MASK, eos_token_id=EOS,
+                       generator=torch.Generator().manual_seed(seed)).tokens
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -1,4 +1,4 @@
-"""decode_refusion against the slow reference decoder (no cache, masks rebuilt from scratch)."""
+"""The ReFusion decoder against the slow reference decoder (no cache, masks rebuilt from scratch)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import itertools
 import pytest
 import torch
 
-from refusion_cli.decoding import ReFusionConfig, decode_refusion
+from refusion_cli.decoding import ReFusionConfig, run_decoder
 from tests.decoding.reference import CONFIGS, MODEL_SEEDS, ReferenceReFusion
 from tests.tiny import MASK_ID
 
@@ -15,7 +15,8 @@ PROMPT_LENGTHS = [1, 9]
 
 
 def run_both(model, prompt, config, eos_id, kv_reuse=True):
-    result = decode_refusion(model, prompt, config, mask_token_id=MASK_ID, eos_token_id=eos_id, kv_reuse=kv_reuse)
+    result = run_decoder("refusion", model, prompt, config, mask_token_id=MASK_ID, eos_token_id=eos_id,
+                         kv_reuse=kv_reuse)
     reference = ReferenceReFusion(model, prompt, mask_id=MASK_ID, eos_id=eos_id, siblings_visible=not kv_reuse)
     expected = reference.decode(config.gen_length, config.slot_size, config.block_size,
                                 config.slot_threshold, config.token_threshold)
@@ -24,7 +25,7 @@ def run_both(model, prompt, config, eos_id, kv_reuse=True):
 
 def eos_inside(model, prompt, config):
     """A token the decoder commits mid-response when there is no EOS: used as EOS to force the EOS branches."""
-    tokens = decode_refusion(model, prompt, config, mask_token_id=MASK_ID, eos_token_id=None).tokens
+    tokens = run_decoder("refusion", model, prompt, config, mask_token_id=MASK_ID, eos_token_id=None).tokens
     return tokens[len(tokens) // 2]
 
 
@@ -70,7 +71,8 @@ def test_causal_fix_ablation_matches_reference_token_for_token(models):
         model, prompt = models[seed], list(range(2, 2 + 3 + seed))
         config = ReFusionConfig(gen_length=n, slot_size=k, block_size=b, slot_threshold=ts, token_threshold=tt)
         eos_id = eos_inside(model, prompt, config) if use_eos else None
-        result = decode_refusion(model, prompt, config, mask_token_id=MASK_ID, eos_token_id=eos_id, causal_fix=True)
+        result = run_decoder("refusion", model, prompt, config, mask_token_id=MASK_ID, eos_token_id=eos_id,
+                             causal_fix=True)
         reference = ReferenceReFusion(model, prompt, mask_id=MASK_ID, eos_id=eos_id)
         expected = reference.decode(config.gen_length, config.slot_size, config.block_size,
                                     config.slot_threshold, config.token_threshold, causal_fix=True)
@@ -92,8 +94,8 @@ def test_causal_first_ablation_matches_reference_token_for_token(models, causal_
         model, prompt = models[seed], list(range(2, 2 + 1 + 4 * seed))  # 1, 5 and 9 tokens
         config = ReFusionConfig(gen_length=n, slot_size=k, block_size=b, slot_threshold=ts, token_threshold=tt)
         eos_id = eos_inside(model, prompt, config) if use_eos else None
-        result = decode_refusion(model, prompt, config, mask_token_id=MASK_ID, eos_token_id=eos_id,
-                                 causal_fix=causal_fix, causal_first=True)
+        result = run_decoder("refusion", model, prompt, config, mask_token_id=MASK_ID, eos_token_id=eos_id,
+                             causal_fix=causal_fix, causal_first=True)
         reference = ReferenceReFusion(model, prompt, mask_id=MASK_ID, eos_id=eos_id)
         expected = reference.decode(config.gen_length, config.slot_size, config.block_size, config.slot_threshold,
                                     config.token_threshold, causal_fix=causal_fix, causal_first=True)
@@ -122,8 +124,8 @@ def test_recheck_ablation_matches_reference_token_for_token(models, options, see
         model, prompt = models[seed], list(range(2, 2 + 1 + 4 * seed))
         config = ReFusionConfig(gen_length=n, slot_size=k, block_size=b, slot_threshold=ts, token_threshold=tt)
         eos_id = eos_inside(model, prompt, config) if use_eos else None
-        result = decode_refusion(model, prompt, config, mask_token_id=MASK_ID, eos_token_id=eos_id, recheck=True,
-                                 **options)
+        result = run_decoder("refusion", model, prompt, config, mask_token_id=MASK_ID, eos_token_id=eos_id,
+                             recheck=True, **options)
         reference = ReferenceReFusion(model, prompt, mask_id=MASK_ID, eos_id=eos_id)
         expected = reference.decode(config.gen_length, config.slot_size, config.block_size, config.slot_threshold,
                                     config.token_threshold, recheck=True, **options)

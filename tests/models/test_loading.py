@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from refusion_cli.decoding import ReFusionConfig, decode_refusion
+from refusion_cli.decoding import ReFusionConfig, run_decoder
 from refusion_cli.errors import UserError
 from refusion_cli.models import load_model
 from tools.standins import qwen3_tokenizer
@@ -47,8 +47,8 @@ def test_refusion_layout_loads_with_the_right_special_ids(refusion_layout):
     assert tok.decode(ids) == text  # the BPE round-trips
 
     config = ReFusionConfig(gen_length=16, slot_size=4, block_size=8, slot_threshold=0.5, token_threshold=0.5)
-    result = decode_refusion(loaded.model, ids, config, mask_token_id=loaded.mask_token_id,
-                             eos_token_id=loaded.eos_token_id)
+    result = run_decoder("refusion", loaded.model, ids, config, mask_token_id=loaded.mask_token_id,
+                         eos_token_id=loaded.eos_token_id)
     assert 1 <= len(result.tokens) <= 16
     assert loaded.mask_token_id not in result.tokens
     assert isinstance(tok.decode(result.tokens), str)

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from refusion_cli.decoding.d2f import D2FConfig, decode_d2f
+from refusion_cli.decoding.d2f import D2FConfig
+from refusion_cli.decoding.registry import run_decoder
 from refusion_cli.decoding.stats import cut_after_eos
 from refusion_cli.models import load_model
 from tools.golden_logits import weights_fingerprint
@@ -70,8 +71,8 @@ def loaded(standin):
 
 def decode(loaded, case: dict, prompts):
     model = loaded[case["family"]]
-    return decode_d2f(model.model, prompts, config_of(case), shifted=case["family"] == "dream",
-                      mask_token_id=model.mask_token_id, eos_token_id=case["eos_token_id"])
+    return run_decoder(f"{case['family']}-d2f", model.model, prompts, config_of(case),
+                       mask_token_id=model.mask_token_id, eos_token_id=case["eos_token_id"])
 
 
 def test_the_golden_file_was_made_from_these_stand_ins(standin, loaded):

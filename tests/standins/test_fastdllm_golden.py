@@ -19,13 +19,13 @@ from typing import Any
 import pytest
 import torch
 
-from refusion_cli.decoding import DreamConfig, LLaDAConfig, decode_dream, decode_llada
+from refusion_cli.decoding import DreamConfig, LLaDAConfig, run_decoder
 from refusion_cli.models import load_model
 from tools.golden_fastdllm import FAMILIES
 from tools.golden_logits import weights_fingerprint
 
 GOLDEN = Path(__file__).parent / "golden" / "fastdllm.json"
-DECODERS = {"llada": (LLaDAConfig, decode_llada), "dream": (DreamConfig, decode_dream)}
+CONFIG_CLASSES = {"llada": LLaDAConfig, "dream": DreamConfig}  # the decoder of each family
 # the fast share: every cache mode at threshold 0 (a full pass that finishes its block, Dream's cap on
 # tokens a step) and Dream's capped threshold alone; the low threshold of both caches and the dual cache's
 # fixed steps as batches
@@ -64,13 +64,12 @@ def settings_of(record: dict) -> dict[str, list[dict]]:
 
 def decode(family: Family, cases: list[dict], batched: bool) -> list:
     """The toolkit's results for ``cases`` (one setting): alone, or all in one batch."""
-    config_class, decoder = DECODERS[family.name]
-    config = config_class(**cases[0]["config"])
+    config = CONFIG_CLASSES[family.name](**cases[0]["config"])
     prompts = [family.record["prompts"][case["prompt"]] for case in cases]
     model, ids = family.loaded.model, dict(mask_token_id=family.loaded.mask_token_id, eos_token_id=None)
     if batched:
-        return decoder(model, prompts, config, **ids)
-    return [decoder(model, prompt, config, **ids) for prompt in prompts]
+        return run_decoder(family.name, model, prompts, config, **ids)
+    return [run_decoder(family.name, model, prompt, config, **ids) for prompt in prompts]
 
 
 def assert_equal(results: list, cases: list[dict]) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from refusion_cli.decoding import DreamConfig, LLaDAConfig, decode_dream, decode_llada
+from refusion_cli.decoding import DreamConfig, LLaDAConfig, run_decoder
 from refusion_cli.decoding.mdm import attends_causally
 from refusion_cli.errors import UserError
 from refusion_cli.models import load_model
@@ -61,20 +61,20 @@ def test_each_decoder_fits_its_checkpoint_only(standin):
         check_model_fits("refusion", str(standin("dream-v0-instruct-7b")))
 
 
-@pytest.mark.parametrize("name, decode, config", [
-    ("llada-8b-instruct", decode_llada, LLaDAConfig(gen_length=16, steps=8, block_length=8)),
-    ("llada-8b-instruct", decode_llada, LLaDAConfig(gen_length=16, steps=8, block_length=8, use_cache=True)),
-    ("dream-v0-instruct-7b", decode_dream, DreamConfig(gen_length=16, steps=8, temperature=0.0)),
-    ("dream-v0-instruct-7b", decode_dream, DreamConfig(gen_length=16, steps=8, temperature=0.0, block_length=8,
-                                                       use_cache=True)),
+@pytest.mark.parametrize("name, decoder, config", [
+    ("llada-8b-instruct", "llada", LLaDAConfig(gen_length=16, steps=8, block_length=8)),
+    ("llada-8b-instruct", "llada", LLaDAConfig(gen_length=16, steps=8, block_length=8, use_cache=True)),
+    ("dream-v0-instruct-7b", "dream", DreamConfig(gen_length=16, steps=8, temperature=0.0)),
+    ("dream-v0-instruct-7b", "dream", DreamConfig(gen_length=16, steps=8, temperature=0.0, block_length=8,
+                                                  use_cache=True)),
 ], ids=["llada", "llada-cache", "dream", "dream-cache"])
-def test_a_batch_of_two_prompts_gives_each_its_batch_of_one_answer(standin, name, decode, config):
+def test_a_batch_of_two_prompts_gives_each_its_batch_of_one_answer(standin, name, decoder, config):
     loaded = load_model(str(standin(name)), "cpu", torch.float32)
     prompts = [user_prompt_ids(loaded.tokenizer, question) for question in QUESTIONS]
     assert len(prompts[0]) != len(prompts[1])
     ids = dict(mask_token_id=loaded.mask_token_id, eos_token_id=loaded.stop_token_ids)
-    alone = [decode(loaded.model, prompt, config, **ids) for prompt in prompts]
-    together = decode(loaded.model, prompts, config, batch_size=2, **ids)
+    alone = [run_decoder(decoder, loaded.model, prompt, config, **ids) for prompt in prompts]
+    together = run_decoder(decoder, loaded.model, prompts, config, batch_size=2, **ids)
     assert [result.tokens for result in together] == [result.tokens for result in alone]
     assert [result.stats.forwards for result in together] == [result.stats.forwards for result in alone]
     assert any(result.tokens for result in alone)
@@ -141,12 +141,12 @@ def test_a_model_whose_attention_is_recorded_nowhere_is_bidirectional():
 
 def test_llada_and_dream_load_and_decode_in_bfloat16(standin):
     """The dtype a GPU run uses: weights and logits in bf16, the samplers widen where their references do."""
-    for name, decode, config in (("llada-8b-instruct", decode_llada, LLaDAConfig(gen_length=8, steps=4, block_length=8)),
-                                 ("dream-v0-instruct-7b", decode_dream, DreamConfig(gen_length=8, steps=4,
-                                                                                    temperature=0.0, top_p=None))):
+    for name, decoder, config in (("llada-8b-instruct", "llada", LLaDAConfig(gen_length=8, steps=4, block_length=8)),
+                                  ("dream-v0-instruct-7b", "dream", DreamConfig(gen_length=8, steps=4, temperature=0.0,
+                                                                                top_p=None))):
         loaded = load_model(str(standin(name)), "cpu", torch.bfloat16)
         assert next(loaded.model.parameters()).dtype == torch.bfloat16
         prompt = user_prompt_ids(loaded.tokenizer, QUESTIONS[0])
-        result = decode(loaded.model, prompt, config, mask_token_id=loaded.mask_token_id,
-                        eos_token_id=loaded.stop_token_ids)
+        result = run_decoder(decoder, loaded.model, prompt, config, mask_token_id=loaded.mask_token_id,
+                             eos_token_id=loaded.stop_token_ids)
         assert result.stats.forwards == 4 and loaded.mask_token_id not in result.tokens
