@@ -1,59 +1,21 @@
 """Greedy autoregressive decoding with a KV cache: one token per forward (the AR baseline).
 
-One prompt, or a batch: each prompt is a lane of :class:`~refusion_cli.decoding.cache.Lanes` (its
-own rows of the shared KV cache), and every round feeds each running lane its last token in one
-model call; a finished lane leaves and the next prompt takes its row.
+:func:`ar_row` is one prompt's program on a lane of :class:`~refusion_cli.decoding.cache.Lanes` (its
+own rows of the shared KV cache); ``registry.run_decoder("ar", ...)`` runs one per prompt and every
+round feeds each running lane its last token in one model call; a finished lane leaves and the next
+prompt takes its row.
 """
 
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any, Callable, overload
+from typing import Any, Callable
 
 import torch
 
-from refusion_cli.decoding.batching import Prompt, Prompts, batch_prompts
-from refusion_cli.decoding.cache import Lane, Lanes, LaneStep, drive
-from refusion_cli.decoding.config import ConfigError
-from refusion_cli.decoding.stats import BatchClock, DecodeResult, DecodeStats, EosIds, eos_ids
-
-
-@overload
-def decode_ar(model: torch.nn.Module, prompt_ids: Prompts, *, max_new_tokens: int, eos_token_id: EosIds,
-              batch_size: int | None = None) -> list[DecodeResult]: ...
-
-
-@overload
-def decode_ar(model: torch.nn.Module, prompt_ids: Prompt, *, max_new_tokens: int, eos_token_id: EosIds,
-              batch_size: int | None = None) -> DecodeResult: ...
-
-
-@torch.no_grad()
-def decode_ar(
-    model: torch.nn.Module,
-    prompt_ids: Prompt | Prompts,
-    *,
-    max_new_tokens: int,
-    eos_token_id: EosIds,
-    batch_size: int | None = None,
-) -> DecodeResult | list[DecodeResult]:
-    """Greedy next-token decoding; stops after an EOS (any of the ids given) or ``max_new_tokens`` tokens.
-
-    A batch (a list of prompts) returns one result per prompt, in order; ``batch_size`` rows (None:
-    all) decode at once, each exactly as alone (same tokens, one forward per token)."""
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ConfigError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
-    batch, prompts = batch_prompts(model, prompt_ids, batch_size, max_new_tokens, eos_token_id=eos_token_id)
-    stops = set(eos_ids(eos_token_id))
-    lanes = Lanes(model)
-    clock = BatchClock(prompts[0].device)
-
-    def start(index: int) -> LaneStep[DecodeResult]:
-        return ar_row(lanes, index, prompts[index], max_new_tokens, stops)
-
-    results = drive(lanes, start, len(prompts), batch_size, clock)
-    return results if batch else results[0]
+from refusion_cli.decoding.cache import Lane, Lanes, LaneStep
+from refusion_cli.decoding.stats import BatchClock, DecodeResult, DecodeStats
 
 
 @dataclass
@@ -94,4 +56,4 @@ def greedy_lane(ctx: Lane, stats: DecodeStats, last: torch.Tensor, max_new_token
     return DecodeResult(tokens=tokens, stats=stats)
 
 
-__all__ = ["ARStep", "ar_row", "decode_ar", "greedy_lane"]
+__all__ = ["ARStep", "ar_row", "greedy_lane"]

@@ -24,25 +24,23 @@ one model call:
 Decoding ends when no block is decoding and none can be added. ``shifted`` (Dream): the token at
 position p is read from the logits of p - 1; for the first fed position those come from the call
 that cached the position before it. The model computes the logits that predict a mask and no others
-(shifted: also those of the last position a call caches). A list of prompts is decoded as a batch,
-each row as alone (mdm.decode_canvases); ``result.trace`` holds one record per block and step that
-committed.
+(shifted: also those of the last position a call caches). :func:`d2f_row` is one prompt's program;
+``registry.run_decoder`` ("llada-d2f", "dream-d2f") decodes a list of prompts as a batch, each row as
+alone (see mdm); ``result.trace`` holds one record per block and step that committed.
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Callable, overload
 
 import torch
 
-from refusion_cli.decoding.batching import Generators, Prompt, Prompts
 from refusion_cli.decoding.config import ConfigError, check_non_negative, check_positive, check_probability
 from refusion_cli.decoding.dream import DreamConfig, check_filters, predict_tokens
-from refusion_cli.decoding.mdm import (Block, Canvas, CanvasFeed, CanvasStep, MDMStep, RowKV, choose_positions,
-                                      decode_canvases, read_offsets, take_rows)
-from refusion_cli.decoding.stats import DecodeResult, EosIds, eos_ids
+from refusion_cli.decoding.mdm import (Block, Canvas, CanvasFeed, CanvasStep, RowKV, choose_positions, read_offsets,
+                                      take_rows)
+from refusion_cli.decoding.stats import DecodeResult, eos_ids
 
 # forced_rank -> the Dream ranking that computes it (D2F's sampling_strategy default / margin_confidence / neg_entropy)
 FORCED_RANKS = {"probability": "maskgit_plus", "margin": "topk_margin", "entropy": "entropy"}
@@ -137,48 +135,9 @@ class PipelineBlock:
         return self.decoded / self.span.length
 
 
-@overload
-def decode_d2f(model: torch.nn.Module, prompt_ids: Prompts, config: D2FConfig, *, shifted: bool, mask_token_id: int,
-               eos_token_id: EosIds, generator: Generators = None,
-               on_step: Callable[[int, MDMStep], None] | None = None,
-               batch_size: int | None = None) -> list[DecodeResult]: ...
-
-
-@overload
-def decode_d2f(model: torch.nn.Module, prompt_ids: Prompt, config: D2FConfig, *, shifted: bool, mask_token_id: int,
-               eos_token_id: EosIds, generator: torch.Generator | None = None,
-               on_step: Callable[[MDMStep], None] | None = None,
-               batch_size: int | None = None) -> DecodeResult: ...
-
-
-@torch.no_grad()
-def decode_d2f(
-    model: torch.nn.Module,
-    prompt_ids: Prompt | Prompts,
-    config: D2FConfig,
-    *,
-    shifted: bool,
-    mask_token_id: int,
-    eos_token_id: EosIds,
-    generator: Generators = None,
-    on_step: Callable[..., None] | None = None,
-    batch_size: int | None = None,
-) -> DecodeResult | list[DecodeResult]:
-    """Decode one response with D2F's decoder, or one per prompt of a batch (a list of prompts: results
-    in order, ``on_step(prompt_index, step)``); ``shifted``: read token p from the logits of p - 1 (Dream).
-
-    ``batch_size`` rows (None: all) decode at once in shared model calls, each as alone (up to float
-    rounding, see mdm); with sampling, give one generator per prompt to draw each row's tokens as its
-    own decode would."""
-    return decode_canvases(model, prompt_ids, config.response_length,
-                           lambda canvas, row_generator: d2f_row(canvas, config, shifted, row_generator),
-                           mask_token_id=mask_token_id, eos_token_id=eos_token_id, generator=generator,
-                           on_step=on_step, batch_size=batch_size)
-
-
 def d2f_row(canvas: Canvas, config: D2FConfig, shifted: bool,
             generator: torch.Generator | None) -> CanvasStep[DecodeResult]:
-    """One prompt's D2F decode as a row program (see mdm.decode_canvases)."""
+    """One prompt's D2F decode as a row program (see mdm.canvas_row)."""
     sampling = config.token_sampling
     stops = set(eos_ids(canvas.eos_token_id))
     prompt = PipelineBlock(Block(-1, 0, canvas.prompt_length), decoded=canvas.prompt_length, complete=True,
@@ -268,4 +227,4 @@ def block_causal(canvas: Canvas, block_size: int, start: int, end: int) -> torch
     return block_of[None, :] <= block_of[:, None]
 
 
-__all__ = ["D2FConfig", "DREAM_PRESETS", "FORCED_RANKS", "LLADA_PRESETS", "decode_d2f"]
+__all__ = ["D2FConfig", "DREAM_PRESETS", "FORCED_RANKS", "LLADA_PRESETS"]

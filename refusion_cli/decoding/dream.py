@@ -29,8 +29,8 @@ shifted logits predict), unless the schedule gives the block a single step, whic
 the schedule's steps 1, 2, ... follow, or the threshold rule. A cached step reads the fed positions'
 logits shifted within the call, so the block's first position would read its own logits; it is
 never masked by then. Only the logits that predict a mask are computed (on a cached full pass, only
-those of the block's first mask). A list of prompts is decoded as a batch, each row as alone (see
-mdm.decode_canvases).
+those of the block's first mask). :func:`dream_row` is one prompt's program; ``registry.run_decoder``
+decodes a list of prompts as a batch, each row as alone (see mdm).
 
 Logits memory: plain Dream reads the logits before every mask of its one 512-token block, and its
 sampler (top-p sort with int64 indices, softmax, cumulative sum, float32 weights for the draw) makes
@@ -52,29 +52,25 @@ import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Callable, overload
 
 import torch
 
-from refusion_cli.decoding.batching import Generators, Prompt, Prompts
 from refusion_cli.decoding.config import ConfigError, check_non_negative, check_positive, check_probability
 from refusion_cli.decoding.mdm import (
     Canvas,
     CanvasPasses,
     CanvasStep,
-    MDMStep,
     ReadLogits,
     check_blocks,
     check_fast_options,
     choose_positions,
-    decode_canvases,
     even_schedule,
     forbid_mask,
     logit_chunks,
     sample,
     uniform,
 )
-from refusion_cli.decoding.stats import DecodeResult, EosIds
+from refusion_cli.decoding.stats import DecodeResult
 
 ALGORITHMS = ("origin", "maskgit_plus", "topk_margin", "entropy")
 
@@ -221,46 +217,8 @@ def origin_transfers(n_masked: int, step: int, timesteps: torch.Tensor, generato
     return (draws < float(1 - s / t)).nonzero().flatten()
 
 
-@overload
-def decode_dream(model: torch.nn.Module, prompt_ids: Prompts, config: DreamConfig, *, mask_token_id: int,
-                 eos_token_id: EosIds, generator: Generators = None,
-                 on_step: Callable[[int, MDMStep], None] | None = None,
-                 batch_size: int | None = None) -> list[DecodeResult]: ...
-
-
-@overload
-def decode_dream(model: torch.nn.Module, prompt_ids: Prompt, config: DreamConfig, *, mask_token_id: int,
-                 eos_token_id: EosIds, generator: torch.Generator | None = None,
-                 on_step: Callable[[MDMStep], None] | None = None,
-                 batch_size: int | None = None) -> DecodeResult: ...
-
-
-@torch.no_grad()
-def decode_dream(
-    model: torch.nn.Module,
-    prompt_ids: Prompt | Prompts,
-    config: DreamConfig,
-    *,
-    mask_token_id: int,
-    eos_token_id: EosIds,
-    generator: Generators = None,
-    on_step: Callable[..., None] | None = None,
-    batch_size: int | None = None,
-) -> DecodeResult | list[DecodeResult]:
-    """Decode one response with Dream's sampler, or one per prompt of a batch (a list of prompts:
-    results in order, ``on_step(prompt_index, step)``); ``result.trace`` lists what every step unmasked.
-
-    ``batch_size`` rows (None: all) decode at once in shared model calls, each as alone (up to float
-    rounding, see mdm); with sampling, give one generator per prompt to draw each row's noise as its
-    own decode would."""
-    return decode_canvases(model, prompt_ids, config.gen_length,
-                           lambda canvas, row_generator: dream_row(canvas, config, row_generator),
-                           mask_token_id=mask_token_id, eos_token_id=eos_token_id, generator=generator,
-                           on_step=on_step, batch_size=batch_size)
-
-
 def dream_row(canvas: Canvas, config: DreamConfig, generator: torch.Generator | None) -> CanvasStep[DecodeResult]:
-    """One prompt's Dream decode as a row program (see mdm.decode_canvases)."""
+    """One prompt's Dream decode as a row program (see mdm.canvas_row)."""
     passes = CanvasPasses(canvas.stats, config.use_cache, config.dual_cache, shifted=True, chunked=True)
     timesteps = torch.linspace(1, config.eps, config.steps_per_block + 1)  # float32, as the reference
     mask_token_id = canvas.mask_token_id

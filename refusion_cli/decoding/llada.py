@@ -21,9 +21,9 @@ Token ids in, token ids out. The response starts all masked and is decoded in bl
 prefix cache) and ``dual_cache`` the K/V right of the block too, so that later steps feed the block
 alone (Fast-dLLM's dual cache); both are exact for causal models and approximate for bidirectional
 ones. With either, a block's first step is the full pass and counts as a step of its schedule, and
-a cached step always follows it (see mdm.Canvas.steps). A list of prompts is decoded as a batch,
-each row as alone (see mdm.decode_canvases). The model should be bidirectional (see
-``registry.check_decoder_fits``); it is not checked here.
+a cached step always follows it (see mdm.Canvas.steps). :func:`llada_row` is one prompt's program;
+``registry.run_decoder`` decodes a list of prompts as a batch, each row as alone (see mdm). The model
+should be bidirectional (see ``registry.check_decoder_fits``); it is not checked here.
 """
 
 from __future__ import annotations
@@ -31,27 +31,24 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Callable, overload
 
 import torch
 
-from refusion_cli.decoding.batching import Generators, Prompt, Prompts, gumbel_argmax, token_probs
+from refusion_cli.decoding.batching import gumbel_argmax, token_probs
 from refusion_cli.decoding.config import ConfigError, check_non_negative
 from refusion_cli.decoding.mdm import (
     Block,
     Canvas,
     CanvasPasses,
     CanvasStep,
-    MDMStep,
     check_blocks,
     check_fast_options,
     choose_positions,
-    decode_canvases,
     even_schedule,
     forbid_mask,
     uniform,
 )
-from refusion_cli.decoding.stats import DecodeResult, EosIds, wide_float
+from refusion_cli.decoding.stats import DecodeResult, wide_float
 
 REMASKING = ("low_confidence", "random")
 
@@ -106,46 +103,8 @@ def guided_logits(cond: CanvasPasses, uncond: CanvasPasses | None, canvas: Canva
     return logits.to(wide_float(logits.device))
 
 
-@overload
-def decode_llada(model: torch.nn.Module, prompt_ids: Prompts, config: LLaDAConfig, *, mask_token_id: int,
-                 eos_token_id: EosIds, generator: Generators = None,
-                 on_step: Callable[[int, MDMStep], None] | None = None,
-                 batch_size: int | None = None) -> list[DecodeResult]: ...
-
-
-@overload
-def decode_llada(model: torch.nn.Module, prompt_ids: Prompt, config: LLaDAConfig, *, mask_token_id: int,
-                 eos_token_id: EosIds, generator: torch.Generator | None = None,
-                 on_step: Callable[[MDMStep], None] | None = None,
-                 batch_size: int | None = None) -> DecodeResult: ...
-
-
-@torch.no_grad()
-def decode_llada(
-    model: torch.nn.Module,
-    prompt_ids: Prompt | Prompts,
-    config: LLaDAConfig,
-    *,
-    mask_token_id: int,
-    eos_token_id: EosIds,
-    generator: Generators = None,
-    on_step: Callable[..., None] | None = None,
-    batch_size: int | None = None,
-) -> DecodeResult | list[DecodeResult]:
-    """Decode one response with LLaDA's sampler, or one per prompt of a batch (a list of prompts:
-    results in order, ``on_step(prompt_index, step)``); ``result.trace`` lists what every step unmasked.
-
-    ``batch_size`` rows (None: all) decode at once in shared model calls, each as alone (up to float
-    rounding, see mdm); with sampling, give one generator per prompt to draw each row's noise as its
-    own decode would."""
-    return decode_canvases(model, prompt_ids, config.gen_length,
-                           lambda canvas, row_generator: llada_row(canvas, config, row_generator),
-                           mask_token_id=mask_token_id, eos_token_id=eos_token_id, generator=generator,
-                           on_step=on_step, batch_size=batch_size)
-
-
 def llada_row(canvas: Canvas, config: LLaDAConfig, generator: torch.Generator | None) -> CanvasStep[DecodeResult]:
-    """One prompt's LLaDA decode as a row program (see mdm.decode_canvases)."""
+    """One prompt's LLaDA decode as a row program (see mdm.canvas_row)."""
     cond = CanvasPasses(canvas.stats, config.use_cache, config.dual_cache)
     uncond = CanvasPasses(canvas.stats, config.use_cache, config.dual_cache) if config.cfg_scale > 0 else None
     for block in canvas.blocks(config.block_length):

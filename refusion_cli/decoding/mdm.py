@@ -17,8 +17,8 @@ bidirectional model they are an approximation, since the cached K/V were compute
 block was still (partly) masked.
 
 Batches: a sampler is written as a row program (a generator that yields a :class:`CanvasFeed` for
-each model call and is sent its logits back); :func:`decode_canvases` runs one program per prompt,
-``batch_size`` at a time, through :func:`refusion_cli.decoding.cache.drive`, and
+each model call and is sent its logits back) on a prompt's canvas (:func:`canvas_row`);
+``registry.run_decoder`` runs one per prompt, ``batch_size`` at a time, and
 :class:`CanvasCalls` makes one padded, masked model call of every running row's feed. Each row keeps
 its own canvas, counters, generator and cached K/V, so it decodes as it would alone; one prompt is
 a batch of one through the same code. Up to float rounding: a padded call reduces over other shapes
@@ -46,9 +46,7 @@ from typing import Callable, Generator, Iterator, TypeVar
 import torch
 from transformers import DynamicCache
 
-from refusion_cli.decoding.batching import (Generators, Prompt, Prompts, batch_prompts, row_callback,
-                                            row_generators)
-from refusion_cli.decoding.cache import additive_mask, drive, mask_argument
+from refusion_cli.decoding.cache import additive_mask, mask_argument
 from refusion_cli.decoding.config import ConfigError, check_non_negative, check_positive, check_probability
 from refusion_cli.decoding.stats import (BatchClock, DecodeResult, DecodeStats, EosIds, cache_argument, count_call,
                                          cut_after_eos, kept_logits, logits_at, timed_call, wide_float)
@@ -484,46 +482,12 @@ class CanvasPasses:
 
 
 # ---------------------------------------------------------------------------------------------
-# one prompt or a batch
+# one prompt's row
 
 
 def report_to(clock: BatchClock, callback: Callable[[MDMStep], None], stats: DecodeStats, record: MDMStep) -> None:
     """Hand a row's step to the caller's callback through the batch's clock."""
     clock.report(stats, callback, record)
-
-
-def decode_canvases(
-    model: torch.nn.Module,
-    prompt_ids: Prompt | Prompts,
-    gen_length: int,
-    program: Callable[[Canvas, torch.Generator | None], CanvasStep[DecodeResult]],
-    *,
-    mask_token_id: int,
-    eos_token_id: EosIds,
-    generator: Generators,
-    on_step: Callable[..., None] | None,
-    batch_size: int | None,
-) -> DecodeResult | list[DecodeResult]:
-    """Run ``program`` (a sampler's row program) on the canvas of each prompt, ``batch_size`` rows
-    (None: all) at a time in shared model calls; one prompt gives one result, a batch a list.
-
-    Each row runs its own decode (same tokens, same forwards as alone, but for a near-tie that the
-    batched call's float rounding flips: see the module docstring); a finished row's
-    place goes to the next prompt. ``on_step(step)``, or ``on_step(prompt_index, step)`` for a batch;
-    ``generator``: one, shared (drawn by the rows in turn), or one per prompt.
-    """
-    batch, prompts = batch_prompts(model, prompt_ids, batch_size, gen_length, mask_token_id=mask_token_id,
-                                   eos_token_id=eos_token_id)
-    generators = row_generators(generator, len(prompts))
-    clock = BatchClock(prompts[0].device)
-
-    def start(index: int) -> CanvasStep[DecodeResult]:
-        return canvas_row(prompts[index], gen_length, program, mask_token_id=mask_token_id,
-                          eos_token_id=eos_token_id, generator=generators[index],
-                          on_step=row_callback(on_step, index, batch), clock=clock)
-
-    results = drive(CanvasCalls(model), start, len(prompts), batch_size, clock)
-    return results if batch else results[0]
 
 
 def canvas_row(prompt: torch.Tensor, gen_length: int,

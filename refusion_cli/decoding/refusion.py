@@ -60,13 +60,12 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import Callable, overload
+from typing import Callable
 
 import torch
 
-from refusion_cli.decoding.batching import (Generators, Prompt, Prompts, batch_prompts, gumbel_argmax,
-                                            next_token_probs, row_callback, row_generators, token_probs)
-from refusion_cli.decoding.cache import Lane, Lanes, LaneStep, drive
+from refusion_cli.decoding.batching import gumbel_argmax, next_token_probs, token_probs
+from refusion_cli.decoding.cache import Lane, Lanes, LaneStep
 from refusion_cli.decoding.config import ReFusionConfig
 from refusion_cli.decoding.stats import BatchClock, DecodeResult, DecodeStats, EosIds, cut_after_eos, eos_ids, wide_float
 
@@ -195,64 +194,6 @@ def complete_slots(ctx: Lane, rows: torch.Tensor, positions: torch.Tensor, accep
 
 # ---------------------------------------------------------------------------------------------
 # the loop
-
-
-@overload
-def decode_refusion(model: torch.nn.Module, prompt_ids: Prompts, config: ReFusionConfig, *, mask_token_id: int,
-                    eos_token_id: EosIds, generator: Generators = None, kv_reuse: bool = True,
-                    causal_fix: bool = False, causal_first: bool = False, recheck: bool = False,
-                    on_step: Callable[[int, StepTrace], None] | None = None,
-                    batch_size: int | None = None) -> list[DecodeResult]: ...
-
-
-@overload
-def decode_refusion(model: torch.nn.Module, prompt_ids: Prompt, config: ReFusionConfig, *, mask_token_id: int,
-                    eos_token_id: EosIds, generator: torch.Generator | None = None, kv_reuse: bool = True,
-                    causal_fix: bool = False, causal_first: bool = False, recheck: bool = False,
-                    on_step: Callable[[StepTrace], None] | None = None,
-                    batch_size: int | None = None) -> DecodeResult: ...
-
-
-@torch.no_grad()
-def decode_refusion(
-    model: torch.nn.Module,
-    prompt_ids: Prompt | Prompts,
-    config: ReFusionConfig,
-    *,
-    mask_token_id: int,
-    eos_token_id: EosIds,
-    generator: Generators = None,
-    kv_reuse: bool = True,
-    causal_fix: bool = False,
-    causal_first: bool = False,
-    recheck: bool = False,
-    on_step: Callable[..., None] | None = None,
-    batch_size: int | None = None,
-) -> DecodeResult | list[DecodeResult]:
-    """Decode one response with ReFusion, or one per prompt of a batch; ``on_step`` sees every
-    iteration as it is committed (with a batch: ``on_step(prompt_index, step)``).
-
-    A batch (a list of prompts) returns one result per prompt, in order. ``batch_size`` rows
-    (None: all) decode at once, one shared model call per round; each row runs its own decode (same
-    tokens, same forwards as alone, up to float rounding: see cache.Lanes), and when one finishes the
-    next prompt takes its row. With ``temperature`` > 0 a shared ``generator`` is drawn from by the
-    rows in turn; give one generator per prompt to draw each row's noise as its own decode would.
-    ``kv_reuse=False``, ``causal_fix=True``, ``causal_first=True`` and ``recheck=True`` are ablations
-    (see the module docstring); the last three combine."""
-    batch, prompts = batch_prompts(model, prompt_ids, batch_size, config.padded_length,
-                                   mask_token_id=mask_token_id, eos_token_id=eos_token_id)
-    generators = row_generators(generator, len(prompts))
-    lanes = Lanes(model, reuse=kv_reuse)
-    clock = BatchClock(prompts[0].device)
-
-    def start(index: int) -> LaneStep[DecodeResult]:
-        return refusion_row(lanes, index, prompts[index], config, mask_token_id=mask_token_id,
-                            eos_token_id=eos_token_id, generator=generators[index], causal_fix=causal_fix,
-                            causal_first=causal_first, recheck=recheck,
-                            on_step=row_callback(on_step, index, batch), clock=clock)
-
-    results = drive(lanes, start, len(prompts), batch_size, clock)
-    return results if batch else results[0]
 
 
 def refusion_row(lanes: Lanes, index: int, prompt: torch.Tensor, config: ReFusionConfig, *, mask_token_id: int,

@@ -143,7 +143,7 @@ class DecoderLM(TemplateLM):
         if any(variant) and self.decoder != PRESET_DECODER:
             given = next(flag for flag, on in zip(FLAGS, variant) if on)
             raise ConfigError(f"{given} applies to the {PRESET_DECODER} adapter only, not {self.decoder}")
-        self.variant = variant_options(variant)  # decode_refusion's variant flags (all False: the paper's decoder)
+        self.variant = variant_options(variant)  # run_decoder's variant flags (all False: the paper's decoder)
         self.chat_template_args: dict[str, Any] = {}
         if enable_thinking is not None:
             self.chat_template_args["enable_thinking"] = as_bool("enable_thinking", enable_thinking)
