@@ -101,6 +101,9 @@ def evaluate(
     confirm_run_unsafe_code: Annotated[bool, typer.Option("--confirm-run-unsafe-code", help="allow HumanEval / MBPP "
                                                           "to execute model-written code (sandboxed)",
                                                           rich_help_panel=WHERE)] = False,
+    allow_unjailed: Annotated[bool, typer.Option("--allow-unjailed", help="where no bubblewrap jail can be made, "
+                                                 "run candidates with weaker isolation (as REFUSION_ALLOW_UNJAILED=1)",
+                                                 rich_help_panel=WHERE)] = False,
     more: Annotated[list[str] | None, typer.Argument(hidden=True, show_default=False)] = None,
 ) -> None:
     """Evaluate decoders on the paper's benchmarks (offline, local data) and report accuracy / TPS."""
@@ -118,6 +121,10 @@ def evaluate(
     # every benchmark reads local files; --download fetches them in a child process started without this
     # variable (harness/download.py, fetch_split), so this process stays offline
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    if allow_unjailed:  # read where candidates run (harness/sandbox.py), in every process of the run
+        from refusion_cli.harness.sandbox import ALLOW_UNJAILED_ENV
+
+        os.environ[ALLOW_UNJAILED_ENV] = "1"
     from refusion_cli.harness.runner import EvalOptions, default_output, has_results, make_output, plan_eval, run_eval
 
     run_dir = output or default_output(values.tasks or ["table1"])

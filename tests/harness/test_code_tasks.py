@@ -158,14 +158,25 @@ def test_the_sandbox_line_says_what_isolation_this_machine_gives(monkeypatch):
         return sandbox.Isolation(net, pid, user, "/usr/bin/python3", launch, tuple(attempts),
                                  packages=launch is not None, **record)
 
-    monkeypatch.setattr(sandbox, "isolation", lambda: found(object(), True, True, True, own_interpreter=True))
-    assert code_tasks.sandbox_line() == ("code sandbox: no network (own network namespace), own PID namespace, "
-                                         "a throwaway user, your Python (/usr/bin/python3) with your packages "
-                                         "(read-only)")
+    monkeypatch.setattr(sandbox, "isolation", lambda: found(object(), True, True, True, own_interpreter=True,
+                                                            jail=True))
+    assert code_tasks.sandbox_line() == ("code sandbox: jail (bubblewrap): only the system's folders and your "
+                                         "Python's, read-only, a private /tmp of 64 MiB, no network, own PID "
+                                         "namespace, a throwaway user, your Python (/usr/bin/python3) with your "
+                                         "packages (read-only)")
+    # without a jail the run stops, unless told to go on with the weaker isolation, which the line then names
+    monkeypatch.setattr(sandbox, "isolation", lambda: found(object(), True, True, True, own_interpreter=True,
+                                                            jail_refused="no bwrap on PATH"))
+    with pytest.raises(UserError, match=r"no jail for model-written code can be made here \(no bwrap on PATH\)"):
+        code_tasks.sandbox_line()
+    monkeypatch.setenv(sandbox.ALLOW_UNJAILED_ENV, "1")
+    assert code_tasks.sandbox_line() == ("code sandbox: NO JAIL (no bwrap on PATH), weaker isolation: no network "
+                                         "(own network namespace), own PID namespace, a throwaway user, your "
+                                         "Python (/usr/bin/python3) with your packages (read-only)")
     monkeypatch.setattr(sandbox, "isolation", lambda: found(object(), False, False, False, own_interpreter=True))
-    assert code_tasks.sandbox_line() == ("code sandbox: candidates can use the network, no PID namespace, "
-                                         "your user (they can read your files), your Python (/usr/bin/python3) "
-                                         "with your packages")
+    assert code_tasks.sandbox_line().endswith("weaker isolation: candidates can use the network, no PID namespace, "
+                                              "your user (they can read your files), your Python (/usr/bin/python3) "
+                                              "with your packages")
     monkeypatch.setattr(sandbox, "isolation", lambda: found(object(), True, True, True, missing_modules=("tkinter",)))
     assert code_tasks.sandbox_line().endswith(", a throwaway user, Python /usr/bin/python3 (same version and ABI "
                                               "as yours, without tkinter) with your packages (read-only)")

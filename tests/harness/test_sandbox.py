@@ -1,7 +1,9 @@
 """The sandbox scores hostile candidates 0, keeps the evaluator's files, secrets and processes safe, and keeps working.
 
-What a test needs from this machine (a network namespace, the throwaway user, a PID namespace)
-is probed by `isolation()`; a test that needs what is missing is skipped with the reason.
+What a test needs from this machine (the jail, a network namespace, the throwaway user, a PID namespace)
+is probed by `isolation()`; a test that needs what is missing is skipped with the reason. On a machine without
+a jail, REFUSION_ALLOW_UNJAILED=1 runs them on the weaker isolation. test_jail.py has the hostile candidates
+in the jail with the toolkit in a private folder, and the refusal where bwrap is missing.
 """
 
 from __future__ import annotations
@@ -21,6 +23,10 @@ SLACK = 3.0  # seconds of scheduling delay allowed on a loaded 2-core machine
 needs_throwaway_user = pytest.mark.skipif(
     not isolation().throwaway_user,
     reason="candidates run as the evaluator's user here: " + (isolation().throwaway_refused or "it is not root")
+)
+needs_jail_or_throwaway_user = pytest.mark.skipif(
+    not (isolation().jail or isolation().throwaway_user),
+    reason="neither a jail nor the throwaway user here: " + isolation().describe()
 )
 
 
@@ -136,25 +142,25 @@ def test_deleting_files_outside_the_sandbox_scores_zero_and_the_files_stay(preci
     assert (precious / "data.txt").read_text() == "keep me"
 
 
-@needs_throwaway_user
+@needs_jail_or_throwaway_user
 @pytest.mark.parametrize("attempt", [
     "import posix\nposix.unlink({file!r})",  # the guard's os.unlink bypassed
-    "import posix\nassert posix.system('rm -rf {folder}') == 0",
+    "import posix\nposix.system('rm -rf {folder}')",  # in the jail the folder is not even there
     "open({file!r}, 'w').write('overwritten')",
 ])
-def test_the_throwaway_user_protects_files_even_past_the_guard(precious, attempt):
-    result = run_candidate(attempt.format(file=str(precious / "data.txt"), folder=str(precious)))
-    assert not result.passed
+def test_the_jail_or_throwaway_user_protects_files_even_past_the_guard(precious, attempt):
+    run_candidate(attempt.format(file=str(precious / "data.txt"), folder=str(precious)))
     assert (precious / "data.txt").read_text() == "keep me"
 
 
 def test_each_candidate_gets_a_fresh_directory_that_is_deleted_afterwards():
     program = "import os\nopen('scratch.txt', 'w').write('x')\nprint(os.getcwd())\nprint(os.listdir('.'))\n"
     first, second = run_candidate(program), run_candidate(program)
-    first_dir, first_listing = first.stdout.splitlines()
-    assert first.passed and first_dir != second.stdout.splitlines()[0]
-    assert sorted(eval(first_listing)) == ["candidate.py", "scratch.txt"]
-    assert not os.path.exists(first_dir)
+    (first_dir, first_listing), (second_dir, second_listing) = first.stdout.splitlines(), second.stdout.splitlines()
+    assert first.passed and sorted(eval(first_listing)) == sorted(eval(second_listing)) == ["candidate.py",
+                                                                                            "scratch.txt"]
+    if not isolation().jail:  # in a jail the same path each time, on a tmpfs of its own
+        assert first_dir != second_dir and not os.path.exists(first_dir)
 
 
 def test_the_evaluators_secrets_are_not_in_the_candidates_environment(monkeypatch):
@@ -166,7 +172,7 @@ def test_the_evaluators_secrets_are_not_in_the_candidates_environment(monkeypatc
     assert "HOME" in result.stdout and "PYTHONHASHSEED': '0'" in result.stdout
 
 
-@needs_throwaway_user
+@needs_jail_or_throwaway_user
 def test_the_evaluators_environment_cannot_be_read_through_proc(monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "secret123")
     result = run_candidate(f"print(open('/proc/{os.getpid()}/environ', 'rb').read())\n")
@@ -187,7 +193,8 @@ CONNECT = "import socket\nsocket.create_connection(('127.0.0.1', {port}), timeou
 @pytest.mark.skipif(not isolation().network_namespace, reason=network_isolation())
 def test_a_network_connection_fails_in_the_network_namespace(listener):
     result = run_candidate(CONNECT.format(port=listener))
-    assert result.status == "failed" and "unreachable" in result.detail
+    # the namespace's own loopback: down (unshare), or up with no listener (bwrap)
+    assert result.status == "failed" and ("unreachable" in result.detail or "refused" in result.detail)
 
 
 def test_a_network_attempt_never_hangs_the_evaluator(listener):

@@ -4,6 +4,7 @@ run in a fork of the evaluator (HF ``code_eval``, the paper's harness) does, or 
 The case: the toolkit installed in a venv under a private folder (mode 700, such as /root) that the
 throwaway user cannot enter. Before, the sandbox ran such candidates as the throwaway user with another
 Python, without the evaluator's packages: ``import numpy`` failed and every answer using numpy scored 0.
+The jail binds the folders the evaluator's Python needs, so the throwaway user runs them there too.
 """
 
 from __future__ import annotations
@@ -56,10 +57,14 @@ def test_a_toolkit_in_a_private_folder_gives_candidates_its_packages_as_a_fork_w
     seen = json.loads(ran.stdout)
     assert seen["numpy"] == [True, ""]  # the paper's harness scores it 1; the throwaway user's Python scored it 0
     assert seen["missing"] == [False, "ModuleNotFoundError: No module named 'surely_not_an_installed_package'"]
-    # the throwaway user cannot read the private site-packages: the evaluator's user and Python run the candidate,
-    # and the sandbox says so
-    assert seen["isolation"]["user"] == "evaluator" and seen["isolation"]["own_interpreter"]
     assert seen["isolation"]["packages"] and seen["isolation"]["interpreter"] == str(venv / "bin" / "python")
+    assert seen["isolation"]["own_interpreter"]
+    if isolation().jail:  # the jail binds the private folders the evaluator's Python needs, and nothing more
+        assert seen["isolation"]["jail"] and seen["isolation"]["user"] == "throwaway" and seen["refused"] == ""
+        return
+    # without a jail the throwaway user cannot read the private site-packages: the evaluator's user and Python run
+    # the candidate, and the sandbox says so
+    assert seen["isolation"]["user"] == "evaluator"
     assert seen["refused"] and "the throwaway user could not run them" in seen["line"]
 
 
