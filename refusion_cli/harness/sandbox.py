@@ -106,9 +106,9 @@ class Isolation:
 
     @property
     def user(self) -> str:
-        """Who runs candidates: "throwaway" (a random unused uid), "jail" (uid 65534 of a user namespace, in a
-        jail) or "evaluator" (the evaluator's own user)."""
-        return "throwaway" if self.throwaway_user else "jail" if self.jail else "evaluator"
+        """Who runs candidates, seen from outside: "throwaway" (a random unused uid) or "evaluator" (the evaluator's
+        own uid; in a jail as uid 65534 of a user namespace, without capabilities, seeing only the jail)."""
+        return "throwaway" if self.throwaway_user else "evaluator"
 
     def describe(self) -> str:
         """One line: jail or not, network, processes, user, Python and packages of the candidates on this machine."""
@@ -290,7 +290,7 @@ def _check_launch(launch: Launch) -> tuple[str, ...]:
     if launch.jail and not launch.throwaway_user and uid != JAIL_UID:
         raise _Rejected(f"ran as uid {uid}, not {JAIL_UID}")
     if launch.jail and (seen["root_writable"] or seen["machine_tmp"]):  # the probe's own folder is in the machine's
-        raise _Rejected(f"not jailed: / writable {seen['root_writable']}, the machine's /tmp seen {seen['machine_tmp']}")
+        raise _Rejected(f"not jailed: / writable {seen['root_writable']}, machine's /tmp seen {seen['machine_tmp']}")
     first = 2 if launch.jail else 1  # bwrap's reaper is pid 1; unshare --fork's child is
     if (launch.jail or "--pid" in launch.namespaces) and pid != first:
         raise _Rejected(f"not process {first} of a new PID namespace (pid {pid})")

@@ -26,7 +26,8 @@ from tests.harness.test_sandbox_packages import private_venv
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = f"refusion-jail-test-{secrets.token_hex(6)}"  # in the name of everything a candidate tries to leave behind
 
-needs_jail = pytest.mark.skipif(not sandbox.isolation().jail, reason=f"no jail here: {sandbox.isolation().jail_refused}")
+needs_jail = pytest.mark.skipif(not sandbox.isolation().jail,
+                                reason=f"no jail here: {sandbox.isolation().jail_refused}")
 
 # Run by the private venv's Python from the repository root: every program through every jail launch this
 # machine has (as root: the throwaway uid, and uid 65534 of a user namespace), then numpy through run_candidate.
@@ -40,7 +41,8 @@ EVALUATOR = textwrap.dedent("""
     found = sandbox.isolation()
     limits = Limits(timeout=3.0, memory_bytes=1024 * 2**20, cpu_seconds=3, max_processes=16)
     launches = launch_candidates(jail_only=True) if found.jail else []
-    ran = {describe_launch(launch): {name: list(vars(execute(program, launch, limits, sandbox.package_folders())).values())
+    folders = sandbox.package_folders()
+    ran = {describe_launch(launch): {name: list(vars(execute(program, launch, limits, folders)).values())
                                      for name, program in programs.items()} for launch in launches}
     numpy = sandbox.run_candidate("import numpy as np\\nassert int(np.arange(4).sum()) == 6\\n", timeout=20)
     print(json.dumps({"record": found.record(), "line": found.describe(), "ran": ran, "numpy": numpy.passed}))
@@ -127,9 +129,15 @@ def toolkit(tmp_path_factory):
     return base, venv
 
 
+def environment(**changes: str) -> dict[str, str]:
+    """This process's environment, without the consent to run unjailed unless `changes` give it."""
+    kept = {key: value for key, value in os.environ.items() if key != sandbox.ALLOW_UNJAILED_ENV}
+    return {**kept, "PYTHONPATH": str(ROOT), **changes}
+
+
 def evaluate(venv: Path, programs: dict[str, str], **env: str) -> dict:
     ran = subprocess.run([str(venv / "bin" / "python"), "-c", EVALUATOR, json.dumps(programs)], cwd=ROOT,
-                         capture_output=True, text=True, timeout=240, env={**os.environ, "PYTHONPATH": str(ROOT), **env})
+                         capture_output=True, text=True, timeout=240, env=environment(**env))
     assert ran.returncode == 0, ran.stderr  # the evaluator went on to the end, whatever the candidates did
     return json.loads(ran.stdout)
 
@@ -182,8 +190,7 @@ def test_without_bwrap_a_run_refuses_unless_allowed_and_says_which_isolation(too
     refused = subprocess.run(
         [str(venv / "bin" / "python"), "-c", "from refusion_cli.harness.sandbox import run_candidate\n"
                                               "run_candidate('pass')\n"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
-        env={**os.environ, "PYTHONPATH": str(ROOT), BWRAP_ENV: "/nonexistent/bwrap"})
+        cwd=ROOT, capture_output=True, text=True, timeout=120, env=environment(**{BWRAP_ENV: "/nonexistent/bwrap"}))
     assert refused.returncode != 0
     assert ("UserError: no jail for model-written code can be made here (REFUSION_BWRAP=/nonexistent/bwrap is not "
             "an executable); without one, candidates would run with ") in refused.stderr
