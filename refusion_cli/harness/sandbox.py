@@ -40,9 +40,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from refusion_cli.errors import UserError
-from refusion_cli.harness.sandbox_launch import (JAIL_TMP_BYTES, JAIL_UID, SANDBOX_ID_BASE, SANDBOX_ID_SPAN, Launch,
-                                                 bwrap_path, describe_launch, is_evaluators, launch_candidates,
-                                                 no_bwrap, package_folders, package_paths)
+from refusion_cli.harness.sandbox_launch import (JAIL_UID, SANDBOX_ID_BASE, SANDBOX_ID_SPAN, Launch, bwrap_path,
+                                                 describe_launch, is_evaluators, launch_candidates, no_bwrap,
+                                                 package_folders, package_paths, tmpfs_limit)
 from refusion_cli.harness.sandbox_runner import OUTPUT_CHARS, ExecutionResult, Limits, execute
 
 __all__ = ["OUTPUT_CHARS", "ALLOW_UNJAILED_ENV", "UNJAILED_FLAG", "ExecutionResult", "Isolation", "isolation",
@@ -103,6 +103,7 @@ class Isolation:
     throwaway_refused: str = ""  # as root without the throwaway user: why that user could not run candidates
     jail: bool = False  # a bubblewrap jail: read-only system and Python, private /tmp, nothing else of the machine
     jail_refused: str = ""  # without a jail: why none could be made here
+    jail_tmp_bytes: int = 0  # the size of the jail's /tmp (0: no limit but memory's)
 
     @property
     def user(self) -> str:
@@ -117,7 +118,7 @@ class Isolation:
         if self.jail:
             return ", ".join([
                 "jail (bubblewrap): only the system's folders and your Python's, read-only",
-                f"a private /tmp of {JAIL_TMP_BYTES // 2**20} MiB", "no network", "own PID namespace",
+                self._tmp_words(), "no network", "own PID namespace",
                 self._user_words(), self._python_words(),
             ])
         return ", ".join([
@@ -130,10 +131,16 @@ class Isolation:
 
     def record(self) -> dict[str, object]:
         """The fields a run's metadata keeps (JSON-ready)."""
-        return {"jail": self.jail, "jail_refused": self.jail_refused, "user": self.user,
-                "interpreter": self.interpreter, "own_interpreter": self.own_interpreter, "packages": self.packages,
-                "missing_modules": list(self.missing_modules), "network_namespace": self.network_namespace,
-                "pid_namespace": self.pid_namespace, "throwaway_user": self.throwaway_user}
+        return {"jail": self.jail, "jail_refused": self.jail_refused, "jail_tmp_bytes": self.jail_tmp_bytes,
+                "user": self.user, "interpreter": self.interpreter, "own_interpreter": self.own_interpreter,
+                "packages": self.packages, "missing_modules": list(self.missing_modules),
+                "network_namespace": self.network_namespace, "pid_namespace": self.pid_namespace,
+                "throwaway_user": self.throwaway_user}
+
+    def _tmp_words(self) -> str:
+        if not self.jail_tmp_bytes:
+            return "a private /tmp (no size limit: this bwrap has no --size)"
+        return f"a private /tmp of {self.jail_tmp_bytes // 2**20} MiB"
 
     def _user_words(self) -> str:
         if self.throwaway_user:
@@ -243,6 +250,7 @@ def isolation() -> Isolation:
             throwaway_refused="" if launch.throwaway_user else throwaway_refused,
             jail=launch.jail,
             jail_refused="" if launch.jail else jail_refused,
+            jail_tmp_bytes=tmpfs_limit(launch.bwrap) if launch.jail else 0,
         )
     return Isolation(False, False, False, "", None, tuple(attempts), jail_refused=jail_refused)
 

@@ -11,10 +11,11 @@ The jail (``bwrap``, the bubblewrap of Flatpak; :func:`jail_mounts`) gives a can
   library) and package folders (:func:`package_paths`); of a source checkout a ``.pth`` file adds (an old
   editable install) only what is importable: its packages and modules, not its data or results;
 - a private ``/tmp`` (the working directory ``/tmp/candidate`` inside it) and ``/dev/shm``, each a tmpfs of
-  ``JAIL_TMP_BYTES``, gone with the jail; a fresh ``/proc`` and a minimal ``/dev``;
+  ``JAIL_TMP_BYTES`` (where bwrap has ``--size``: :func:`tmpfs_limit`), gone with the jail; a fresh ``/proc``
+  and a minimal ``/dev``;
 - nothing else: not root's home, other users' files, the evaluator's results or the machine's ``/tmp``.
 
-It runs in new IPC, network (only a loopback that is down), PID, UTS and cgroup namespaces, in a new session,
+It runs in new IPC, network (only a loopback of its own), PID, UTS and cgroup namespaces, in a new session,
 with no capabilities, and dies with the evaluator (``--die-with-parent``). As root the candidate runs as a
 throwaway uid (``setpriv`` drops to it inside the jail, so RLIMIT_NPROC counts its processes); otherwise
 as uid 65534 of a user namespace. ``REFUSION_BWRAP`` names another ``bwrap`` (a missing file: no jail).
@@ -91,10 +92,10 @@ class Launch:
                                                                                                         f"CAP_{cap}"))]
             switch_user = ["setpriv", "--reuid", str(sandbox_id), "--regid", str(sandbox_id), "--clear-groups",
                            "--inh-caps=-all", "--bounding-set=-all", "--"]
+        size = ["--size", str(JAIL_TMP_BYTES)] if tmpfs_limit(self.bwrap) else []
         scratch = [  # first: a Python or venv under /tmp is bound inside the private /tmp
             "--proc", "/proc", "--dev", "/dev",
-            "--perms", "1777", "--size", str(JAIL_TMP_BYTES), "--tmpfs", "/tmp",
-            "--perms", "1777", "--size", str(JAIL_TMP_BYTES), "--tmpfs", "/dev/shm",
+            "--perms", "1777", *size, "--tmpfs", "/tmp", "--perms", "1777", *size, "--tmpfs", "/dev/shm",
             "--perms", "0777", "--dir", JAIL_WORKDIR,
             "--ro-bind", candidate_file, os.path.join(JAIL_WORKDIR, os.path.basename(candidate_file)),
         ]
@@ -126,6 +127,19 @@ def bwrap_path() -> str:
     """The bwrap binary: REFUSION_BWRAP, else the one on PATH; "" when there is none."""
     chosen = os.environ.get(BWRAP_ENV) or shutil.which("bwrap") or ""
     return chosen if chosen and os.access(chosen, os.X_OK) else ""
+
+
+@functools.cache
+def tmpfs_limit(bwrap: str) -> int:
+    """The size of the jail's /tmp and /dev/shm: JAIL_TMP_BYTES, or 0 where this bwrap has no --size (before 0.8:
+    then each is bounded by the kernel's default, half the memory, and by the time limit)."""
+    import subprocess
+
+    try:
+        usage = subprocess.run([bwrap, "--help"], capture_output=True, text=True, timeout=10, check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return JAIL_TMP_BYTES if "--size" in usage else 0
 
 
 def no_bwrap() -> str:

@@ -159,7 +159,7 @@ def test_the_sandbox_line_says_what_isolation_this_machine_gives(monkeypatch):
                                  packages=launch is not None, **record)
 
     monkeypatch.setattr(sandbox, "isolation", lambda: found(object(), True, True, True, own_interpreter=True,
-                                                            jail=True))
+                                                            jail=True, jail_tmp_bytes=64 * 2**20))
     assert code_tasks.sandbox_line() == ("code sandbox: jail (bubblewrap): only the system's folders and your "
                                          "Python's, read-only, a private /tmp of 64 MiB, no network, own PID "
                                          "namespace, a throwaway user, your Python (/usr/bin/python3) with your "
