@@ -3,7 +3,8 @@
 A thin wrapper over :mod:`refusion_cli.serve`: checks the options, resolves the checkpoint once and checks that
 every decoder fits it (from its config, before any weights load), loads the model once, then runs uvicorn until
 SIGTERM or Ctrl-C. SIGTERM takes no new request, lets the running ones finish within
-``--shutdown-timeout`` (what is left then ends with an error) and exits 0.
+``--shutdown-timeout`` (what is left then ends with an error) and exits 0. A scheduler that dies ends the
+server too: every open request gets an error and the process exits 1, so that its supervisor restarts it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from refusion_cli.cli.options import (CausalFirstOpt, CausalFixOpt, DecodersOpt,
                                       MultiValues, PresetOpt, RecheckOpt, SeedOpt, SetOpt, TrustRemoteCodeOpt,
                                       in_panel, option_values, route_stray_values, split_commas)
 from refusion_cli.cli.output import err_console, quiet_library_output
+from refusion_cli.decoding.memory import parse_memory
 from refusion_cli.decoding.registry import decoder_spec, default_model
 from refusion_cli.decoding.spec import PRESET_DECODER, DecoderChoice, parse_decoder_options, require_refusion
 from refusion_cli.decoding.variants import PAPER, Variant, first_option
@@ -53,6 +55,9 @@ def serve(
                                            rich_help_panel=SERVER)] = 16,
     max_queue: Annotated[int, typer.Option("--max-queue", min=0, help="requests waiting at most; more get 429",
                                            rich_help_panel=SERVER)] = 256,
+    max_memory: Annotated[str | None, typer.Option("--max-memory", metavar="SIZE", help="admit rows while the "
+                                                   "memory model's bytes fit SIZE (e.g. 20GiB; default: rows are "
+                                                   "bounded by --max-batch only)", rich_help_panel=SERVER)] = None,
     shutdown_timeout: Annotated[float, typer.Option("--shutdown-timeout", min=0, help="seconds running requests "
                                                     "get to finish after SIGTERM", rich_help_panel=SERVER)] = 30.0,
     device: in_panel(DeviceOpt, MODEL) = None,
@@ -62,12 +67,13 @@ def serve(
                                                       help="more values of --decoder or --set")] = None,
 ) -> None:
     """Serve decoders over an OpenAI-compatible API (/v1/chat/completions, /v1/completions), with a live web view at /."""
-    from refusion_cli.serve.app import ServerState, check_address, run_server
+    from refusion_cli.serve.app import EXIT_SCHEDULER_DIED, Lifeline, ServerState, check_address, run_server
     from refusion_cli.serve.engine import Scheduler
     from refusion_cli.serve.metrics import ServeMetrics
 
     if api_key is not None and not api_key.strip():
         raise UserError("--api-key is empty", hint="leave it out to serve without a key")
+    memory = None if max_memory is None else parse_memory_option(max_memory)
     values = route_stray_values(list(stray or []), MultiValues(option_values(decoder, "--decoder"), [],
                                                                split_commas(set_options)), "refusion serve")
     checkpoint = model or default_model(values.decoders[0] if values.decoders else PRESET_DECODER)
@@ -85,14 +91,29 @@ def serve(
     loaded = load_model(record, device, dtype, require_mask=needs_mask)
     require_chat_template(loaded.tokenizer, f"'{checkpoint}'", use="/v1/chat/completions renders chat turns")
     metrics = ServeMetrics()
-    scheduler = Scheduler(loaded, max_batch=max_batch, max_queue=max_queue, stats=metrics)
+    lifeline = Lifeline()
+    scheduler = Scheduler(loaded, max_batch=max_batch, max_queue=max_queue, max_memory=memory, stats=metrics,
+                          on_death=lifeline.die)
     state = ServerState(loaded, checkpoint, served, scheduler, metrics, api_key=api_key, seed=seed,
                         shutdown_timeout=shutdown_timeout)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    err_console.print(f"serving {', '.join(served)} on {checkpoint} (max batch {max_batch}, max queue {max_queue})")
-    if not run_server(state, host, port):
+    err_console.print(f"serving {', '.join(served)} on {checkpoint} (max batch {max_batch}, max queue {max_queue}"
+                      + (f", {scheduler.engine.budget_note}" if memory is not None else "") + ")")
+    started = run_server(state, host, port, lifeline)
+    if lifeline.reason is not None:
+        err_console.print(f"error: {lifeline.reason}; the server stopped")
+        raise typer.Exit(EXIT_SCHEDULER_DIED)
+    if not started:
         raise UserError(f"the server could not start on {host}:{port} (see the log above)",
                         hint="is the port in use? pick another with --port")
+
+
+def parse_memory_option(text: str) -> int:
+    """``--max-memory``: a size such as 20GiB (a bad one is the usual one-line error, exit 2)."""
+    try:
+        return parse_memory(text)
+    except UserError as exc:
+        raise UserError(f"--max-memory: {exc}") from None
 
 
 def served_models(choices: list[DecoderChoice], variant: Variant) -> dict[str, ServedModel]:

@@ -6,41 +6,57 @@ scheduler thread to the route through an ``asyncio.Queue`` (``call_soon_threadsa
 client never holds the scheduler up. A streamed response whose client goes away cancels its job (its
 row leaves before the next model call); so does a non-streamed one, checked twice a second.
 
-Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (streamed or not), ``GET /v1/models``,
-``GET /health``, ``GET /metrics`` and the web view at ``/``. With an API key, the ``/v1`` routes need
-``Authorization: Bearer KEY``. Every refusal is an OpenAI error object with a 4xx status.
+Parsing (tokenization, the chat template) and the final detokenization run on one tokenizer thread, off
+the event loop. A streamed answer begins (status and headers) with the first decoder step, so until then
+a balancer may still send the request to another replica.
+
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (streamed or not), ``POST /tokenize``
+(vLLM's), ``GET /v1/models``, ``GET /health``, ``GET /metrics`` and the web view at ``/``. With an API key,
+the ``/v1`` routes and ``/tokenize`` need ``Authorization: Bearer KEY`` (compared in constant time). Every
+refusal is an OpenAI error object with a 4xx status; a 500 names a request id that the log holds with the
+cause, never the exception's text. When the scheduler dies, ``/health`` answers 503 with the reason, every
+open request gets an error, and :class:`Lifeline` stops the server so that the process exits non-zero.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import hmac
 import json
 import logging
+import os
 import signal
 import socket
+import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from refusion_cli.decoding.stats import DecodeStats
+from refusion_cli.decoding.rows import Commit
 from refusion_cli.errors import UserError
 from refusion_cli.models.loading import LoadedModel
-from refusion_cli.serve.engine import Commits, Draining, Event, Failed, Finished, Job, QueueFull, Scheduler
+from refusion_cli.serve.engine import Commits, Dead, Draining, Event, Failed, Finished, Job, QueueFull, Scheduler
 from refusion_cli.serve.metrics import ServeMetrics
-from refusion_cli.serve.protocol import ApiError, Generation, ServedModel, error_body, parse_generation
-from refusion_cli.serve.text import PrefixText, answer_text
+from refusion_cli.serve.protocol import (ApiError, Generation, ServedModel, error_body, parse_generation,
+                                         parse_tokenize)
+from refusion_cli.serve.text import PrefixText, StopWatch, TextRules, answer_text
 
 log = logging.getLogger("refusion.serve")
 RETRY_AFTER_SECONDS = 1
 DISCONNECT_POLL_SECONDS = 0.5
+EXIT_GRACE_SECONDS = 10  # after the scheduler died: the server's own shutdown, then a hard exit
+EXIT_SCHEDULER_DIED = 1
+T = TypeVar("T")
 
 
 @dataclass
@@ -53,6 +69,26 @@ class ServerState:
     api_key: str | None = None
     seed: int = 0
     shutdown_timeout: float = 30.0
+    executor: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="refusion-tokenizer"))
+
+
+class Lifeline:
+    """Ends the server when the scheduler dies (``die`` is the scheduler's ``on_death``): uvicorn is told to
+    exit, and should it not within ``EXIT_GRACE_SECONDS``, the process exits anyway; ``reason`` says why."""
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+        self.server: Any = None  # the uvicorn server, once it runs
+
+    def die(self, reason: str) -> None:
+        self.reason = reason
+        log.critical("exiting: %s", reason)
+        if self.server is not None:
+            self.server.should_exit = True
+        timer = threading.Timer(EXIT_GRACE_SECONDS, os._exit, (EXIT_SCHEDULER_DIED,))
+        timer.daemon = True
+        timer.start()
 
 
 def create_app(state: ServerState) -> FastAPI:
@@ -62,12 +98,15 @@ def create_app(state: ServerState) -> FastAPI:
         yield
         finished = await asyncio.to_thread(state.scheduler.drain, state.shutdown_timeout)
         log.info("shut down: %s", "every request finished" if finished else "unfinished requests ended with an error")
+        state.executor.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="refusion serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.exception_handler(ApiError)
     async def api_error(_: Request, exc: ApiError) -> JSONResponse:
-        headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if exc.status == 429 else None
+        headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if exc.status == 429 else {}
+        if exc.request_id is not None:
+            headers["X-Request-Id"] = exc.request_id
         return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
     @app.exception_handler(StarletteHTTPException)
@@ -77,17 +116,25 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.exception_handler(Exception)
     async def internal_error(_: Request, exc: Exception) -> JSONResponse:
-        log.exception("internal error")
-        return JSONResponse(error_body(f"internal error: {exc}", "server_error"), status_code=500)
+        request_id = "req-" + uuid.uuid4().hex[:24]
+        log.error("internal error, request id %s", request_id, exc_info=exc)
+        return JSONResponse(error_body(f"internal error (request id {request_id}; the server log has the cause)",
+                                       "server_error", code="internal_error"), status_code=500,
+                            headers={"X-Request-Id": request_id})
 
     @app.get("/", response_class=HTMLResponse)
     async def page() -> HTMLResponse:
         return HTMLResponse(resources.files("refusion_cli.serve").joinpath("page.html").read_text(encoding="utf-8"))
 
     @app.get("/health")
-    async def health() -> dict[str, Any]:
-        return {"status": "ok", "model": state.model_name, "models": list(state.served),
-                "running_rows": state.scheduler.rows, "queue_depth": state.scheduler.depth}
+    async def health() -> JSONResponse:
+        """200 while the scheduler runs; 503 with the reason once it died (the process is about to exit)."""
+        scheduler = state.scheduler
+        if scheduler.failure is not None:
+            return JSONResponse({"status": "error", "reason": scheduler.failure, "model": state.model_name},
+                                status_code=503)
+        return JSONResponse({"status": "ok", "model": state.model_name, "models": list(state.served),
+                             "running_rows": scheduler.rows, "queue_depth": scheduler.depth})
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -107,13 +154,23 @@ def create_app(state: ServerState) -> FastAPI:
     async def completions(request: Request) -> Response:
         return await generate(request, state, chat=False)
 
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> dict[str, Any]:
+        """vLLM's ``/tokenize``: ``{prompt}`` or ``{messages}`` (the chat template), ``add_special_tokens``."""
+        authorize(request, state.api_key)
+        body = await read_json(request)
+        tokens = await off_loop(state, parse_tokenize, body, served=state.served, loaded=state.loaded)
+        limit = getattr(state.loaded.model.config, "max_position_embeddings", None)
+        return {"count": len(tokens), "max_model_len": limit, "tokens": tokens, "token_strs": None}
+
     return app
 
 
-def run_server(state: ServerState, host: str, port: int) -> bool:
-    """Serve until SIGTERM or Ctrl-C; False when the server could not start (the port taken, say).
-    SIGTERM is a clean stop: uvicorn stops taking connections, lets the open ones finish, the
-    scheduler drains (``shutdown_timeout``), and the process exits 0 (uvicorn would raise it again)."""
+def run_server(state: ServerState, host: str, port: int, lifeline: Lifeline | None = None) -> bool:
+    """Serve until SIGTERM, Ctrl-C or the scheduler's death (``lifeline``); False when the server could not
+    start (the port taken, say). SIGTERM is a clean stop: uvicorn stops taking connections, lets the open
+    ones finish, the scheduler drains (``shutdown_timeout``), and the process exits 0 (uvicorn would raise
+    it again)."""
     import uvicorn
 
     class Server(uvicorn.Server):
@@ -125,6 +182,8 @@ def run_server(state: ServerState, host: str, port: int) -> bool:
     config = uvicorn.Config(create_app(state), host=host, port=port, log_level="info",
                             timeout_graceful_shutdown=state.shutdown_timeout + 5)
     server = Server(config)
+    if lifeline is not None:
+        lifeline.server = server
     try:
         server.run()
     except SystemExit:  # uvicorn's way of saying it could not bind (logged above)
@@ -154,7 +213,8 @@ def authorize(request: Request, api_key: str | None) -> None:
         return
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or token.strip() != api_key:
+    given = token.strip().encode()
+    if not hmac.compare_digest(given, api_key.encode()) or scheme.lower() != "bearer":
         raise ApiError(401, "a valid API key is required: send 'Authorization: Bearer KEY'", code="invalid_api_key",
                        kind="authentication_error")
 
@@ -172,21 +232,67 @@ async def read_json(request: Request) -> Any:
         raise ApiError(400, f"the request body is not valid JSON: {exc}") from None
 
 
+async def off_loop(state: ServerState, function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """``function`` on the server's tokenizer thread (one thread: a tokenizer is not shared across threads)."""
+    return await asyncio.get_running_loop().run_in_executor(state.executor, functools.partial(function, *args,
+                                                                                              **kwargs))
+
+
 async def generate(request: Request, state: ServerState, *, chat: bool) -> Response:
     received = time.perf_counter()
     authorize(request, state.api_key)
     body = await read_json(request)
-    generation = parse_generation(body, chat=chat, served=state.served, loaded=state.loaded, default_seed=state.seed)
+    generation = await off_loop(state, parse_generation, body, chat=chat, served=state.served, loaded=state.loaded,
+                                default_seed=state.seed)
     run = Run(generation, state, received)
     run.submit()
+    headers = {"X-Request-Id": run.id}
     if generation.stream:
-        return StreamingResponse(run.stream(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    return JSONResponse(await run.answer(request))
+        first = await run.next_event(request)  # the answer begins with the first step: until then a balancer
+        if isinstance(first[1], Failed):        # may still send the request elsewhere
+            raise run.failure(first[1])
+        return StreamingResponse(run.stream(first), media_type="text/event-stream",
+                                 headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return JSONResponse(await run.answer(request), headers=headers)
+
+
+@dataclass
+class Choice:
+    """One row of a request: a prompt, ``n`` times over (seeds seed + i)."""
+
+    index: int
+    prompt_ids: list[int]
+    job: Job
+    watch: StopWatch | None  # the job's stop rule
+    text: PrefixText  # the streamed text
+    committed: int = 0  # tokens committed so far (streamed)
+    chunks: int = 0  # stream chunks that carried commits
+    role_sent: bool = False
+    outcome: Finished | None = None
+    tokens: list[int] = field(default_factory=list)  # the response's tokens once finished
+    finish_reason: str | None = None
+
+    def settle(self, outcome: Finished, rules: TextRules) -> None:
+        """The response's tokens and why it ended: the stop rule's cut, an end id, or the budget."""
+        self.outcome = outcome
+        self.tokens = outcome.result.tokens
+        if self.watch is not None and self.watch.reason is not None:
+            self.tokens = self.tokens[: self.watch.kept]
+            self.finish_reason = self.watch.reason
+        else:
+            ended = bool(self.tokens) and rules.ends(self.tokens[-1], len(self.tokens) - 1)
+            self.finish_reason = "stop" if ended else "length"
+
+    @property
+    def completion_tokens(self) -> int:
+        if self.outcome is None:
+            return self.committed
+        cut = self.watch is not None and self.watch.reason is not None
+        return len(self.tokens) if cut else self.outcome.result.stats.tokens
 
 
 class Run:
-    """One request's job and the events it gets back."""
+    """One request's jobs (a choice each) and the events they send back."""
 
     def __init__(self, generation: Generation, state: ServerState, received: float):
         self.generation = generation
@@ -194,142 +300,208 @@ class Run:
         self.received = received
         self.id = ("chatcmpl-" if generation.chat else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
-        self.events: asyncio.Queue[Event] = asyncio.Queue()
+        self.events: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
         loop = asyncio.get_running_loop()
+        rules = generation.rules
+        tokenizer = state.loaded.tokenizer
+        eos = () if rules.ignore_eos or rules.min_tokens else None  # (): the stop rule ends at the end ids
 
-        def sink(event: Event) -> None:
-            try:
-                loop.call_soon_threadsafe(self.events.put_nowait, event)
-            except RuntimeError:  # the event loop is gone (shutdown)
-                pass
+        def sink_of(index: int) -> Callable[[Event], None]:
+            def sink(event: Event) -> None:
+                try:
+                    loop.call_soon_threadsafe(self.events.put_nowait, (index, event))
+                except RuntimeError:  # the event loop is gone (shutdown)
+                    pass
+            return sink
 
-        self.job = Job(generation.served.decoder, generation.prompt_ids, generation.config, sink,
-                       seed=generation.seed, variant=generation.served.variant, steps=generation.stream)
-        self.text = PrefixText(state.loaded.tokenizer, state.loaded.stop_token_ids, generation.stops)
+        self.choices: dict[int, Choice] = {}
+        for index, prompt_ids, seed in generation.choices:
+            watch = StopWatch(tokenizer, rules) if rules.needs_rule else None
+            job = Job(generation.served.decoder, prompt_ids, generation.config, sink_of(index), seed=seed,
+                      variant=generation.served.variant, steps=generation.stream, eos_token_ids=eos, stop=watch)
+            self.choices[index] = Choice(index, prompt_ids, job, watch, PrefixText(tokenizer, rules))
         self.first_byte: float | None = None
 
     def submit(self) -> None:
+        submitted: list[Job] = []
         try:
-            self.state.scheduler.submit(self.job)
-        except QueueFull:
+            for choice in self.choices.values():
+                self.state.scheduler.submit(choice.job)
+                submitted.append(choice.job)
+        except (QueueFull, Draining, Dead) as refusal:
+            for job in submitted:
+                self.state.scheduler.cancel(job)
             self.state.metrics.requests.labels("error").inc()
-            raise ApiError(429, f"the queue is full ({self.state.scheduler.max_queue} requests wait); retry later",
-                           code="queue_full", kind="rate_limit_error") from None
-        except Draining:
+            if isinstance(refusal, QueueFull):
+                raise ApiError(429, f"the queue is full ({self.state.scheduler.max_queue} requests wait); retry "
+                                    "later", code="queue_full", kind="rate_limit_error") from None
+            if isinstance(refusal, Dead):
+                raise ApiError(503, f"{refusal}; the server is about to exit", kind="server_error") from None
             raise ApiError(503, "the server is shutting down", kind="server_error") from None
 
-    # --- the whole answer ---------------------------------------------------------------------
-
-    async def answer(self, request: Request) -> dict[str, Any]:
+    async def next_event(self, request: Request) -> tuple[int, Event]:
+        """The next event of any choice; a client gone meanwhile cancels the request (499)."""
         while True:
             try:
-                event = await asyncio.wait_for(self.events.get(), DISCONNECT_POLL_SECONDS)
+                return await asyncio.wait_for(self.events.get(), DISCONNECT_POLL_SECONDS)
             except asyncio.TimeoutError:
                 if await request.is_disconnected():
                     self.cancel()
                     raise ApiError(499, "the client closed the request") from None
-                continue
-            if isinstance(event, Failed):
-                self.done("error")
-                raise ApiError(500, event.message, kind="server_error")
-            if isinstance(event, Finished):
-                self.mark_first_byte()
-                self.done("ok")
-                text = answer_text(self.state.loaded.tokenizer, event.result.tokens, self.generation.stops)
-                return self.completion(text, event.result)
 
-    def completion(self, text: str, result: Any) -> dict[str, Any]:
-        finish = self.finish_reason(text, result)
-        choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
-        if self.generation.chat:
-            choice["message"] = {"role": "assistant", "content": text}
-        else:
-            choice["text"] = text
+    def failure(self, event: Failed) -> ApiError:
+        """The error a failed choice makes of the request (the other choices are cancelled): 503 when the
+        scheduler died (a balancer may retry elsewhere), else 500; the cause is in the log, by request id."""
+        self.done("error")
+        for choice in self.choices.values():
+            self.state.scheduler.cancel(choice.job)
+        if self.state.scheduler.failure is not None:
+            return ApiError(503, f"{event.message} (request id {self.id})", kind="server_error",
+                            code="scheduler_stopped", request_id=self.id)
+        if event.error is not None:
+            log.error("request %s failed: %s", self.id, event.message, exc_info=event.error)
+            return ApiError(500, f"internal error while decoding (request id {self.id}; the server log has the "
+                                 "cause)", kind="server_error", code="internal_error", request_id=self.id)
+        log.error("request %s failed: %s", self.id, event.message)
+        return ApiError(500, f"{event.message} (request id {self.id})", kind="server_error", request_id=self.id)
+
+    # --- the whole answer ---------------------------------------------------------------------
+
+    async def answer(self, request: Request) -> dict[str, Any]:
+        rules = self.generation.rules
+        waiting = set(self.choices)
+        while waiting:
+            index, event = await self.next_event(request)
+            if isinstance(event, Failed):
+                raise self.failure(event)
+            if isinstance(event, Finished):
+                self.choices[index].settle(event, rules)
+                waiting.discard(index)
+        self.mark_first_byte()
+        self.done("ok")
+        tokenizer = self.state.loaded.tokenizer
+        texts = await off_loop(self.state, lambda: [answer_text(tokenizer, choice.tokens, rules)
+                                                    for choice in self.choices.values()])
+        choices = []
+        for choice, text in zip(self.choices.values(), texts):
+            body: dict[str, Any] = {"index": choice.index, "finish_reason": choice.finish_reason, "logprobs": None}
+            if self.generation.chat:
+                body["message"] = {"role": "assistant", "content": text}
+            else:
+                body["text"] = text
+            choices.append(body)
         return {"id": self.id, "object": "chat.completion" if self.generation.chat else "text_completion",
-                "created": self.created, "model": self.generation.served.id, "choices": [choice],
-                "usage": self.usage(result.stats)}
+                "created": self.created, "model": self.generation.served.id, "choices": choices,
+                "usage": self.usage()}
 
     # --- the stream ---------------------------------------------------------------------------
 
-    async def stream(self) -> AsyncIterator[str]:
+    async def stream(self, first: tuple[int, Event]) -> AsyncIterator[str]:
         finished = False
-        held: Event | None = None  # an event read while gathering commits, handled next
+        pending = [first]
+        open_choices = set(self.choices)
         try:
-            while True:
-                event, held = (held, None) if held is not None else (await self.events.get(), None)
-                if isinstance(event, Failed):
-                    finished = True
-                    self.done("error")
-                    yield sse(error_body(event.message, "server_error"))
-                    break
-                if isinstance(event, Commits):
-                    more, held = self.queued_commits()  # one chunk for the steps that queued up
-                    commits = [*event.commits, *more]
-                    delta = self.text.add(commits)
-                    yield sse(self.chunk(delta, None, commits=commits))
-                    self.mark_first_byte()
-                    continue
-                result = event.result  # Finished
-                answer = answer_text(self.state.loaded.tokenizer, result.tokens, self.generation.stops)
-                rest = self.text.finish(answer)
-                if self.text.sent != answer:
-                    log.warning("request %s: the streamed text is not the answer's", self.id)
-                yield sse(self.chunk(rest, self.finish_reason(answer, result)))
+            while open_choices:
+                if not pending:
+                    pending.append(await self.events.get())
+                while not self.events.empty():  # the steps queued for a slow client go as one chunk a choice
+                    pending.append(self.events.get_nowait())
+                batch, pending = pending, []
+                gathered: dict[int, list[Commit]] = {}
+                for index, event in batch:
+                    if isinstance(event, Commits):
+                        gathered.setdefault(index, []).extend(event.commits)
+                        continue
+                    if index in gathered:
+                        yield sse(self.commits_chunk(self.choices[index], gathered.pop(index)))
+                    if isinstance(event, Failed):
+                        self.failure(event)
+                        finished = True
+                        yield sse(error_body(self.failure_message(event), "server_error"))
+                        yield "data: [DONE]\n\n"
+                        return
+                    if isinstance(event, Finished):
+                        for chunk in await self.final_chunks(self.choices[index], event):
+                            yield sse(chunk)
+                        open_choices.discard(index)
+                for index, commits in gathered.items():
+                    yield sse(self.commits_chunk(self.choices[index], commits))
                 self.mark_first_byte()
-                if self.generation.include_usage:
-                    yield sse(self.usage_chunk(result.stats))
-                finished = True
-                self.done("ok")
-                break
+            if self.generation.include_usage:
+                yield sse(self.usage_chunk())
+            finished = True
+            self.done("ok")
             yield "data: [DONE]\n\n"
         finally:
             if not finished:  # the client went away (the stream was closed early)
                 self.cancel()
 
-    def queued_commits(self) -> tuple[list[Any], Event | None]:
-        """The commits of the steps already queued, and the first other event queued behind them."""
-        commits: list[Any] = []
-        while not self.events.empty():
-            event = self.events.get_nowait()
-            if not isinstance(event, Commits):
-                return commits, event
-            commits.extend(event.commits)
-        return commits, None
+    def failure_message(self, event: Failed) -> str:
+        if self.state.scheduler.failure is not None or event.error is None:
+            return f"{event.message} (request id {self.id})"
+        return f"internal error while decoding (request id {self.id}; the server log has the cause)"
 
-    def chunk(self, delta: str, finish: str | None, commits: list[Any] | None = None) -> dict[str, Any]:
+    def commits_chunk(self, choice: Choice, commits: list[Commit]) -> dict[str, Any]:
+        delta = choice.text.add(commits)
+        choice.committed += len(commits)
+        choice.chunks += 1
+        chunk = self.chunk(choice, delta, None)
+        tokenizer = self.state.loaded.tokenizer
+        chunk["commits"] = [{"offset": c.offset, "token": c.token, "kind": c.kind,
+                             "text": tokenizer.decode([c.token], skip_special_tokens=False)} for c in commits]
+        return chunk
+
+    async def final_chunks(self, choice: Choice, event: Finished) -> list[dict[str, Any]]:
+        """The chunk with the rest of the answer and its ``finish_reason``."""
+        rules = self.generation.rules
+        choice.settle(event, rules)
+        answer = await off_loop(self.state, answer_text, self.state.loaded.tokenizer, choice.tokens, rules)
+        rest = choice.text.finish(answer)
+        if choice.text.sent != answer:
+            log.warning("request %s: the streamed text is not the answer's", self.id)
+        return [self.chunk(choice, rest, choice.finish_reason)]
+
+    def chunk(self, choice: Choice, delta: str, finish: str | None) -> dict[str, Any]:
         chat = self.generation.chat
-        choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
+        body: dict[str, Any] = {"index": choice.index, "finish_reason": finish, "logprobs": None}
         if chat:
-            choice["delta"] = ({"role": "assistant"} if self.first_byte is None else {}) | (
+            body["delta"] = ({} if choice.role_sent else {"role": "assistant"}) | (
                 {"content": delta} if delta or finish is None else {})
+            choice.role_sent = True
         else:
-            choice["text"] = delta
-        body: dict[str, Any] = {"id": self.id, "object": "chat.completion.chunk" if chat else "text_completion",
-                                "created": self.created, "model": self.generation.served.id, "choices": [choice]}
-        if commits is not None:
-            tokenizer = self.state.loaded.tokenizer
-            body["commits"] = [{"offset": c.offset, "token": c.token, "kind": c.kind,
-                                "text": tokenizer.decode([c.token], skip_special_tokens=False)} for c in commits]
-        return body
+            body["text"] = delta
+        chunk: dict[str, Any] = {"id": self.id, "object": "chat.completion.chunk" if chat else "text_completion",
+                                 "created": self.created, "model": self.generation.served.id, "choices": [body]}
+        if self.generation.continuous_usage:
+            prompt = len(choice.prompt_ids)
+            chunk["usage"] = {"prompt_tokens": prompt, "completion_tokens": choice.completion_tokens,
+                              "total_tokens": prompt + choice.completion_tokens}
+        return chunk
 
-    def usage_chunk(self, stats: DecodeStats) -> dict[str, Any]:
+    def usage_chunk(self) -> dict[str, Any]:
         return {"id": self.id, "object": "chat.completion.chunk" if self.generation.chat else "text_completion",
-                "created": self.created, "model": self.generation.served.id, "choices": [],
-                "usage": self.usage(stats)}
+                "created": self.created, "model": self.generation.served.id, "choices": [], "usage": self.usage()}
 
     # --- shared -------------------------------------------------------------------------------
 
-    def usage(self, stats: DecodeStats) -> dict[str, Any]:
-        prompt = len(self.generation.prompt_ids)
-        return {"prompt_tokens": prompt, "completion_tokens": stats.tokens, "total_tokens": prompt + stats.tokens,
-                "forwards": stats.forwards, "tokens_per_forward": round(stats.tpf, 4),
-                "decode_seconds": round(stats.seconds, 6), "tokens_per_second": round(stats.tps, 3)}
-
-    def finish_reason(self, text: str, result: Any) -> str:
-        """``stop`` when the response ended at an end id or a stop string, else ``length``."""
-        ended = bool(result.tokens) and result.tokens[-1] in self.state.loaded.stop_token_ids
-        full = self.state.loaded.tokenizer.decode(result.tokens, skip_special_tokens=True)
-        return "stop" if ended or len(text) < len(full) else "length"
+    def usage(self) -> dict[str, Any]:
+        """OpenAI's counts (a prompt counts once, whatever ``n``) and the decoders' figures: model calls
+        (``forwards``, summed over the choices), tokens committed per call and, streamed, per chunk."""
+        choices = list(self.choices.values())
+        prompt = sum(len(prompt) for prompt in self.generation.prompts)
+        completion = sum(choice.completion_tokens for choice in choices)
+        forwards = sum(choice.outcome.result.stats.forwards for choice in choices if choice.outcome is not None)
+        seconds = max((choice.outcome.result.stats.seconds for choice in choices if choice.outcome is not None),
+                      default=0.0)
+        usage: dict[str, Any] = {
+            "prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "forwards": forwards, "tokens_per_forward": round(completion / forwards, 4) if forwards else 0.0,
+            "decode_seconds": round(seconds, 6), "tokens_per_second": round(completion / seconds, 3) if seconds else 0.0}
+        if self.generation.stream:
+            chunks = sum(choice.chunks for choice in choices)
+            usage["stream_chunks"] = chunks
+            usage["tokens_per_chunk"] = round(sum(choice.committed for choice in choices) / chunks, 4) if chunks else 0.0
+        return usage
 
     def mark_first_byte(self) -> None:
         if self.first_byte is None:
@@ -341,7 +513,8 @@ class Run:
         self.state.metrics.latency.observe(time.perf_counter() - self.received)
 
     def cancel(self) -> None:
-        self.state.scheduler.cancel(self.job)
+        for choice in self.choices.values():
+            self.state.scheduler.cancel(choice.job)
         self.state.metrics.requests.labels("cancelled").inc()
 
 
@@ -349,4 +522,4 @@ def sse(payload: dict[str, Any]) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
 
-__all__ = ["Run", "ServerState", "check_address", "create_app", "run_server"]
+__all__ = ["Lifeline", "Run", "ServerState", "check_address", "create_app", "run_server"]

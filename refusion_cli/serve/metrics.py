@@ -4,8 +4,9 @@ Names: ``refusion_queue_depth`` and ``refusion_running_rows`` (gauges), ``refusi
 in each padded model call), ``refusion_model_calls_total``, ``refusion_generated_tokens_total`` and
 ``refusion_forwards_total`` (forwards summed over rows: a call shared by r rows counts r times, the
 toolkit's counting rule), ``refusion_time_to_first_byte_seconds`` (request received to the first
-byte of its answer: the first streamed chunk, or the whole answer), ``refusion_request_latency_seconds``
-and ``refusion_requests_total`` by outcome (``ok``, ``error``, ``cancelled``).
+byte of its answer: the first streamed chunk, or the whole answer), ``refusion_request_latency_seconds``,
+``refusion_requests_total`` by outcome (``ok``, ``error``, ``cancelled``) and ``refusion_oom_requeues_total``
+(model calls that ran out of memory and put their rows back in the queue).
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ class ServeMetrics(EngineStats):
         self.latency = Histogram("refusion_request_latency_seconds", "request received to answer complete",
                                  buckets=SECOND_BUCKETS, registry=r)
         self.requests = Counter("refusion_requests", "generation requests by outcome", ["outcome"], registry=r)
+        self.oom_requeues = Counter("refusion_oom_requeues", "model calls that ran out of memory (rows requeued)",
+                                    registry=r)
 
     # EngineStats: called from the scheduler thread (prometheus_client is thread-safe)
     def queued(self, depth: int) -> None:
@@ -51,6 +54,9 @@ class ServeMetrics(EngineStats):
     def finished(self, result: DecodeResult) -> None:
         self.tokens.inc(result.stats.tokens)
         self.forwards.inc(result.stats.forwards)
+
+    def oom_requeue(self) -> None:
+        self.oom_requeues.inc()
 
     def exposition(self) -> tuple[bytes, str]:
         """The metrics in Prometheus' text format, and its content type."""

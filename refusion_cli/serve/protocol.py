@@ -9,6 +9,12 @@ classes; ``max_tokens`` becomes the config's ``gen_length`` (the settings that f
 as in ``refusion eval``); ``temperature`` / ``top_p`` set the decoder's fields of those names where its
 config has them (a decoder without sampling takes only their greedy values); ``seed`` seeds the row's
 generator (default: the server's ``--seed``).
+
+vLLM's extension fields, as its OpenAI server reads them: ``ignore_eos``, ``min_tokens``, ``stop_token_ids``,
+``skip_special_tokens``, ``include_stop_str_in_output``, ``n`` (rows of their own, seeds ``seed + i``),
+``stream_options.continuous_usage_stats``; ``top_k`` and ``repetition_penalty`` at their neutral values only.
+On ``/v1/completions`` ``prompt`` is a string, a list of strings, a list of token ids or a list of such lists
+(one choice per prompt, ``n`` per prompt, in order).
 """
 
 from __future__ import annotations
@@ -27,14 +33,19 @@ from refusion_cli.decoding.spec import DecoderChoice
 from refusion_cli.decoding.variants import PAPER, Variant, variant_options
 from refusion_cli.errors import UserError
 from refusion_cli.models.chat import chat_prompt_ids
+from refusion_cli.serve.text import TextRules
 
 SEED_LIMIT = 2**63
 MAX_STOPS = 4  # as the OpenAI API
+MAX_CHOICES = 128  # prompts times n in one request
 IGNORED = {"user", "metadata", "store", "service_tier"}  # accepted and ignored: they change nothing in an answer
-NEUTRAL = {"n": 1, "presence_penalty": 0, "frequency_penalty": 0, "logprobs": None, "top_logprobs": None,
-           "echo": False, "best_of": 1, "logit_bias": None, "parallel_tool_calls": None}  # only this value is taken
+NEUTRAL = {"presence_penalty": 0, "frequency_penalty": 0, "echo": False, "best_of": 1, "logit_bias": None,
+           "parallel_tool_calls": None}  # only this value is taken
+NO_LOGPROBS = ("these decoders give no log-probabilities (a masked-diffusion step or a ReFusion slot commits "
+               "tokens without a per-token distribution to report)")
 COMMON = {"model", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options",
-          "decoder_options"}
+          "decoder_options", "ignore_eos", "min_tokens", "stop_token_ids", "skip_special_tokens",
+          "include_stop_str_in_output", "n", "top_k", "repetition_penalty", "logprobs", "top_logprobs"}
 CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens"}
 COMPLETION_FIELDS = COMMON | {"prompt"}
 
@@ -43,8 +54,9 @@ class ApiError(Exception):
     """A refused request: the HTTP status and the OpenAI error object's fields."""
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 kind: str = "invalid_request_error"):
+                 kind: str = "invalid_request_error", request_id: str | None = None):
         super().__init__(message)
+        self.request_id = request_id  # the id the log holds this request's cause under (a 5xx)
         self.status = status
         self.message = message
         self.param = param
@@ -89,21 +101,29 @@ def served_id(decoder: str, variant: Variant) -> str:
 
 @dataclass(frozen=True)
 class Generation:
-    """A parsed, validated request."""
+    """A parsed, validated request: one choice per prompt and ``n``."""
 
     served: ServedModel
-    prompt_ids: list[int]
+    prompts: list[list[int]]  # one for chat; completions: one per prompt given
     config: Any
-    stops: list[str]
+    rules: TextRules
     seed: int
+    n: int  # choices per prompt, seeds seed + i
     stream: bool
     include_usage: bool
+    continuous_usage: bool  # usage on every chunk (stream_options.continuous_usage_stats, with include_usage)
     chat: bool  # /v1/chat/completions (else /v1/completions)
+
+    @property
+    def choices(self) -> list[tuple[int, list[int], int]]:
+        """(index, prompt ids, seed) of each choice, in order: prompt by prompt, ``n`` each."""
+        return [(p * self.n + i, prompt, self.seed + i) for p, prompt in enumerate(self.prompts) for i in range(self.n)]
 
 
 def parse_generation(body: Any, *, chat: bool, served: dict[str, ServedModel], loaded: Any,
                      default_seed: int) -> Generation:
-    """A request body of ``/v1/chat/completions`` (``chat``) or ``/v1/completions``, checked."""
+    """A request body of ``/v1/chat/completions`` (``chat``) or ``/v1/completions``, checked. Tokenizes and
+    renders the chat template: call it off the event loop."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
     allowed = CHAT_FIELDS if chat else COMPLETION_FIELDS
@@ -113,6 +133,7 @@ def parse_generation(body: Any, *, chat: bool, served: dict[str, ServedModel], l
                 raise ApiError(400, f"'{name}' is not supported (only {NEUTRAL[name]!r})", param=name)
         elif name not in allowed and name not in IGNORED:
             raise ApiError(400, f"unknown field '{name}'", param=name)
+    _check_sampling_extensions(body)
     model = _typed(body, "model", str, required=True)
     if model not in served:
         raise ApiError(404, f"the model '{model}' does not exist; served: {', '.join(served)}", param="model",
@@ -121,18 +142,93 @@ def parse_generation(body: Any, *, chat: bool, served: dict[str, ServedModel], l
     max_tokens = _max_tokens(body, chat)
     options = _decoder_options(body, entry)
     config = _config(entry, max_tokens, options)
-    prompt_ids = _messages_ids(body, loaded) if chat else _prompt_ids(body, loaded)
-    _check_context(loaded, prompt_ids, config)
+    rules = _text_rules(body, loaded, config, max_tokens)
+    n = _typed(body, "n", int)
+    n = 1 if n is None else n
+    if n < 1:
+        raise ApiError(400, f"'n' must be at least 1, got {n}", param="n")
     seed = _typed(body, "seed", int)
-    if seed is not None and not 0 <= seed < SEED_LIMIT:
-        raise ApiError(400, f"'seed' must be from 0 to 2**63 - 1, got {seed}", param="seed")
+    prompts = [_messages_ids(body, loaded)] if chat else _prompts_ids(body, loaded)
+    if len(prompts) * n > MAX_CHOICES:
+        raise ApiError(400, f"{len(prompts)} prompt(s) times n={n} is more than {MAX_CHOICES} choices", param="n")
+    if seed is not None and not 0 <= seed <= SEED_LIMIT - n:
+        raise ApiError(400, f"'seed' must be from 0 to 2**63 - n, got {seed}", param="seed")
+    for prompt in prompts:
+        _check_context(loaded, prompt, config)
     stream = _typed(body, "stream", bool) or False
-    stream_options = _typed(body, "stream_options", dict) or {}
-    include_usage = stream_options.get("include_usage", False)
-    if not isinstance(include_usage, bool) or set(stream_options) - {"include_usage"}:
-        raise ApiError(400, "'stream_options' takes only 'include_usage' (true or false)", param="stream_options")
-    return Generation(entry, prompt_ids, config, _stops(body), default_seed if seed is None else seed, stream,
-                      include_usage, chat)
+    include_usage, continuous = _stream_options(body)
+    return Generation(entry, prompts, config, rules, default_seed if seed is None else seed, n, stream,
+                      include_usage, include_usage and continuous, chat)
+
+
+def parse_tokenize(body: Any, *, served: dict[str, ServedModel], loaded: Any) -> list[int]:
+    """vLLM's ``/tokenize`` body: ``prompt`` (a string) or ``messages`` (rendered with the chat template),
+    ``add_special_tokens`` (default: true for a prompt, as vLLM); the token ids."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    unknown = set(body) - {"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt"}
+    if unknown:
+        raise ApiError(400, f"unknown field '{sorted(unknown)[0]}'", param=sorted(unknown)[0])
+    model = _typed(body, "model", str)
+    if model is not None and model not in served:
+        raise ApiError(404, f"the model '{model}' does not exist; served: {', '.join(served)}", param="model",
+                       code="model_not_found")
+    if "messages" in body:
+        return _messages_ids(body, loaded)
+    prompt = _typed(body, "prompt", str, required=True)
+    special = _typed(body, "add_special_tokens", bool)
+    return list(loaded.tokenizer(prompt, add_special_tokens=True if special is None else special)["input_ids"])
+
+
+def _check_sampling_extensions(body: dict[str, Any]) -> None:
+    """``top_k`` and ``repetition_penalty`` at their neutral values; log-probabilities refused, saying why."""
+    top_k = _typed(body, "top_k", int)
+    if top_k is not None and top_k not in (-1, 0):
+        raise ApiError(400, f"'top_k' is not supported (only -1 or 0, all tokens), got {top_k}: the decoders keep "
+                            "a token by its probability against their thresholds, not among the k likeliest",
+                       param="top_k")
+    penalty = body.get("repetition_penalty")
+    if penalty is not None and (isinstance(penalty, bool) or not isinstance(penalty, (int, float)) or penalty != 1):
+        raise ApiError(400, f"'repetition_penalty' is not supported (only 1.0), got {penalty!r}: a diffusion step "
+                            "commits tokens in parallel, without the left-to-right history a penalty reads",
+                       param="repetition_penalty")
+    logprobs, top = body.get("logprobs"), body.get("top_logprobs")
+    for name, asked in (("logprobs", not (logprobs is None or logprobs is False)),
+                        ("top_logprobs", not (top is None or (top == 0 and not isinstance(top, bool))))):
+        if asked:
+            raise ApiError(400, f"'{name}' is not supported: {NO_LOGPROBS}", param=name)
+
+
+def _text_rules(body: dict[str, Any], loaded: Any, config: Any, max_tokens: int | None) -> TextRules:
+    ignore_eos = _typed(body, "ignore_eos", bool) or False
+    min_tokens = _typed(body, "min_tokens", int) or 0
+    budget = response_budget(config)
+    if min_tokens < 0:
+        raise ApiError(400, f"'min_tokens' must be at least 0, got {min_tokens}", param="min_tokens")
+    length = max_tokens if max_tokens is not None else getattr(config, "gen_length", budget)
+    if min_tokens > length:
+        raise ApiError(400, f"'min_tokens' ({min_tokens}) must be at most max_tokens ({length})", param="min_tokens")
+    stop_ids = body.get("stop_token_ids") or []
+    vocab = loaded.model.get_input_embeddings().num_embeddings
+    if not isinstance(stop_ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab
+                                                 for i in stop_ids):
+        raise ApiError(400, f"'stop_token_ids' must be an array of token ids (0 to {vocab - 1})",
+                       param="stop_token_ids")
+    skip_special = _typed(body, "skip_special_tokens", bool)
+    return TextRules(frozenset(loaded.stop_token_ids), tuple(_stops(body)),
+                     include_stop=_typed(body, "include_stop_str_in_output", bool) or False,
+                     skip_special_tokens=True if skip_special is None else skip_special,
+                     ignore_eos=ignore_eos, min_tokens=min_tokens, stop_token_ids=frozenset(stop_ids),
+                     max_tokens=length if ignore_eos and budget > length else None)
+
+
+def _stream_options(body: dict[str, Any]) -> tuple[bool, bool]:
+    options = _typed(body, "stream_options", dict) or {}
+    values = {name: options.get(name, False) for name in ("include_usage", "continuous_usage_stats")}
+    if set(options) - set(values) or not all(isinstance(value, bool) for value in values.values()):
+        raise ApiError(400, "'stream_options' takes 'include_usage' and 'continuous_usage_stats' (true or false)",
+                       param="stream_options")
+    return values["include_usage"], values["continuous_usage_stats"]
 
 
 def _typed(body: dict[str, Any], name: str, kind: type, required: bool = False) -> Any:
@@ -209,15 +305,32 @@ def _content(content: Any, where: str) -> str:
     raise ApiError(400, f"{where}.content must be a string or a list of text parts", param=f"{where}.content")
 
 
-def _prompt_ids(body: dict[str, Any], loaded: Any) -> list[int]:
+def _prompts_ids(body: dict[str, Any], loaded: Any) -> list[list[int]]:
+    """``prompt``: a string, a list of strings, a list of token ids or a list of such lists."""
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
-    if not isinstance(prompt, str):
-        raise ApiError(400, "'prompt' must be a string (one prompt per request)", param="prompt")
-    if not prompt:
-        raise ApiError(400, "'prompt' is empty", param="prompt")
-    return list(loaded.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+    if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and _is_ids(prompt)):
+        prompt = [prompt]
+    if not isinstance(prompt, list) or not prompt or not all(isinstance(item, str) or (isinstance(item, list)
+                                                                                        and _is_ids(item))
+                                                           for item in prompt):
+        raise ApiError(400, "'prompt' must be a string, an array of strings, an array of token ids or an array of "
+                            "such arrays (none empty)", param="prompt")
+    vocab = loaded.model.get_input_embeddings().num_embeddings
+    prompts = []
+    for index, item in enumerate(prompt):
+        ids = list(loaded.tokenizer(item, add_special_tokens=False)["input_ids"]) if isinstance(item, str) else item
+        if not ids:
+            raise ApiError(400, "'prompt' is empty" if len(prompt) == 1 else f"prompt {index} is empty",
+                           param="prompt")
+        if not all(0 <= token < vocab for token in ids):
+            raise ApiError(400, f"prompt {index} holds token ids outside the model's vocabulary (size {vocab})",
+                           param="prompt")
+        prompts.append(ids)
+    return prompts
+
+
+def _is_ids(items: list[Any]) -> bool:
+    return bool(items) and all(isinstance(item, int) and not isinstance(item, bool) for item in items)
 
 
 def _check_context(loaded: Any, prompt_ids: list[int], config: Any) -> None:
@@ -240,4 +353,5 @@ def _stops(body: dict[str, Any]) -> list[str]:
     return [item for item in stops if item]
 
 
-__all__ = ["ApiError", "Generation", "ServedModel", "error_body", "parse_generation", "served_id"]
+__all__ = ["ApiError", "Generation", "ServedModel", "error_body", "parse_generation", "parse_tokenize",
+           "served_id"]

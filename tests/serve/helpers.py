@@ -3,18 +3,20 @@ same decoders give in process, batch 1, for comparison."""
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 import torch
 import uvicorn
 
-from refusion_cli.decoding.registry import run_decoder
+from refusion_cli.decoding.engine import run_decoder
 from refusion_cli.decoding.spec import DecoderChoice
 from refusion_cli.decoding.variants import PAPER, Variant, variant_options
 from refusion_cli.harness.answers import stock_text
@@ -81,3 +83,70 @@ def wait_for(condition, timeout: float = 20.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.02)
+
+
+def decode_alone(loaded: LoadedModel, entry: ServedModel, prompt_ids: list[int], max_tokens: int, *, seed: int = 0,
+                 eos: tuple[int, ...] | None = None) -> Any:
+    """The ``DecodeResult`` of one prompt alone (batch 1); ``eos=()``: no end id (``ignore_eos``)."""
+    return run_decoder(entry.decoder, loaded.model, prompt_ids, entry.config(max_tokens, {}),
+                       mask_token_id=loaded.mask_token_id,
+                       eos_token_id=loaded.stop_token_ids if eos is None else eos,
+                       generator=torch.Generator().manual_seed(seed), **variant_options(entry.variant))
+
+
+@dataclass
+class Reply:
+    """What a client reads of one request, streamed or not: text and finish_reason by choice index, the final
+    usage, and (streamed) the chunks' own usage objects in order."""
+
+    status: int
+    texts: dict[int, str] = field(default_factory=dict)
+    finish: dict[int, str | None] = field(default_factory=dict)
+    usage: dict[str, Any] | None = None
+    chunk_usages: list[dict[str, Any]] = field(default_factory=list)
+    chunks: int = 0
+    error: dict[str, Any] | None = None
+
+
+def ask(base: str, body: dict[str, Any], *, chat: bool, stream: bool, timeout: float = 120) -> Reply:
+    """POST ``body`` to chat or completions, streamed (``stream_options.include_usage``) or not."""
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    body = {**body, "stream": stream}
+    if stream:
+        body["stream_options"] = {"include_usage": True, **body.get("stream_options", {})}
+    with httpx.stream("POST", f"{base}{path}", json=body, timeout=timeout) as response:
+        if response.status_code != 200:
+            response.read()
+            return Reply(response.status_code, error=response.json()["error"])
+        if not stream:
+            response.read()
+            data = response.json()
+            reply = Reply(200, usage=data["usage"])
+            for choice in data["choices"]:
+                reply.texts[choice["index"]] = choice["message"]["content"] if chat else choice["text"]
+                reply.finish[choice["index"]] = choice["finish_reason"]
+            return reply
+        reply = Reply(200)
+        lines = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "[DONE]", lines[-3:]
+    for line in lines[:-1]:
+        chunk = json.loads(line)
+        if "error" in chunk:
+            reply.error = chunk["error"]
+            continue
+        reply.chunks += 1
+        if not chunk["choices"]:
+            reply.usage = chunk["usage"]
+            continue
+        if chunk.get("usage") is not None:
+            reply.chunk_usages.append(chunk["usage"])
+        for choice in chunk["choices"]:
+            text = choice["delta"].get("content") or "" if chat else choice["text"]
+            reply.texts[choice["index"]] = reply.texts.get(choice["index"], "") + text
+            if choice["finish_reason"] is not None:
+                reply.finish[choice["index"]] = choice["finish_reason"]
+    return reply
+
+
+MODES = [(chat, stream) for chat in (True, False) for stream in (False, True)]
+MODE_IDS = ["chat", "chat-stream", "completion", "completion-stream"]

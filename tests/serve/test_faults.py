@@ -52,7 +52,8 @@ BAD_REQUESTS = [  # (body, status, param, words in the message)
     ({"model": "ar", "messages": MESSAGES, "max_tokens": 5000}, 400, "max_tokens", "exceeds the model's context"),
     ({"model": "ar", "messages": MESSAGES, "temperature": 0.7}, 400, "temperature", "decodes greedily"),
     ({"model": "ar", "messages": MESSAGES, "stream": "yes"}, 400, "stream", "true or false"),
-    ({"model": "ar", "messages": MESSAGES, "n": 2}, 400, "n", "not supported"),
+    ({"model": "ar", "messages": MESSAGES, "n": 0}, 400, "n", "at least 1"),
+    ({"model": "ar", "messages": MESSAGES, "best_of": 2}, 400, "best_of", "not supported"),
     ({"model": "ar", "messages": MESSAGES, "stop": ["a", "b", "c", "d", "e"]}, 400, "stop", "at most 4"),
     ({"model": "ar", "messages": MESSAGES, "frobnicate": 1}, 400, "frobnicate", "unknown field"),
     ({"model": "refusion", "messages": MESSAGES, "decoder_options": {"slot_size": "big"}}, 400, "decoder_options",
@@ -69,7 +70,7 @@ def test_bad_requests_are_openai_errors_and_the_server_goes_on(refusion_tiny):
             error = response.json()["error"]
             assert set(error) == {"message", "type", "param", "code"}
             assert error["param"] == param and words in error["message"], (body, error)
-        assert post(base, {"model": "ar", "prompt": ["a", "b"]}, "/v1/completions").status_code == 400
+        assert post(base, {"model": "ar", "prompt": ["a", 5]}, "/v1/completions").status_code == 400
         assert httpx.get(f"{base}/v1/nothing").json()["error"]["type"] == "not_found_error"
         reply = post(base, {"model": "ar", "messages": MESSAGES, "max_tokens": 8})
         assert reply.status_code == 200  # still serving
@@ -113,7 +114,8 @@ def test_a_client_leaving_mid_stream_frees_its_row(refusion_tiny):
         assert post(base, {"model": "ar", "messages": MESSAGES, "max_tokens": 8}).status_code == 200
 
 
-def test_a_failing_decode_fails_its_request_only(refusion_tiny, monkeypatch):
+def test_a_failing_decode_fails_its_request_only(refusion_tiny, monkeypatch, caplog):
+    """Its 500 names a request id, which the log holds with the cause; the body has no exception text."""
     models = served(["ar"])
     spec = decoder_spec("ar")
 
@@ -132,7 +134,12 @@ def test_a_failing_decode_fails_its_request_only(refusion_tiny, monkeypatch):
         with ThreadPoolExecutor(2) as pool:
             bad = pool.submit(post, base, {"model": "ar", "messages": MESSAGES, "max_tokens": 13})
             good = pool.submit(post, base, {"model": "ar", "messages": MESSAGES, "max_tokens": 24})
-            assert bad.result().status_code == 500 and "boom" in bad.result().json()["error"]["message"]
+            error = bad.result().json()["error"]
+            assert bad.result().status_code == 500 and "boom" not in error["message"]
+            request_id = bad.result().headers["x-request-id"]
+            assert request_id in error["message"]
+            assert any(request_id in record.getMessage() and "boom" in record.getMessage()
+                       for record in caplog.records)
             assert good.result().json()["choices"][0]["message"]["content"] == in_process(
                 refusion_tiny, models["ar"], QUESTION, 24)[0]
 
@@ -169,3 +176,83 @@ def test_sigterm_finishes_the_running_request_and_exits_0(tmp_path):
             server.kill()
             server.wait()
 
+
+
+def read_stream(base: str, body: dict, lines: list[str]) -> None:
+    """Append each ``data:`` line of a streamed request to ``lines`` as it comes."""
+    with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=60) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                lines.append(line)
+
+
+def fail_engine_step(self) -> None:
+    raise RuntimeError("injected: a fault outside the guarded calls")
+
+
+def test_a_dead_scheduler_fails_every_open_request_and_health_says_503(refusion_tiny):
+    with running_server(refusion_tiny, served(["ar"]), max_batch=1) as (base, state):
+        streamed: list[str] = []
+        reader = threading.Thread(target=read_stream, args=(base, LONG, streamed))
+        reader.start()
+        wait_for(lambda: len(streamed) > 0)  # running, its answer begun
+        with ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(post, base, {"model": "ar", "messages": MESSAGES, "max_tokens": 8})
+            wait_for(lambda: state.scheduler.depth == 1)
+            state.scheduler.engine.step = fail_engine_step.__get__(state.scheduler.engine)  # the thread dies
+            reader.join(timeout=30)
+            assert not reader.is_alive()
+            assert waiting.result().status_code == 503
+            assert "scheduler stopped" in waiting.result().json()["error"]["message"]
+        assert streamed[-1] == "data: [DONE]" and '"error"' in streamed[-2]  # the stream ends with an error event
+        health = httpx.get(f"{base}/health")
+        assert health.status_code == 503 and "RuntimeError" in health.json()["reason"]
+        later = post(base, {"model": "ar", "messages": MESSAGES, "max_tokens": 8})
+        assert later.status_code == 503 and later.json()["error"]["type"] == "server_error"
+
+
+DYING_SERVER = """
+import sys
+from refusion_cli.decoding.engine import Engine
+from refusion_cli.cli.app import main
+step = Engine.step
+def dying_step(self):
+    if self.running and self.waiting:  # a request running and one waiting: the thread dies now
+        raise RuntimeError("injected")
+    step(self)
+Engine.step = dying_step
+sys.argv = ["refusion", *sys.argv[1:]]
+main()
+"""
+
+
+def test_a_dead_scheduler_makes_the_process_exit_non_zero():
+    port = free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    server = subprocess.Popen([sys.executable, "-c", DYING_SERVER, "serve", "--port", str(port), "--decoder", "ar",
+                               "--model", "refusion-tiny",
+                               "--max-batch", "1"], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        def up() -> bool:
+            try:
+                return httpx.get(f"{base}/health").status_code == 200
+            except httpx.TransportError:
+                assert server.poll() is None, server.stdout.read()
+                return False
+        wait_for(up, timeout=60)
+        streamed: list[str] = []
+        reader = threading.Thread(target=read_stream, args=(base, LONG, streamed))
+        reader.start()
+        wait_for(lambda: len(streamed) > 0)
+        waiting = post(base, {"model": "ar", "messages": MESSAGES, "max_tokens": 8})
+        reader.join(timeout=30)
+        assert waiting.status_code == 503 and "scheduler stopped" in waiting.json()["error"]["message"]
+        assert '"error"' in streamed[-2] and streamed[-1] == "data: [DONE]"
+        assert server.wait(timeout=15) == 1
+        assert "error: the scheduler stopped: RuntimeError" in server.stdout.read()
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
