@@ -8,7 +8,8 @@ completions. Each is scored under both protocols, with the program a run builds 
 public functions): ``lm-eval`` (``harness.code_tasks.score_mbpp`` / ``score_humaneval``: MBPP's setup code, the
 solution, every assert; HumanEval's prompt and completion) and ``paper`` (``harness.paper_code``: MBPP's solution
 and its first three asserts, no setup code; HumanEval's whole function as the model writes it after the prefilled
-fence, sanitized). One program at a time (``--workers``, default 1) with the run's limits. Writes
+fence, sanitized). One program at a time (``--workers``, default 1) with the run's limits, in the sandbox's
+jail (where none can be made it stops, unless ``REFUSION_ALLOW_UNJAILED=1``). Writes
 ``reference-solutions.json`` (counts, and per failure its status and the sandbox's one-line detail) under
 ``--output`` and prints a summary; every failure's cause is for the reader to add to the README there.
 """

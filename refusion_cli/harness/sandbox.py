@@ -14,7 +14,7 @@ without one); ``sandbox_runner`` runs one program with its limits, the guard, an
 Where ``bwrap`` works, every candidate runs in a jail (the same whether the evaluator is root or not, its
 venv in a private folder or not): only the system's folders, the evaluator's Python and packages, read-only;
 a private ``/tmp`` of 64 MiB; no network; its own PID namespace; an unprivileged uid without capabilities
-(docs/evaluation.md has the table of what it allows and denies). Candidates import what a fork of the
+(evals/README.md has the table of what it allows and denies). Candidates import what a fork of the
 evaluator imports (numpy, say), as ``code_eval`` runs them.
 
 Where no jail can be made (no ``bwrap``, user namespaces off), the candidate would run as today's weaker
@@ -81,7 +81,6 @@ print(json.dumps({
 _MOST_MISSING_MODULES = 20  # reported by name; the probe's output must fit in OUTPUT_CHARS
 
 
-
 @dataclass(frozen=True)
 class Isolation:
     """How candidates run on this machine (probed once per process).
@@ -121,9 +120,12 @@ class Isolation:
                 self._tmp_words(), "no network", "own PID namespace",
                 self._user_words(), self._python_words(),
             ])
+        return f"NO JAIL ({self.jail_refused}), weaker isolation: {self.unjailed_isolation()}"
+
+    def unjailed_isolation(self) -> str:
+        """Without a jail: network, processes, user, Python and packages of the candidates."""
         return ", ".join([
-            f"NO JAIL ({self.jail_refused}), weaker isolation: "
-            + ("no network (own network namespace)" if self.network_namespace else "candidates can use the network"),
+            "no network (own network namespace)" if self.network_namespace else "candidates can use the network",
             "own PID namespace" if self.pid_namespace else "no PID namespace",
             self._user_words(),
             self._python_words(),
@@ -197,7 +199,7 @@ def require_launch() -> Launch:
                         hint="see refusion_cli/harness/sandbox.py")
     if not found.jail and os.environ.get(ALLOW_UNJAILED_ENV) != "1":
         raise UserError(f"no jail for model-written code can be made here ({found.jail_refused}); without one, "
-                        f"candidates would run with {found.describe().split(': ', 1)[1]}",
+                        f"candidates would run with {found.unjailed_isolation()}",
                         hint=f"install bubblewrap (apt-get install bubblewrap), or accept the weaker isolation with "
                              f"{UNJAILED_FLAG} ({ALLOW_UNJAILED_ENV}=1 for lm-eval and the tools)")
     return found.launch
