@@ -17,8 +17,9 @@ The jail (``bwrap``, the bubblewrap of Flatpak; :func:`jail_mounts`) gives a can
 
 It runs in new IPC, network (only a loopback of its own), PID, UTS and cgroup namespaces, in a new session,
 with no capabilities, and dies with the evaluator (``--die-with-parent``). As root the candidate runs as a
-throwaway uid (``setpriv`` drops to it inside the jail, so RLIMIT_NPROC counts its processes); otherwise
-as uid 65534 of a user namespace. ``REFUSION_BWRAP`` names another ``bwrap`` (a missing file: no jail).
+throwaway uid (``setpriv`` drops to it inside the jail, so RLIMIT_NPROC counts its processes); otherwise, or
+without ``setpriv``, as uid 65534 of a user namespace. ``REFUSION_BWRAP`` names another ``bwrap`` (a missing
+file: no jail).
 """
 
 from __future__ import annotations
