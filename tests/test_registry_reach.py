@@ -13,6 +13,7 @@ from lm_eval.api.registry import get_model
 from refusion_cli.bench.runner import BenchSettings, plan_entries
 from refusion_cli.bench.sweep import MDM_GRID, SWEEP_GRIDS, grid, sweep_configs
 from refusion_cli.chat.session import ChatSession
+from refusion_cli.decoding.engine import run_decoder
 from refusion_cli.decoding import registry
 from refusion_cli.decoding.rows import shared_calls
 from refusion_cli.decoding.spec import DecoderChoice
@@ -44,8 +45,8 @@ def test_one_registry_entry_adds_a_decoder_everywhere(new_decoder):
     prompt = [int(t) for t in loaded.tokenizer("Tom has 3 apples.", add_special_tokens=False)["input_ids"]]
     config = DecoderChoice("llada-copy").config(32)
     special = {"mask_token_id": loaded.mask_token_id, "eos_token_id": loaded.stop_token_ids}
-    alone = registry.run_decoder("llada-copy", loaded.model, prompt, config, **special)
-    reference = registry.run_decoder("llada", loaded.model, prompt, config, **special)
+    alone = run_decoder("llada-copy", loaded.model, prompt, config, **special)
+    reference = run_decoder("llada", loaded.model, prompt, config, **special)
     assert alone.tokens == reference.tokens  # run_decoder (eval, bench, chat)
 
     # lm-eval: the adapter class the registry makes, registered under the new name

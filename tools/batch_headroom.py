@@ -28,7 +28,8 @@ import torch
 
 from refusion_cli.bench.prompts import load_prompts
 from refusion_cli.decoding.config import TOOLKIT_PRESETS, ARConfig
-from refusion_cli.decoding.registry import decoder_spec, run_decoder
+from refusion_cli.decoding.registry import decoder_spec
+from refusion_cli.decoding.engine import run_decoder
 from refusion_cli.models.chat import user_prompt_ids
 from refusion_cli.models.loading import load_model
 from tools import set_threads

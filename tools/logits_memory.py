@@ -95,7 +95,8 @@ def measure(row: Row, prompt_length: int, calls: int, repeats: int, standins: Pa
     after ``--source`` had its say in :func:`child`."""
     import torch
 
-    from refusion_cli.decoding.registry import build_config, run_decoder, with_length
+    from refusion_cli.decoding.registry import build_config, with_length
+    from refusion_cli.decoding.engine import run_decoder
     from refusion_cli.models import load_model
 
     source = str(standins / row.standin) + (f"+{standins / row.adapter}" if row.adapter else "")

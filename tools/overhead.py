@@ -16,7 +16,7 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from refusion_cli.decoding.config import ARConfig, ReFusionConfig
-from refusion_cli.decoding.registry import run_decoder
+from refusion_cli.decoding.engine import run_decoder
 from refusion_cli.decoding.stats import DecodeStats
 from tools import set_threads
 

@@ -33,7 +33,7 @@ from typing import Sequence
 import torch
 
 from refusion_cli.cli.output import fail, quiet_library_output
-from refusion_cli.decoding.registry import run_decoder
+from refusion_cli.decoding.engine import run_decoder
 from refusion_cli.decoding.spec import preset_config
 from refusion_cli.errors import UserError
 from refusion_cli.jsonl import json_objects, read_text

@@ -46,7 +46,8 @@ import torch
 from refusion_cli.bench.machine import Machine, PeakMemory, describe_machine
 from refusion_cli.bench.prompts import BenchPrompt
 from refusion_cli.bench.sweep import check_swept_overrides, setting_label, sweep_configs
-from refusion_cli.decoding.registry import BASELINE, EMBEDDED_DECODERS, decoder_spec, default_model, run_decoder
+from refusion_cli.decoding.registry import BASELINE, EMBEDDED_DECODERS, decoder_spec, default_model
+from refusion_cli.decoding.engine import run_decoder
 from refusion_cli.decoding.spec import PRESET_DECODER, DecoderChoice, check_preset, require_refusion
 from refusion_cli.decoding.stats import DecodeResult, batch_stats, mean_tps, run_tps
 from refusion_cli.decoding.variants import asked_variants, first_option, variant_label, variant_options

@@ -36,7 +36,8 @@ from typing import Any
 import torch
 from jinja2 import TemplateError
 
-from refusion_cli.decoding.registry import build_config, check_decoder_fits, run_decoder, with_length
+from refusion_cli.decoding.registry import build_config, check_decoder_fits, with_length
+from refusion_cli.decoding.engine import run_decoder
 from refusion_cli.decoding.spec import PRESET_DECODER, DecoderChoice
 from refusion_cli.decoding.stats import DecodeStats
 from refusion_cli.decoding.variants import PAPER, Variant, variant_label, variant_options

@@ -1,7 +1,7 @@
 """Greedy autoregressive decoding with a KV cache: one token per forward (the AR baseline).
 
 :func:`ar_row` is one prompt's program on a lane of :class:`~refusion_cli.decoding.cache.Lanes` (its
-own rows of the shared KV cache); ``registry.run_decoder("ar", ...)`` runs one per prompt and every
+own rows of the shared KV cache); ``engine.run_decoder("ar", ...)`` runs one per prompt and every
 round feeds each running lane its last token in one model call; a finished lane leaves and the next
 prompt takes its row.
 """

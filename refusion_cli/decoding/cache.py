@@ -1,40 +1,45 @@
-"""The committed context the cached decoders attend to, for one prompt or a batch: K/V reused from a
-cache, or recomputed.
+"""The committed context the cached decoders attend to, for one prompt or many: K/V reused in place, or
+recomputed.
 
 Every model call of ReFusion and AR goes through :class:`Lanes`. Each prompt being decoded is a
-*lane*: one row of a padded batch, with its own committed tokens (prompt first, then response
-tokens in commit order) in the rows of one shared KV cache. A call feeds, for each lane, new
-tokens (true position ids) after that lane's committed tokens; a lane never sees another lane. The
-new tokens of a lane are split into *groups*: a new token sees every committed token of its lane
-and the earlier new tokens of its own group. One group is plain causal attention; several groups
-lay independent rows side by side (ReFusion's parallel completion step).
+*lane*: its committed tokens (prompt first, then response tokens in commit order) have their K/V in
+one row of a :class:`RowStore`, a preallocated store [rows, heads, columns, dim] per layer that the
+model writes in place. A call feeds, for each lane, new tokens (true position ids) after that lane's
+committed tokens; a lane never sees another lane. The new tokens of a lane are split into *groups*: a
+new token sees every committed token of its lane and the earlier new tokens of its own group. One
+group is plain causal attention; several groups lay independent rows side by side (ReFusion's
+parallel completion step).
 
-Tokens fed by a call are provisional: ``commit(lane, n)`` keeps the first ``n`` of them, and the
-next call drops whatever was not committed: the cache keeps, per row, its lane's committed entries
-(a gather over the cache's sequence dimension, made only when the longest row holds an uncommitted
-entry or a row leaves; shorter rows keep unused entries, masked out). With one lane this is a crop
-of the cache, and the call is the single-row call of a batch of one.
+A call packs the lanes' new tokens into one sequence [1, T] without padding, so the model's linear
+layers compute exactly the tokens fed. Only attention is done per lane: its queries are laid out
+[lanes, Q, ...] (Q: the longest lane's feed), each against its own row of the store, under a mask
+built from the lanes' lengths and groups (``rows_attention``). The new tokens' K/V is written at the
+columns right after the lane's committed ones.
 
-Rows are left-padded to the longest input of the call; padding is masked out for every real
-token, and pad positions see only themselves. A lane's first call (its prompt, far longer than a
-decoding step) runs in a call of its own beside the rows already decoding, and its K/V then joins
-the cache, so those rows are not padded to the prompt's length. A padded call reduces over other
-shapes than a lane's call alone, so its logits differ from batch 1's by float rounding: a decision
-within that rounding of a tie can go the other way.
+Tokens fed by a call are provisional: ``commit(lane, n)`` keeps the first ``n`` of them, which is a
+lane's length growing by ``n``; the next call writes over whatever was not committed, so nothing is
+copied to drop it. When a lane closes, the last row of the store moves into its row (one row's
+committed K/V), so that the lanes of a call are always the store's first rows and every call reads a
+view of the store, never a gathered copy. The store grows (doubling) when a call needs more rows or
+columns than it holds.
+
+A call of several lanes reduces over other shapes than a lane's call alone, so its logits differ
+from batch 1's by float rounding: a decision within that rounding of a tie can go the other way. A
+call of one lane is that lane's plain call: the same query, K/V and mask as a call of a batch of one.
 """
 
 from __future__ import annotations
 
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Generator, Iterator, Protocol, TypeVar
+
 import torch
-from collections import deque
-from dataclasses import dataclass, field
-from typing import Any, Callable, Generator, Protocol, TypeVar
+from transformers import AttentionInterface
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from transformers import DynamicCache
-
-from refusion_cli.decoding.stats import (BatchClock, DecodeResult, DecodeStats, cache_argument, count_call, float_logits,
-                                         last_logits, timed_call)
-
+from refusion_cli.decoding.stats import DecodeStats, count_call, float_logits, logits_at, timed_call
 
 def group_causal(groups: torch.Tensor) -> torch.Tensor:
     """[Q] group ids -> [Q, Q] bool: query i sees key j iff j <= i and both are in one group."""
@@ -77,20 +82,135 @@ LaneStep = Generator[Feed, torch.Tensor, T]  # a lane program's step: yields fee
 @dataclass
 class _Lane:
     stats: DecodeStats
-    pending_ids: torch.Tensor  # [N] committed tokens without K/V in the cache (re-run at the front of the next call)
+    pending_ids: torch.Tensor  # [N] committed tokens without K/V in the store (fed at the front of the next call)
     pending_positions: torch.Tensor  # [N]
-    fed: Feed | None = None  # the last call's new tokens, until committed
-    fed_column: int = 0  # cache column of the first of them
-    committed: list[int] = field(default_factory=list)  # cache columns of this lane's committed tokens
+    length: int = 0  # committed tokens with K/V in the store: columns [0, length) of the lane's row
+    fed: int | None = None  # new tokens the last call wrote after them, until committed
+    fed_ids: torch.Tensor | None = None  # without reuse: those tokens and their positions, to commit as pending
+    fed_positions: torch.Tensor | None = None
+
+
+@dataclass
+class CallCounts:
+    """What the calls of a :class:`Lanes` cost besides the model: for ``refusion bench``'s counts."""
+
+    calls: int = 0
+    positions: int = 0  # tokens the model computed (the packed call has no padding)
+    kv_bytes_copied: int = 0  # K/V moved: a closed lane's row filled from the last one, the store grown
+
+
+class RowStore:
+    """K/V of every lane in place: per layer, keys and values [rows, heads, columns, dim], lane ``i`` of the
+    store in row ``i``. The model calls :meth:`update` once per layer; before a call :meth:`prepare` says
+    where each fed token's K/V goes and how large the store must be."""
+
+    def __init__(self, counts: CallCounts):
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.counts = counts
+        self._rows = self._columns = 0  # the size the next update makes sure of
+        self._write_rows = self._write_columns = torch.zeros(0, dtype=torch.long)
+
+    def prepare(self, rows: int, columns: int, write_rows: torch.Tensor, write_columns: torch.Tensor) -> None:
+        """Before a call: the store holds ``rows`` x ``columns``; fed token t goes to (write_rows[t], write_columns[t])."""
+        self._rows, self._columns = rows, columns
+        self._write_rows, self._write_columns = write_rows, write_columns
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
+               *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the call's K/V ([1, heads, T, dim]) in place; return the layer's whole store (rows_attention reads
+        each lane's row of it)."""
+        if layer_idx == len(self.keys):
+            self.keys.append(key_states.new_zeros(0, *key_states.shape[1:2], 0, key_states.shape[3]))
+            self.values.append(value_states.new_zeros(0, *value_states.shape[1:2], 0, value_states.shape[3]))
+        keys, values = self._sized(layer_idx)
+        keys[self._write_rows, :, self._write_columns] = key_states[0].transpose(0, 1)  # [T, heads, dim]
+        values[self._write_rows, :, self._write_columns] = value_states[0].transpose(0, 1)
+        return keys, values
+
+    def _sized(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        keys, values = self.keys[layer], self.values[layer]
+        rows, columns = keys.shape[0], keys.shape[2]
+        if rows >= self._rows and columns >= self._columns:
+            return keys, values
+        rows, columns = max(rows, self._rows, 2 * rows if rows < self._rows else 0), max(
+            columns, self._columns, 2 * columns if columns < self._columns else 0)
+        grown = []
+        for old in (keys, values):
+            new = old.new_zeros(rows, old.shape[1], columns, old.shape[3])
+            new[: old.shape[0], :, : old.shape[2]] = old
+            self.counts.kv_bytes_copied += old.numel() * old.element_size()
+            grown.append(new)
+        self.keys[layer], self.values[layer] = grown
+        return grown[0], grown[1]
+
+    def move(self, source: int, target: int, columns: int) -> None:
+        """Copy the first ``columns`` entries of row ``source`` into row ``target``, every layer."""
+        for states in (*self.keys, *self.values):
+            states[target, :, :columns] = states[source, :, :columns]
+            self.counts.kv_bytes_copied += states[source, :, :columns].numel() * states.element_size()
+
+
+@dataclass
+class RowsMask:
+    """What ``rows_attention`` needs to attend lane by lane in a packed call (passed as the model's mask)."""
+
+    spans: list[tuple[int, int, int]]  # per lane: its first packed token, its token count, the store columns it sees
+    masks: list[torch.Tensor]  # per lane: additive mask [1, 1, n, columns] (0 on its committed columns)
+    implementation: str  # the attention the model runs otherwise (sdpa, eager)
+
+
+ROWS_ATTENTION = "refusion_rows"
+# what a packed call passes as the model's mask: a prepared 4-D mask to transformers, which then builds none;
+# the real layout goes to rows_attention as the ``lane_rows`` keyword
+PLACEHOLDER_MASK = torch.zeros(1, 1, 0, 0)
+
+
+def rows_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                   attention_mask: Any, scaling: float | None = None, *, lane_rows: RowsMask,
+                   **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """Attention of a packed call ([1, heads, T, dim] queries) lane by lane: each lane's queries against its
+    row of the store ([rows, kv heads, columns, dim]) only, so no lane computes another's or padding's scores.
+    With the model's sdpa it is torch's, the K/V heads shared in place (``enable_gqa``), which computes what
+    transformers' sdpa call computes on the repeated heads; another attention runs as the model's own."""
+    rows = lane_rows  # the call's layout; ``attention_mask`` is a placeholder that keeps transformers from making one
+    outs = []
+    for lane, ((first, count, columns), mask) in enumerate(zip(rows.spans, rows.masks)):
+        queries = query[:, :, first: first + count]  # [1, heads, n, dim]
+        keys, values = key[lane: lane + 1, :, :columns], value[lane: lane + 1, :, :columns]
+        if rows.implementation == "sdpa":
+            out = torch.nn.functional.scaled_dot_product_attention(
+                queries, keys, values, attn_mask=mask, scale=scaling,
+                enable_gqa=keys.shape[1] != queries.shape[1]).transpose(1, 2)
+        else:
+            inner = ALL_ATTENTION_FUNCTIONS.get_interface(rows.implementation, sdpa_attention_forward)
+            out, _ = inner(module, queries, keys, values, mask, scaling=scaling, **kwargs)
+        outs.append(out)  # [1, n, heads, dim]
+    return torch.cat(outs, 1), None  # [1, T, heads, dim]
+
+
+AttentionInterface.register(ROWS_ATTENTION, rows_attention)
+
+
+@contextlib.contextmanager
+def attending_by_rows(model: torch.nn.Module) -> Iterator[str]:
+    """Route the model's attention through ``rows_attention`` for one call; yields the attention it had."""
+    config = model.config
+    before = config._attn_implementation_internal
+    config._attn_implementation_internal = ROWS_ATTENTION
+    try:
+        yield before or "sdpa"
+    finally:
+        config._attn_implementation_internal = before
 
 
 class Lanes:
-    """Independent decodes (lanes) sharing the model calls: one row each of a padded batch.
+    """Independent decodes (lanes) sharing the model calls: one packed call, a row of the store each.
 
-    Committed tokens without K/V in the cache are *pending*: they are re-run, plain causal over
-    commit order, at the front of the lane's next call. With ``reuse`` the K/V of that call is
-    kept, so a token is computed once (the prompt rides along with the lane's first call);
-    without ``reuse`` every committed token stays pending and is recomputed on every call.
+    Committed tokens without K/V in the store are *pending*: they are fed, plain causal over commit
+    order, at the front of the lane's next call. With ``reuse`` the K/V of that call is kept, so a
+    token is computed once (the prompt rides along with the lane's first call); without ``reuse``
+    every committed token stays pending and is recomputed on every call.
     """
 
     def __init__(self, model: torch.nn.Module, reuse: bool = True):
@@ -98,25 +218,36 @@ class Lanes:
         self.reuse = reuse
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
-        self.cache = DynamicCache(config=model.config) if reuse else None
-        self.columns = 0  # cache entries per row
-        self.rows: list[int] = []  # the lane of each cache row
+        self.counts = CallCounts()
+        self.store = RowStore(self.counts)
+        self.rows: list[int] = []  # the lane in each row of the store
         self.lanes: dict[int, _Lane] = {}
 
     def open(self, lane: int, stats: DecodeStats, prompt_ids: torch.Tensor) -> "Lane":
         """Start lane ``lane`` with ``prompt_ids`` [P] committed at positions 0..P-1; ``stats`` counts its calls."""
         positions = torch.arange(prompt_ids.numel(), device=prompt_ids.device)
         self.lanes[lane] = _Lane(stats, prompt_ids, positions)
+        self.rows.append(lane)
         return Lane(self, lane)
 
     def close(self, lane: int) -> None:
-        """End a lane: its row leaves the batch at the next call (a lane already closed stays closed)."""
-        self.lanes.pop(lane, None)
+        """End a lane: the store's last row moves into its row (a lane already closed stays closed)."""
+        if self.lanes.pop(lane, None) is None:
+            return
+        row, last = self.rows.index(lane), len(self.rows) - 1
+        if row != last:
+            moved = self.rows[last]
+            state = self.lanes[moved]
+            written = (state.length + (state.fed or 0)) if self.reuse else 0  # committed, and fed until committed
+            if self.store.keys and written:
+                self.store.move(last, row, written)
+            self.rows[row] = moved
+        self.rows.pop()
 
     def length(self, lane: int) -> int:
         """Committed tokens of ``lane``, prompt included."""
         state = self.lanes[lane]
-        return len(state.committed) + state.pending_ids.numel()
+        return state.length + state.pending_ids.numel()
 
     def commit(self, lane: int, n: int) -> None:
         """Commit the first ``n`` new tokens ``lane`` fed to the last call (none may depend on a later group)."""
@@ -125,94 +256,88 @@ class Lanes:
             if n:
                 raise RuntimeError("commit() without a preceding forward()")
             return
-        fed, state.fed = state.fed, None
+        state.fed = None
         if self.reuse:
-            state.committed.extend(range(state.fed_column, state.fed_column + n))
+            state.length += n
         else:
-            state.pending_ids = torch.cat([state.pending_ids, fed.ids[:n]])
-            state.pending_positions = torch.cat([state.pending_positions, fed.positions[:n]])
+            assert state.fed_ids is not None and state.fed_positions is not None
+            state.pending_ids = torch.cat([state.pending_ids, state.fed_ids[:n]])
+            state.pending_positions = torch.cat([state.pending_positions, state.fed_positions[:n]])
 
     def forward(self, feeds: dict[int, Feed]) -> dict[int, torch.Tensor]:
-        """One round of model calls, one call counted for every lane: each open lane feeds its tokens
-        after its committed ones.
+        """One model call, counted once for every lane: each open lane feeds its tokens after its committed ones.
 
-        Returns each lane's float logits [Q, V] of its new tokens (the model computes no others when
-        it can), [1 + Q, V] with ``context_logits``. Tokens fed by an earlier call and not committed
-        are dropped first. Lanes opened since the last round have no rows in the cache yet: with
-        ``reuse`` they run their first call (their prompt) in a call of their own, so the rows already
-        decoding are not padded to a prompt's length; their K/V then joins the cache.
+        Returns each lane's float logits [Q, V] of its new tokens (the model computes no others when it
+        can), [1 + Q, V] with ``context_logits``. Tokens fed by an earlier call and not committed are
+        written over.
         """
         if set(feeds) != set(self.lanes):
             raise RuntimeError("every open lane feeds every call")
-        for lane, feed in feeds.items():
-            self.lanes[lane].fed = None
-            if feed.context_logits and not self.lanes[lane].pending_ids.numel():
+        states = [self.lanes[lane] for lane in self.rows]
+        inputs = []
+        for state, lane in zip(states, self.rows):
+            feed = feeds[lane]
+            state.fed = None
+            if feed.context_logits and not state.pending_ids.numel():
                 raise RuntimeError("context_logits asked for a committed token whose K/V is already cached")
-        self._keep_committed()
-        joining = [lane for lane in feeds if lane not in self.rows]
-        if not self.reuse or not self.rows:
-            self.rows += joining
-            joining = []
-        results, width = self._call(self.rows, feeds, self.cache, self.columns)
-        if self.reuse:
-            self.columns += width
-        if joining:
-            fresh = DynamicCache(config=self.model.config)
-            joined, width = self._call(joining, feeds, fresh, 0)
-            results.update(joined)
-            self._join(fresh, joining, width)
+            inputs.append(self._row_input(state, feed))
+        lengths = [ids.numel() for ids, _, _ in inputs]
+        starts = [state.length if self.reuse else 0 for state in states]
+        reads = [feeds[lane].ids.numel() + feeds[lane].context_logits for lane in self.rows]
+        mask, write_rows, write_columns, read_columns = self._layout(inputs, lengths, starts, reads)
+        columns = max(span[2] for span in mask.spans)
+        self.store.prepare(len(states), columns, write_rows, write_columns)
+        total = sum(lengths)
+        with attending_by_rows(self.model) as implementation:
+            mask.implementation = implementation
+            out, seconds = timed_call(
+                self.model,
+                input_ids=torch.cat([ids for ids, _, _ in inputs])[None],  # [1, T]
+                position_ids=torch.cat([positions for _, positions, _ in inputs])[None],  # [1, T]
+                attention_mask=mask_argument(self.model.config, PLACEHOLDER_MASK),
+                lane_rows=mask,
+                use_cache=True,
+                cache=self.store,
+                **logits_at(self.model, read_columns, total),
+            )
+        self.counts.calls += 1
+        self.counts.positions += total
+        logits = out.logits[0]
+        if logits.shape[0] != read_columns.numel():
+            logits = logits[read_columns]
+        results, offset = {}, 0
+        for lane, state, feed, n, read in zip(self.rows, states, (feeds[lane] for lane in self.rows), lengths,
+                                              reads):
+            count_call(state.stats, n, seconds)
+            results[lane] = float_logits(logits[offset: offset + read])
+            offset += read
+            state.fed = feed.ids.numel()
+            if not self.reuse:
+                state.fed_ids, state.fed_positions = feed.ids, feed.positions
+            if self.reuse:  # the pending tokens' K/V is in the store now, the fed tokens' right after
+                state.length += state.pending_ids.numel()
+                state.pending_ids, state.pending_positions = state.pending_ids[:0], state.pending_positions[:0]
         return results
 
-    def _call(self, rows: list[int], feeds: dict[int, Feed], cache: DynamicCache | None,
-              columns: int) -> tuple[dict[int, torch.Tensor], int]:
-        """One model call for the lanes of ``rows``, the rows of ``cache`` (``columns`` entries each);
-        returns each lane's logits and the call's width (the entries it adds to every row)."""
-        inputs = [self._row_input(self.lanes[lane], feeds[lane]) for lane in rows]
-        width = max(ids.numel() for ids, _, _ in inputs)  # Q: the longest input of the call
-        n_new = max(feeds[lane].ids.numel() + feeds[lane].context_logits for lane in rows)
-        input_ids = torch.zeros(len(inputs), width, dtype=torch.long, device=self.device)  # [B, Q]
-        position_ids = torch.zeros_like(input_ids)  # [B, Q]
-        allowed = torch.zeros(len(inputs), width, columns + width, dtype=torch.bool, device=self.device)
-        allowed[:, :, columns:] = torch.eye(width, dtype=torch.bool, device=self.device)  # pads see themselves
-        for row, (lane, (ids, positions, among)) in enumerate(zip(rows, inputs)):
-            pad = width - ids.numel()
-            input_ids[row, pad:], position_ids[row, pad:] = ids, positions
-            allowed[row, pad:, columns + pad:] = among
-            allowed[row, pad:, self.lanes[lane].committed] = True
-        mask = additive_mask(allowed, self.dtype)  # [B, 1, Q, columns + Q]
-        out, seconds = timed_call(
-            self.model,
-            input_ids=input_ids,
-            position_ids=position_ids,
-            attention_mask=mask_argument(self.model.config, mask),
-            use_cache=self.reuse,
-            **cache_argument(self.model, cache),
-            **last_logits(self.model, n_new),
-        )
-        logits = out.logits[:, -n_new:]
-        results = {}
-        for row, (lane, (ids, _, _)) in enumerate(zip(rows, inputs)):
-            state, feed = self.lanes[lane], feeds[lane]
-            count_call(state.stats, ids.numel(), seconds)
-            new = feed.ids.numel()
-            results[lane] = float_logits(logits[row, n_new - new - feed.context_logits:])
-            state.fed, state.fed_column = feed, columns + width - new
-            if self.reuse:  # the pending tokens' K/V is in the cache now, followed by the fed tokens'
-                state.committed.extend(range(state.fed_column - state.pending_ids.numel(), state.fed_column))
-                state.pending_ids, state.pending_positions = state.pending_ids[:0], state.pending_positions[:0]
-        return results, width
-
-    def _join(self, fresh: DynamicCache, joining: list[int], columns: int) -> None:
-        """Append the rows of ``fresh`` (the ``joining`` lanes' first call, ``columns`` entries each)
-        below the cache's rows; the shorter side gets unused entries, masked out."""
-        width = max(columns, self.columns)
-        for layer, new in zip(self.cache.layers, fresh.layers):
-            if not _written(new):
-                continue
-            layer.keys = torch.cat([_pad_columns(layer.keys, width), _pad_columns(new.keys, width)])
-            layer.values = torch.cat([_pad_columns(layer.values, width), _pad_columns(new.values, width)])
-        self.rows += joining
-        self.columns = width
+    def _layout(self, inputs: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], lengths: list[int],
+                starts: list[int], reads: list[int]) -> tuple[RowsMask, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The packed call's per-lane attention, where its K/V goes ([T] store rows and columns), and the
+        packed columns whose logits are read."""
+        device = self.device
+        spans, masks, reading = [], [], []
+        offset = 0
+        for (_, _, among), n, start, read in zip(inputs, lengths, starts, reads):
+            allowed = torch.ones(n, start + n, dtype=torch.bool, device=device)  # [n, columns]
+            allowed[:, start:] = among
+            masks.append(additive_mask(allowed, self.dtype))  # [1, 1, n, columns]
+            spans.append((offset, n, start + n))
+            reading.append(torch.arange(offset + n - read, offset + n, device=device))
+            offset += n
+        length = torch.tensor(lengths, device=device)
+        write_rows = torch.arange(len(inputs), device=device).repeat_interleave(length)  # [T]
+        write_columns = torch.cat([torch.arange(start, start + n, device=device)
+                                   for start, n in zip(starts, lengths)])  # [T]
+        return RowsMask(spans, masks, ""), write_rows, write_columns, torch.cat(reading)
 
     def _row_input(self, state: _Lane, feed: Feed) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """A lane's pending + new tokens, their positions and what they see among themselves [Q, Q]."""
@@ -222,49 +347,6 @@ class Lanes:
         among = group_causal(all_groups)  # [Q, Q] with Q = pending + new
         among[n_pending:, :n_pending] = True  # new tokens see every pending committed token
         return torch.cat([state.pending_ids, feed.ids]), torch.cat([state.pending_positions, feed.positions]), among
-
-    def _keep_committed(self) -> None:
-        """Drop the rows of closed lanes, and the cache entries their row's lane did not commit.
-
-        A row shorter than the longest keeps unused entries (masked out) after its own; the cache is
-        rewritten only when a row leaves or the longest row has an uncommitted entry. With one lane
-        this is a crop of the cache."""
-        rows = [lane for lane in self.rows if lane in self.lanes]
-        kept = [self.lanes[lane].committed for lane in rows]
-        width = max((len(columns) for columns in kept), default=0)
-        if not self.reuse or (rows == self.rows and width == self.columns):
-            self.rows = rows
-            return
-        old_rows = {lane: row for row, lane in enumerate(self.rows)}
-        self.rows = rows
-        if not rows:
-            self.cache, self.columns = DynamicCache(config=self.model.config), 0
-            return
-        index = torch.zeros(len(rows), width, dtype=torch.long, device=self.device)  # [B, width] columns kept
-        for row, columns in enumerate(kept):
-            index[row, : len(columns)] = torch.tensor(columns, dtype=torch.long)
-        source = torch.tensor([old_rows[lane] for lane in rows], device=self.device)  # [B] old row of each row
-        for layer in self.cache.layers:
-            if not _written(layer):
-                continue
-            heads, dim = layer.keys.shape[1], layer.keys.shape[3]
-            gather = index[:, None, :, None].expand(-1, heads, -1, dim)
-            layer.keys = layer.keys.index_select(0, source).gather(2, gather)
-            layer.values = layer.values.index_select(0, source).gather(2, gather)
-        for lane, columns in zip(rows, kept):
-            self.lanes[lane].committed = list(range(len(columns)))
-        self.columns = width
-
-
-def _written(layer: Any) -> bool:
-    """Whether a cache layer holds K/V (a layer the model never wrote has none yet)."""
-    return getattr(layer, "keys", None) is not None and layer.keys.numel() > 0
-
-
-def _pad_columns(states: torch.Tensor, width: int) -> torch.Tensor:
-    """K or V [B, H, N, D] with unused (zero) entries appended up to ``width`` columns."""
-    missing = width - states.shape[2]
-    return states if missing == 0 else torch.nn.functional.pad(states, (0, 0, 0, missing))
 
 
 class Lane:
@@ -296,45 +378,9 @@ class Lane:
 
 
 class SharedCalls(Protocol):
-    """What :func:`drive` needs of the rows' shared model calls: :class:`Lanes`, or the masked-diffusion
+    """What the engine needs of the rows' shared model calls: :class:`Lanes`, or the masked-diffusion
     samplers' ``mdm.CanvasCalls``."""
 
     def forward(self, feeds: dict[int, Any]) -> dict[int, Any]: ...
 
     def close(self, lane: int) -> None: ...
-
-
-def drive(lanes: SharedCalls, start: Callable[[int], Generator[Any, Any, DecodeResult]], count: int,
-          batch_size: int | None, clock: BatchClock) -> list[DecodeResult]:
-    """Run ``count`` lane programs, at most ``batch_size`` (None: all) at once, one shared model call per round.
-
-    ``start(i)`` opens lane ``i`` in ``lanes`` and returns its program: a generator that yields a
-    feed (a :class:`Feed` for :class:`Lanes`) for every call and is sent back what ``lanes.forward``
-    answers for it (its logits), and returns the lane's result. Each
-    round advances every running program by one call; a finished lane is closed, its result gets
-    its latency from ``clock``, and the next waiting prompt takes its place (continuous batching).
-    """
-    limit = count if batch_size is None else batch_size
-    waiting = deque(range(count))
-    running: dict[int, tuple[Generator[Any, Any, DecodeResult], Any]] = {}
-    results: list[DecodeResult | None] = [None] * count
-
-    def advance(index: int, program: Generator[Any, Any, DecodeResult], logits: Any) -> None:
-        try:
-            running[index] = (program, next(program) if logits is None else program.send(logits))
-        except StopIteration as stop:
-            running.pop(index, None)
-            lanes.close(index)
-            stop.value.stats.seconds = clock.latency()
-            results[index] = stop.value
-
-    while waiting or running:
-        while waiting and len(running) < limit:
-            index = waiting.popleft()
-            advance(index, start(index), None)
-        if not running:
-            continue
-        logits = lanes.forward({index: feed for index, (_, feed) in running.items()})
-        for index, (program, _) in list(running.items()):
-            advance(index, program, logits[index])
-    return results  # type: ignore[return-value]  # every program returned

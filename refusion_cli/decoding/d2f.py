@@ -25,7 +25,7 @@ Decoding ends when no block is decoding and none can be added. ``shifted`` (Drea
 position p is read from the logits of p - 1; for the first fed position those come from the call
 that cached the position before it. The model computes the logits that predict a mask and no others
 (shifted: also those of the last position a call caches). :func:`d2f_row` is one prompt's program;
-``registry.run_decoder`` ("llada-d2f", "dream-d2f") decodes a list of prompts as a batch, each row as
+``engine.run_decoder`` ("llada-d2f", "dream-d2f") decodes a list of prompts as a batch, each row as
 alone (see mdm); ``result.trace`` holds one record per block and step that committed.
 """
 

@@ -29,7 +29,7 @@ shifted logits predict), unless the schedule gives the block a single step, whic
 the schedule's steps 1, 2, ... follow, or the threshold rule. A cached step reads the fed positions'
 logits shifted within the call, so the block's first position would read its own logits; it is
 never masked by then. Only the logits that predict a mask are computed (on a cached full pass, only
-those of the block's first mask). :func:`dream_row` is one prompt's program; ``registry.run_decoder``
+those of the block's first mask). :func:`dream_row` is one prompt's program; ``engine.run_decoder``
 decodes a list of prompts as a batch, each row as alone (see mdm).
 
 Logits memory: plain Dream reads the logits before every mask of its one 512-token block, and its

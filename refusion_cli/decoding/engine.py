@@ -144,7 +144,9 @@ class Engine:
         self.on_requeue: Callable[[], None] | None = None  # told of every call that ran out of memory
         self.waiting: deque[Request] = deque()
         self.running: dict[int, _Row] = {}
-        self._calls: dict[tuple[str, bool], SharedCalls] = {}
+        # the shared-calls object of each kind (registry.calls_kind), made at its first row; a caller may put its
+        # own in first (a test records the calls this way)
+        self.calls: dict[tuple[str, bool], SharedCalls] = {}
 
     # --- submitting ---------------------------------------------------------------------------
 
@@ -173,7 +175,7 @@ class Engine:
         for row in [row for row in self.running.values() if row.request.cancelled]:
             row.program.close()
             self._retire(row, None)
-        for kind, calls in list(self._calls.items()):
+        for kind, calls in list(self.calls.items()):
             rows = [row for row in self.running.values() if row.calls is calls]
             if rows:
                 self._call(kind, calls, rows)
@@ -209,9 +211,9 @@ class Engine:
 
     def _open(self, request: Request) -> _Row | None:
         kind = calls_kind(request.decoder, request.kv_reuse)
-        if kind not in self._calls:
-            self._calls[kind] = shared_calls(kind, self.model)
-        calls = self._calls[kind]
+        if kind not in self.calls:
+            self.calls[kind] = shared_calls(kind, self.model)
+        calls = self.calls[kind]
         generator = request.generator
         state = generator.get_state() if generator is not None else None
         clock = request.clock or BatchClock(self.device)
@@ -264,7 +266,7 @@ class Engine:
         try:
             replies = calls.forward({row.request.id: row.feed for row in rows})
         except Exception as error:
-            del self._calls[kind]  # its K/V may be half written: the next call of the kind starts afresh
+            del self.calls[kind]  # its K/V may be half written: the next call of the kind starts afresh
             for row in rows:
                 self.running.pop(row.request.id, None)
                 row.program.close()

@@ -18,7 +18,7 @@ block was still (partly) masked.
 
 Batches: a sampler is written as a row program (a generator that yields a :class:`CanvasFeed` for
 each model call and is sent its logits back) on a prompt's canvas (:func:`canvas_row`);
-``registry.run_decoder`` runs one per prompt, ``batch_size`` at a time, and
+``engine.run_decoder`` runs one per prompt, ``batch_size`` at a time, and
 :class:`CanvasCalls` makes one padded, masked model call of every running row's feed. Each row keeps
 its own canvas, counters, generator and cached K/V, so it decodes as it would alone; one prompt is
 a batch of one through the same code. Up to float rounding: a padded call reduces over other shapes
@@ -223,7 +223,7 @@ CanvasStep = Generator[CanvasFeed, CanvasReply, T]  # a row program's step: yiel
 
 
 class CanvasCalls:
-    """One model call for every row of a batch of canvases (see :func:`refusion_cli.decoding.cache.drive`).
+    """One model call for every row of a batch of canvases (driven by :class:`refusion_cli.decoding.engine.Engine`).
 
     Rows are left-padded to the longest feed of the call, so that the rows' read positions, which lie
     towards the end of a canvas, line up. A call where no row uses a cache and every row is as long as

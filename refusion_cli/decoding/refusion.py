@@ -201,7 +201,7 @@ def refusion_row(lanes: Lanes, index: int, prompt: torch.Tensor, config: ReFusio
                  causal_first: bool = False, recheck: bool = False,
                  on_step: Callable[[StepTrace], None] | None = None,
                  clock: BatchClock | None = None) -> LaneStep[DecodeResult]:
-    """Open lane ``index`` for ``prompt`` [P] and return its decode program (see cache.drive); ``on_step``
+    """Open lane ``index`` for ``prompt`` [P] and return its decode program (see engine.Engine); ``on_step``
     sees every iteration, its time kept out of the latency by ``clock``."""
     stats = DecodeStats()
     ctx = lanes.open(index, stats, prompt)
@@ -216,7 +216,7 @@ def decode_lane(ctx: Lane, stats: DecodeStats, n_prompt: int, config: ReFusionCo
                 stops: torch.Tensor | None, eos_token_id: EosIds, generator: torch.Generator | None,
                 causal_fix: bool, causal_first: bool, recheck: bool,
                 report: Callable[[StepTrace], None] | None) -> LaneStep[DecodeResult]:
-    """One prompt's decode as a lane program (see cache.drive); returns its result, ``seconds`` unset."""
+    """One prompt's decode as a lane program (see engine.Engine); returns its result, ``seconds`` unset."""
     device, k = ctx.lanes.device, config.slot_size
     n_slots = config.padded_length // k
     slots_per_block = config.block_tokens // k

@@ -194,14 +194,8 @@ def row_options(decoder: str, mask_token_id: int | None, eos_token_id: EosIds,
     return RowOptions(mask_token_id, eos_token_id, bool(decoder_spec(decoder).shifted), variant)
 
 
-def run_decoder(*args: Any, **kwargs: Any) -> Any:
-    """engine.run_decoder (here until every caller imports it from there)."""
-    from refusion_cli.decoding.engine import run_decoder as run
-    return run(*args, **kwargs)
-
-
 __all__ = ["BASELINE", "DECODERS", "DecoderSpec", "EMBEDDED_DECODERS", "LLADA_BLOCK_LENGTH", "build_config", "calls_kind", "check_decoder_fits",
-           "decoder_spec", "default_model", "length_settings", "row_options", "run_decoder", "with_length"]
+           "decoder_spec", "default_model", "length_settings", "row_options", "with_length"]
 
 
 def row_memory_bytes(decoder: str, config: Any, prompt_length: int, size: ModelSize) -> int:

@@ -1,17 +1,16 @@
-"""Decoding one prompt at a time as a *row*, for a caller that owns the loop: a server that admits and
-retires rows between two model calls (step-level continuous batching).
+"""Decoding one prompt as a *row* of the engine (``decoding.engine``), which admits and retires rows between
+two model calls (step-level continuous batching).
 
 Every decoder is a row program (a generator that yields one feed per model call and is sent its
-logits back) over a shared-calls object that makes one padded call of every running row's feed:
-:class:`~refusion_cli.decoding.cache.Lanes` for the causal decoders (ReFusion, AR; one KV cache, a
-lane per row), :class:`~refusion_cli.decoding.mdm.CanvasCalls` for the masked-diffusion ones (LLaDA,
-Dream, their Fast-dLLM settings, D2F). ``run_decoder`` drives a fixed list of prompts through the same
-programs (``cache.drive``); here the caller drives them:
+logits back) over a shared-calls object that makes one call of every running row's feed:
+:class:`~refusion_cli.decoding.cache.Lanes` for the causal decoders (ReFusion, AR; one packed call, a row
+of the K/V store per lane), :class:`~refusion_cli.decoding.mdm.CanvasCalls` for the masked-diffusion ones (LLaDA,
+Dream, their Fast-dLLM settings, D2F). The engine drives them:
 
 - :func:`shared_calls` makes the calls object a group of rows shares (rows of one kind only);
 - each decoder's *row opener* (``ar_rows``, ``refusion_rows``, ``llada_rows``, ...; the registry entry's
   ``open_row``, which ``registry.open_row`` looks up) opens row ``index`` in it and returns the row's program;
-  ``calls.close(index)`` ends it (finished or dropped). ``registry.run_decoder`` drives a list of prompts
+  ``calls.close(index)`` ends it (finished or dropped). ``engine.run_decoder`` drives a list of prompts
   through the same openers, so a row decodes exactly as ``run_decoder`` decodes that prompt alone;
 - :func:`response_budget` is the number of positions the decoder appends to a prompt (for the
   context check), :func:`commits` what one ``on_step`` record committed, as (offset, token, kind).

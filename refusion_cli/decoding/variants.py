@@ -1,7 +1,7 @@
 """ReFusion's decoding variants: this toolkit's ablations beside the paper's decoder (docs/algorithm.md).
 
 A variant is a triple of flags, ``(causal_fix, causal_first, recheck)``, the keyword arguments of
-``registry.run_decoder`` of those names; ``PAPER`` (all three off) is the paper's decoder. ``refusion eval``
+``engine.run_decoder`` of those names; ``PAPER`` (all three off) is the paper's decoder. ``refusion eval``
 and ``refusion bench`` ask for them with the same options (``--causal-fix``, ``--causal-first``,
 ``--recheck``), measure the same variants for the same options (:func:`asked_variants`) and name their
 rows the same way (:func:`variant_label`).
@@ -30,7 +30,7 @@ def asked_variants(causal_fix: bool, causal_first: bool, recheck: bool) -> list[
 
 
 def variant_options(flags: Variant) -> dict[str, bool]:
-    """``registry.run_decoder``'s keyword arguments for a variant (ReFusion's ablations)."""
+    """``engine.run_decoder``'s keyword arguments for a variant (ReFusion's ablations)."""
     return dict(zip(FLAGS, flags))
 
 

@@ -11,7 +11,7 @@ discovery). Contract of every adapter:
   and ``recheck`` (this toolkit's decoding variants, ``decoding.variants``). Any other key is an error,
   never ignored.
 - ``generate_until`` decodes ``batch_size`` requests at a time (default 1, the paper's setting) with
-  ``registry.run_decoder``; every request gets the answer it gets alone up to float rounding (the
+  ``engine.run_decoder``; every request gets the answer it gets alone up to float rounding (the
   decoders batch row for row), a batch of more than one is timed as a whole (``SampleRecord.wall_share``).
   ``batch_size=auto`` takes the largest batch that fits ``max_memory`` (or the free memory) by
   ``decoding.memory``'s model, at most ``max_batch_size``; a batch that runs out of memory is halved and
@@ -56,8 +56,8 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window, simpl
 
 from refusion_cli.decoding.config import ConfigError
 from refusion_cli.decoding.memory import ModelSize, fitting_batch, is_out_of_memory, memory_budget, parse_memory
-from refusion_cli.decoding.registry import (DECODERS, DecoderSpec, decoder_spec, default_model, row_memory_bytes,
-                                           run_decoder)
+from refusion_cli.decoding.registry import DECODERS, DecoderSpec, decoder_spec, default_model, row_memory_bytes
+from refusion_cli.decoding.engine import run_decoder
 from refusion_cli.decoding.spec import PRESET_DECODER
 from refusion_cli.decoding.stats import batch_stats, float_logits
 from refusion_cli.decoding.variants import FLAGS, variant_options

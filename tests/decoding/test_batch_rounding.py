@@ -13,24 +13,21 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import torch
 
 from refusion_cli.bench.prompts import load_prompts
-from refusion_cli.decoding.ar import ar_row
-from refusion_cli.decoding.cache import Lanes, drive
 from refusion_cli.decoding.config import ARConfig, ReFusionConfig
-from refusion_cli.decoding.d2f import D2FConfig, d2f_row
+from refusion_cli.decoding.d2f import D2FConfig
 from refusion_cli.decoding.dream import FAST_DLLM_PRESETS as DREAM_FAST_DLLM
-from refusion_cli.decoding.dream import DreamConfig, dream_row
+from refusion_cli.decoding.dream import DreamConfig
 from refusion_cli.decoding.llada import FAST_DLLM_PRESETS as LLADA_FAST_DLLM
-from refusion_cli.decoding.llada import LLaDAConfig, llada_row
-from refusion_cli.decoding.mdm import CanvasCalls, canvas_row
-from refusion_cli.decoding.refusion import refusion_row
-from refusion_cli.decoding.registry import build_config, decoder_spec, run_decoder, with_length
-from refusion_cli.decoding.stats import BatchClock
+from refusion_cli.decoding.llada import LLaDAConfig
+from refusion_cli.decoding.engine import Engine, run_decoder
+from refusion_cli.decoding.registry import build_config, calls_kind, decoder_spec, with_length
+from refusion_cli.decoding.rows import shared_calls
 from refusion_cli.models import EMBEDDED, load_model
 from refusion_cli.models.chat import user_prompt_ids
 from tests.decoding.test_batched import prompts_for
@@ -40,46 +37,19 @@ TOLERANCE = 1e-5  # of the call's largest logit; measured: 7e-7 to 1.4e-6 (a few
 N = 16  # response length
 
 
-def canvas_decoder(row: Callable[..., Any], config: Any, length: int) -> Callable[..., Any]:
-    def start(calls: CanvasCalls, index: int, prompt: torch.Tensor, generator: torch.Generator,
-              clock: BatchClock) -> Any:
-        return canvas_row(prompt, length, lambda canvas, gen: row(canvas, config, gen), mask_token_id=MASK_ID,
-                          eos_token_id=None, generator=generator, clock=clock)
-    return start
-
-
-def d2f_decoder(config: D2FConfig, shifted: bool) -> Callable[..., Any]:
-    return canvas_decoder(lambda canvas, cfg, gen: d2f_row(canvas, cfg, shifted, gen), config,
-                          config.response_length)
-
-
-def refusion_decoder(config: ReFusionConfig) -> Callable[..., Any]:
-    def start(lanes: Lanes, index: int, prompt: torch.Tensor, generator: torch.Generator, clock: BatchClock) -> Any:
-        return refusion_row(lanes, index, prompt, config, mask_token_id=MASK_ID, eos_token_id=None,
-                            generator=generator, clock=clock)
-    return start
-
-
-def ar_decoder(config: ARConfig) -> Callable[..., Any]:
-    def start(lanes: Lanes, index: int, prompt: torch.Tensor, generator: torch.Generator, clock: BatchClock) -> Any:
-        return ar_row(lanes, index, prompt, config.gen_length, set(), clock=clock)
-    return start
-
-
 D2F = D2FConfig(gen_length=N, block_size=4, block_add_threshold=0.5, decoded_token_threshold=0.5, skip_threshold=0.2)
-# Table 1's decoders, each at its paper settings cut to a 16-token response; True: a masked-diffusion model
-DECODERS: dict[str, tuple[bool, Callable[..., Any]]] = {
-    "ar": (False, ar_decoder(ARConfig(gen_length=N))),
-    "refusion": (False, refusion_decoder(ReFusionConfig(gen_length=N, slot_size=4, block_size=8, slot_threshold=0.3,
-                                                        token_threshold=0.3))),
-    "llada": (True, canvas_decoder(llada_row, LLaDAConfig(gen_length=N, steps=N, block_length=8), N)),
-    "llada-fast-dllm": (True, canvas_decoder(llada_row, dataclasses.replace(
-        LLADA_FAST_DLLM["fast-dllm"], gen_length=N, steps=N, block_length=8, threshold=0.3), N)),
-    "llada-d2f": (True, d2f_decoder(D2F, shifted=False)),
-    "dream": (True, canvas_decoder(dream_row, DreamConfig(gen_length=N, steps=N), N)),
-    "dream-fast-dllm": (True, canvas_decoder(dream_row, dataclasses.replace(
-        DREAM_FAST_DLLM["fast-dllm"], gen_length=N, steps=N, block_length=8, threshold=0.3), N)),
-    "dream-d2f": (True, d2f_decoder(D2F, shifted=True)),
+# Table 1's decoders, each at its paper settings cut to a 16-token response
+DECODERS: dict[str, Any] = {
+    "ar": ARConfig(gen_length=N),
+    "refusion": ReFusionConfig(gen_length=N, slot_size=4, block_size=8, slot_threshold=0.3, token_threshold=0.3),
+    "llada": LLaDAConfig(gen_length=N, steps=N, block_length=8),
+    "llada-fast-dllm": dataclasses.replace(LLADA_FAST_DLLM["fast-dllm"], gen_length=N, steps=N, block_length=8,
+                                           threshold=0.3),
+    "llada-d2f": D2F,
+    "dream": DreamConfig(gen_length=N, steps=N),
+    "dream-fast-dllm": dataclasses.replace(DREAM_FAST_DLLM["fast-dllm"], gen_length=N, steps=N, block_length=8,
+                                           threshold=0.3),
+    "dream-d2f": D2F,
 }
 
 
@@ -101,19 +71,23 @@ class RecordedCalls:
     def close(self, row: int) -> None:
         self.calls.close(row)
 
+    def __getattr__(self, name: str) -> Any:  # what a row opener uses of its calls (Lanes.open)
+        return getattr(self.calls, name)
+
 
 def decode(name: str, model: torch.nn.Module, prompts: list[list[int]], seeds: list[int],
            batch_size: int | None) -> tuple[list[Any], RecordedCalls]:
     """The rows' results and their logits, ``batch_size`` rows a call; row i draws from generator ``seeds[i]``."""
-    bidirectional, start = DECODERS[name]
-    calls = RecordedCalls(CanvasCalls(model) if bidirectional else Lanes(model))
-    clock = BatchClock(torch.device("cpu"))
-
-    def program(index: int) -> Any:
-        return start(calls.calls, index, torch.tensor(prompts[index]), torch.Generator().manual_seed(seeds[index]),
-                     clock)
-
-    return drive(calls, program, len(prompts), batch_size, clock), calls
+    engine = Engine(model, max_rows=batch_size)
+    kind = calls_kind(name)
+    calls = RecordedCalls(shared_calls(kind, model))
+    engine.calls[kind] = calls
+    generators = [torch.Generator().manual_seed(seed) for seed in seeds]
+    results = run_decoder(name, model, prompts, DECODERS[name], mask_token_id=MASK_ID, eos_token_id=None,
+                          generator=generators, engine=engine)
+    # the engine numbers requests in the order they were submitted: the prompts' order
+    calls.logits = defaultdict(list, {row: calls.logits[key] for row, key in enumerate(sorted(calls.logits))})
+    return results, calls
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +99,7 @@ def float32_models() -> dict[bool, torch.nn.Module]:
 
 @pytest.mark.parametrize("name", list(DECODERS))
 def test_a_batched_call_gives_each_row_its_logits_alone_within_float_rounding(float32_models, name):
-    model, prompts = float32_models[DECODERS[name][0]], prompts_for(3)
+    model, prompts = float32_models[decoder_spec(name).bidirectional], prompts_for(3)
     seeds = list(range(len(prompts)))
     batched, calls = decode(name, model, prompts, seeds, batch_size=3)
     assert max(calls.widths) == 3  # rows of different prompt lengths shared padded calls

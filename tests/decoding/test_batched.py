@@ -12,7 +12,8 @@ import itertools
 import pytest
 import torch
 
-from refusion_cli.decoding import DreamConfig, LLaDAConfig, ReFusionConfig, run_decoder
+from refusion_cli.decoding import ARConfig, DreamConfig, LLaDAConfig, ReFusionConfig, run_decoder
+from refusion_cli.decoding.engine import Engine
 from refusion_cli.decoding.stats import batch_stats
 from refusion_cli.errors import UserError
 from tests.decoding.conftest import greedy
@@ -132,18 +133,22 @@ def test_finished_rows_leave_the_batch_and_waiting_prompts_take_their_place(mode
     alone = [greedy(model, p, 30, eos) for p in prompts]
     for batch_size in (None, 2):
         calls = record_calls(model)
-        batched = greedy(model, prompts, 30, eos, batch_size=batch_size)
-        rows = [call.shape[0] for call in calls]
+        engine = Engine(model, max_rows=batch_size)
+        rows: list[int] = []
+        engine.on_call = rows.append
+        batched = run_decoder("ar", model, prompts, ARConfig(gen_length=30), mask_token_id=None, eos_token_id=eos,
+                              engine=engine)
+        same_as_alone(batched, alone)
         limit = batch_size or len(prompts)
         assert max(rows) == limit and rows[-1] == 1  # the last row decodes alone at the end
         # a row costs compute only while it runs: the calls' rows sum to the rows' own forwards
         assert sum(rows) == sum(result.stats.forwards for result in batched) == sum(len(r.tokens) for r in alone)
         if batch_size == 2:  # refilled: never more calls than decoding the rows two by two in lockstep
             assert len(calls) < sum(r.stats.forwards for r in alone)
-        # a prompt's first call runs beside the rows already decoding (one token each), which are not
-        # padded to its length: only first calls are wider than one token, and each prompt has one
-        assert sum(call.shape[0] for call in calls if call.shape[1] > 1) == len(prompts)
-        calls.clear()
+        # one packed sequence a call, no padding: a prompt's first call feeds its prompt, every later call one
+        # token of each running row, and the calls compute exactly those tokens
+        assert all(call.shape[0] == 1 for call in calls)
+        assert sum(call.shape[1] for call in calls) == sum(len(p) + len(r.tokens) - 1 for p, r in zip(prompts, alone))
 
 
 def test_batch_of_one_is_the_single_decode_and_batch_stats_sum_up(models):

@@ -2,7 +2,8 @@
 
 import pytest
 
-from refusion_cli.decoding.registry import DECODERS, build_config, default_model, run_decoder
+from refusion_cli.decoding.registry import DECODERS, build_config, default_model
+from refusion_cli.decoding.engine import run_decoder
 from refusion_cli.errors import UserError
 from refusion_cli.models import load_model
 from refusion_cli.models.chat import user_prompt_ids

@@ -9,7 +9,7 @@ import torch
 
 from refusion_cli.decoding.spec import preset_config
 from refusion_cli.decoding.config import PRESETS, ConfigError
-from refusion_cli.decoding.registry import run_decoder
+from refusion_cli.decoding.engine import run_decoder
 from refusion_cli.errors import UserError
 from refusion_cli.models.chat import user_prompt_ids
 from refusion_cli.tasks.synthetic import read_jsonl

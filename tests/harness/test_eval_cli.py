@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from refusion_cli.decoding.spec import preset_config
-from refusion_cli.decoding.registry import build_config, run_decoder
+from refusion_cli.decoding.registry import build_config
+from refusion_cli.decoding.engine import run_decoder
 from refusion_cli.harness.suite import EVALS_DIR, load_suite
 from refusion_cli.models.chat import user_prompt_ids
 from refusion_cli.models.loading import load_model

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from refusion_cli.decoding.config import ConfigError
-from refusion_cli.decoding.registry import build_config, run_decoder
+from refusion_cli.decoding.registry import build_config
+from refusion_cli.decoding.engine import run_decoder
 from refusion_cli.decoding.spec import preset_config
 from refusion_cli.decoding.variants import asked_variants, variant_options
 from refusion_cli.errors import UserError

@@ -53,7 +53,8 @@ def test_merged_into_the_weights_the_adapter_decodes_the_same_tokens(standin, fa
     D2F decoder the same tokens."""
     from peft.tuners.lora import LoraLayer
 
-    from refusion_cli.decoding.registry import build_config, run_decoder
+    from refusion_cli.decoding.registry import build_config
+    from refusion_cli.decoding.engine import run_decoder
 
     base_name, adapter_name, _ = FAMILIES[family]
     loaded = load_model(f"{standin(base_name)}+{standin(adapter_name)}", "cpu", torch.float64)

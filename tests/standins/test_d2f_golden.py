@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from refusion_cli.decoding.d2f import D2FConfig
-from refusion_cli.decoding.registry import run_decoder
+from refusion_cli.decoding.engine import run_decoder
 from refusion_cli.decoding.stats import cut_after_eos
 from refusion_cli.models import load_model
 from tools.golden_logits import weights_fingerprint
