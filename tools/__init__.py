@@ -13,6 +13,8 @@ Run them from the repository root, e.g. ``python -m tools.build_models`` (what `
 - ``memory_model``: the row memory ``--batch-size auto`` predicts for Table 1's rows beside the measured peaks
 - ``causal_ablations``: accuracy and tokens per forward of ReFusion and its causal ablations
 - ``serve_load``: ``refusion serve`` under 1, 4 and 16 concurrent clients, beside the same prompts decoded offline
+- ``serve_clients``: the ecosystem's load tools (guidellm, ``vllm bench serve``) against ``refusion serve``, each
+  in a venv of its own
 - ``web_view``: drive ``refusion serve``'s web view in headless chromium; the screenshot of docs/serve.md
 - ``same_answers``: check that two ``refusion eval`` runs gave the same answers, sample by sample
 - ``hf_compare``: the same documents through lm-eval's own ``hf`` model, beside a ``refusion eval`` run

@@ -3,6 +3,11 @@ requests to 127.0.0.1), beside the decoders run offline in this process on the s
 the other (what ``refusion chat`` does per question) and ``--batch-size 16`` (what ``refusion bench --batch-size
 16`` runs). Writes ``load.md`` and ``load.json`` to ``--output``.
 
+Beside throughput, latency and time to first byte, the streamed levels give ITL (the gap between two content
+chunks), TPOT (a request's time after its first chunk over its tokens after the first) and the decoders'
+figures from each answer's ``usage``: model calls per request, tokens committed per call and per chunk
+(a ReFusion step commits several tokens in one chunk, so its ITL is a step's time, not a token's).
+
     python -m tools.serve_load --output results/serve
 
 Bounded: a fixed number of requests per level, each with a timeout, against a server this script starts on a
@@ -47,6 +52,11 @@ class Level:
     latency_p95: float
     ttfb_p50: float | None  # time to the first streamed byte (None offline)
     ttfb_p95: float | None
+    forwards_per_request: float = 0.0  # model calls per request (the toolkit's forwards)
+    tokens_per_forward: float = 0.0
+    itl_p50: float | None = None  # streamed: the median gap between two content chunks
+    tpot_p50: float | None = None  # streamed: (latency - first chunk) / (tokens - 1), the median over requests
+    tokens_per_chunk: float | None = None  # streamed: tokens committed per content chunk
 
     @property
     def throughput(self) -> float:
@@ -59,10 +69,23 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def level(name: str, clients: int, tokens: int, seconds: float, latencies: list[float],
-          ttfbs: list[float] | None = None) -> Level:
+          ttfbs: list[float] | None = None, forwards: int = 0) -> Level:
     return Level(name, clients, len(latencies), tokens, seconds, statistics.median(latencies),
                  percentile(latencies, 0.95), None if ttfbs is None else statistics.median(ttfbs),
-                 None if ttfbs is None else percentile(ttfbs, 0.95))
+                 None if ttfbs is None else percentile(ttfbs, 0.95), forwards / len(latencies),
+                 tokens / forwards if forwards else 0.0)
+
+
+@dataclass
+class Answer:
+    """What a client measured of one request."""
+
+    latency: float
+    first: float  # time to the first byte
+    tokens: int
+    forwards: int
+    gaps: list[float]  # streamed: seconds between consecutive content chunks
+    chunks: int  # streamed: content chunks
 
 
 # --- the server -------------------------------------------------------------------------------
@@ -89,25 +112,33 @@ def start_server(model: str, decoder: str, max_batch: int, threads: int) -> tupl
         time.sleep(0.1)
 
 
-def ask(base: str, decoder: str, question: str, max_tokens: int, stream: bool = True) -> tuple[float, float, int]:
-    """(latency, time to first byte, completion tokens) of one chat request, streamed or not."""
+def ask(base: str, decoder: str, question: str, max_tokens: int, stream: bool = True) -> Answer:
+    """One chat request, streamed or not, as its client measures it."""
     body = {"model": decoder, "max_tokens": max_tokens, "messages": [{"role": "user", "content": question}]}
     start = time.perf_counter()
     if not stream:
         response = CLIENT.post(f"{base}/v1/chat/completions", json=body)
         response.raise_for_status()
         latency = time.perf_counter() - start
-        return latency, latency, response.json()["usage"]["completion_tokens"]
+        usage = response.json()["usage"]
+        return Answer(latency, latency, usage["completion_tokens"], usage["forwards"], [], 0)
     body |= {"stream": True, "stream_options": {"include_usage": True}}
-    first, tokens = None, 0
+    first, usage, times = None, {}, []
     with CLIENT.stream("POST", f"{base}/v1/chat/completions", json=body) as response:
         response.raise_for_status()
         for line in response.iter_lines():
-            if first is None and line.startswith("data: "):
-                first = time.perf_counter() - start
-            if line.startswith("data: {") and '"usage"' in line:
-                tokens = json.loads(line[6:])["usage"]["completion_tokens"]
-    return time.perf_counter() - start, first or 0.0, tokens
+            if not line.startswith("data: {"):
+                continue
+            now = time.perf_counter() - start
+            first = now if first is None else first
+            chunk = json.loads(line[6:])
+            if chunk["choices"]:
+                times.append(now)
+            else:
+                usage = chunk["usage"]
+    gaps = [later - earlier for earlier, later in zip(times, times[1:])]
+    return Answer(time.perf_counter() - start, first or 0.0, usage["completion_tokens"], usage["forwards"], gaps,
+                  usage["stream_chunks"])
 
 
 def served_level(base: str, decoder: str, questions: list[str], max_tokens: int, clients: int, stream: bool) -> Level:
@@ -116,8 +147,14 @@ def served_level(base: str, decoder: str, questions: list[str], max_tokens: int,
         answers = list(pool.map(lambda q: ask(base, decoder, q, max_tokens, stream), questions))
     seconds = time.perf_counter() - start
     kind = "streamed" if stream else "not streamed"
-    return level(f"serve, {clients} client{'s' if clients > 1 else ''}, {kind}", clients, sum(a[2] for a in answers), seconds,
-                 [a[0] for a in answers], [a[1] for a in answers])
+    result = level(f"serve, {clients} client{'s' if clients > 1 else ''}, {kind}", clients,
+                   sum(a.tokens for a in answers), seconds, [a.latency for a in answers], [a.first for a in answers],
+                   sum(a.forwards for a in answers))
+    if stream:
+        result.itl_p50 = statistics.median(gap for a in answers for gap in a.gaps)
+        result.tpot_p50 = statistics.median((a.latency - a.first) / (a.tokens - 1) for a in answers if a.tokens > 1)
+        result.tokens_per_chunk = result.tokens / sum(a.chunks for a in answers)
+    return result
 
 
 # --- offline, in this process ------------------------------------------------------------------
@@ -127,7 +164,7 @@ def offline_levels(model: str, decoder: str, questions: list[str], max_tokens: i
                    threads: int) -> list[Level]:
     import torch
 
-    from refusion_cli.decoding.registry import run_decoder
+    from refusion_cli.decoding.engine import run_decoder
     from refusion_cli.decoding.spec import DecoderChoice
     from refusion_cli.models.chat import user_prompt_ids
     from refusion_cli.models.loading import load_model
@@ -137,7 +174,7 @@ def offline_levels(model: str, decoder: str, questions: list[str], max_tokens: i
     config = DecoderChoice(decoder).config(max_tokens)
     special = {"mask_token_id": loaded.mask_token_id, "eos_token_id": loaded.stop_token_ids}
     run_decoder(decoder, loaded.model, user_prompt_ids(loaded.tokenizer, questions[0]), config, **special)  # warm-up
-    latencies, tokens = [], 0
+    latencies, tokens, forwards = [], 0, 0
     start = time.perf_counter()
     for question in questions:  # what refusion chat does per question: render, decode, detokenize
         began = time.perf_counter()
@@ -146,14 +183,15 @@ def offline_levels(model: str, decoder: str, questions: list[str], max_tokens: i
         loaded.tokenizer.decode(result.tokens, skip_special_tokens=True)
         latencies.append(time.perf_counter() - began)
         tokens += result.stats.tokens
-    alone = level("in process, batch 1 (chat)", 1, tokens, time.perf_counter() - start, latencies)
+        forwards += result.stats.forwards
+    alone = level("in process, batch 1 (chat)", 1, tokens, time.perf_counter() - start, latencies, forwards=forwards)
     prompts = [user_prompt_ids(loaded.tokenizer, question) for question in questions]
     start = time.perf_counter()
     results = run_decoder(decoder, loaded.model, prompts, config, batch_size=batch_size,
                           generator=[torch.Generator().manual_seed(0) for _ in prompts], **special)
     seconds = time.perf_counter() - start
     batched = level(f"in process, --batch-size {batch_size} (bench)", batch_size, sum(r.stats.tokens for r in results),
-                    seconds, [r.stats.seconds for r in results])
+                    seconds, [r.stats.seconds for r in results], forwards=sum(r.stats.forwards for r in results))
     return [alone, batched]
 
 
@@ -176,14 +214,18 @@ def report(levels: list[Level], args: argparse.Namespace, command: str) -> str:
         f"server `--max-batch {args.batch_size}`, {args.threads} torch thread(s); {platform.processor() or 'cpu'}, "
         f"{os.cpu_count()} cores. One run; the ratios compare levels of this run.",
         "",
-        "| level | clients | tokens | seconds | throughput (tokens/s) | latency p50 / p95 (ms) | time to first byte "
-        "p50 / p95 (ms) |",
-        "|---|---|---|---|---|---|---|",
+        "| level | clients | tokens | seconds | throughput (tokens/s) | latency p50 / p95 (ms) | TTFT p50 / p95 (ms) "
+        "| ITL p50 (ms) | TPOT p50 (ms) | model calls / request | tokens / call | tokens / chunk |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for entry in levels:
         first = "" if entry.ttfb_p50 is None else f"{ms(entry.ttfb_p50)} / {ms(entry.ttfb_p95)}"
+        itl = "" if entry.itl_p50 is None else f"{1000 * entry.itl_p50:.1f}"
+        tpot = "" if entry.tpot_p50 is None else f"{1000 * entry.tpot_p50:.1f}"
+        per_chunk = "" if entry.tokens_per_chunk is None else f"{entry.tokens_per_chunk:.2f}"
         lines.append(f"| {entry.name} | {entry.clients} | {entry.tokens} | {entry.seconds:.2f} | {entry.throughput:.1f} "
-                     f"| {ms(entry.latency_p50)} / {ms(entry.latency_p95)} | {first} |")
+                     f"| {ms(entry.latency_p50)} / {ms(entry.latency_p95)} | {first} | {itl} | {tpot} "
+                     f"| {entry.forwards_per_request:.1f} | {entry.tokens_per_forward:.2f} | {per_chunk} |")
     lines.append("")
     for entry in served:
         if entry.clients == most:
@@ -198,7 +240,10 @@ def report(levels: list[Level], args: argparse.Namespace, command: str) -> str:
         "",
         "Latency is measured by the client (request sent to `[DONE]` read) for the server and around the render, "
         "decode and detokenize of each question in process. The offline batch's latency is each row's decode "
-        "latency from the start of the batch.",
+        "latency from the start of the batch. TTFT is the time to the first byte: the first streamed chunk, or the "
+        "whole answer. ITL is the gap between two content chunks; a ReFusion chunk carries a step's commits "
+        "(tokens / chunk), so ITL is a step's time and TPOT (time after the first chunk over the tokens after the "
+        "first) the time per token.",
     ]
     return "\n".join(lines) + "\n"
 

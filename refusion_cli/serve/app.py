@@ -445,6 +445,7 @@ class Run:
         delta = choice.text.add(commits)
         choice.committed += len(commits)
         choice.chunks += 1
+        self.state.metrics.stream_chunks.inc()
         chunk = self.chunk(choice, delta, None)
         tokenizer = self.state.loaded.tokenizer
         chunk["commits"] = [{"offset": c.offset, "token": c.token, "kind": c.kind,

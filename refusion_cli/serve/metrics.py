@@ -3,7 +3,8 @@
 Names: ``refusion_queue_depth`` and ``refusion_running_rows`` (gauges), ``refusion_batch_rows`` (rows
 in each padded model call), ``refusion_model_calls_total``, ``refusion_generated_tokens_total`` and
 ``refusion_forwards_total`` (forwards summed over rows: a call shared by r rows counts r times, the
-toolkit's counting rule), ``refusion_time_to_first_byte_seconds`` (request received to the first
+toolkit's counting rule), ``refusion_stream_chunks_total`` (stream chunks that carried commits: tokens
+over chunks is how many tokens a chunk carries), ``refusion_time_to_first_byte_seconds`` (request received to the first
 byte of its answer: the first streamed chunk, or the whole answer), ``refusion_request_latency_seconds``,
 ``refusion_requests_total`` by outcome (``ok``, ``error``, ``cancelled``) and ``refusion_oom_requeues_total``
 (model calls that ran out of memory and put their rows back in the queue).
@@ -37,6 +38,7 @@ class ServeMetrics(EngineStats):
         self.latency = Histogram("refusion_request_latency_seconds", "request received to answer complete",
                                  buckets=SECOND_BUCKETS, registry=r)
         self.requests = Counter("refusion_requests", "generation requests by outcome", ["outcome"], registry=r)
+        self.stream_chunks = Counter("refusion_stream_chunks", "stream chunks that carried commits", registry=r)
         self.oom_requeues = Counter("refusion_oom_requeues", "model calls that ran out of memory (rows requeued)",
                                     registry=r)
 

@@ -18,6 +18,7 @@ BAD = [
     (["--port", "70000"], "--port"),
     (["--max-batch", "0"], "--max-batch"),
     (["--api-key", " "], "--api-key is empty"),
+    (["--max-memory", "lots"], "--max-memory: cannot read 'lots' as a memory size"),
     (["--model", "/no/such/folder"], "/no/such/folder"),
 ]
 

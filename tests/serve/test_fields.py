@@ -13,7 +13,7 @@ from refusion_cli.harness.suite import EVALS_DIR
 from refusion_cli.models.chat import user_prompt_ids
 from refusion_cli.models.loading import load_model
 from refusion_cli.tasks.synthetic import read_jsonl
-from tests.serve.helpers import MODE_IDS, MODES, ask, decode_alone, running_server, served
+from tests.serve.helpers import MODE_IDS, MODES, ask, decode_alone, metric, running_server, served
 
 QUESTION = "Tom has 3 apples and buys 4 more. How many apples does he have?"
 # AR runs past 96 tokens without an end id on this question, chat or completion
@@ -60,22 +60,21 @@ def test_ignore_eos_gives_exactly_max_tokens(server, refusion_tiny, model, chat,
     assert reply.finish == {0: "length"}
 
 
-def test_ignore_eos_runs_past_the_end_id_and_skip_special_tokens_shows_it(server, refusion_tiny):
+@pytest.mark.parametrize("chat,stream", MODES, ids=MODE_IDS)
+def test_ignore_eos_runs_past_the_end_id_and_skip_special_tokens_shows_it(server, refusion_tiny, chat, stream):
     base, models = server
-    ids = prompt_ids(refusion_tiny, True)
+    ids = prompt_ids(refusion_tiny, chat)
     natural = decode_alone(refusion_tiny, models["ar"], ids, 48)
     assert natural.tokens[-1] in refusion_tiny.stop_token_ids and len(natural.tokens) < 40  # ends early alone
     max_tokens = len(natural.tokens) + 8
-    for chat, stream in MODES:
-        fields = {"ignore_eos": True, "max_tokens": max_tokens, "skip_special_tokens": False}
-        shown = ask(base, body_of("ar", True, **fields), chat=True, stream=stream)
-        fields["skip_special_tokens"] = True
-        hidden = ask(base, body_of("ar", True, **fields), chat=True, stream=stream)
-        alone = decode_alone(refusion_tiny, models["ar"], ids, max_tokens, eos=())
-        assert shown.texts[0] == text_of(refusion_tiny, alone.tokens, skip_special=False)
-        assert hidden.texts[0] == text_of(refusion_tiny, alone.tokens)
-        end_text = refusion_tiny.tokenizer.decode([natural.tokens[-1]])
-        assert end_text in shown.texts[0] and end_text not in hidden.texts[0]
+    fields = {"ignore_eos": True, "max_tokens": max_tokens, "skip_special_tokens": False}
+    shown = ask(base, body_of("ar", chat, **fields), chat=chat, stream=stream)
+    hidden = ask(base, body_of("ar", chat, **{**fields, "skip_special_tokens": True}), chat=chat, stream=stream)
+    alone = decode_alone(refusion_tiny, models["ar"], ids, max_tokens, eos=())
+    assert shown.texts[0] == text_of(refusion_tiny, alone.tokens, skip_special=False)
+    assert hidden.texts[0] == text_of(refusion_tiny, alone.tokens)
+    end_text = refusion_tiny.tokenizer.decode([natural.tokens[-1]])
+    assert end_text in shown.texts[0] and end_text not in hidden.texts[0]
 
 
 @pytest.mark.parametrize("chat,stream", MODES, ids=MODE_IDS)
@@ -171,6 +170,8 @@ def test_continuous_usage_stats_put_usage_on_every_chunk(server, chat):
     usage = reply.usage
     assert usage["tokens_per_forward"] == pytest.approx(32 / usage["forwards"], abs=1e-3)
     assert usage["stream_chunks"] >= 1 and usage["tokens_per_chunk"] > 1
+    assert metric(base, "refusion_stream_chunks_total") >= usage["stream_chunks"]
+    assert metric(base, "refusion_oom_requeues_total") == 0
 
 
 def test_max_completion_tokens_is_max_tokens(server):
