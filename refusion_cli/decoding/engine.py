@@ -41,7 +41,7 @@ import torch
 
 from refusion_cli.decoding.batching import Generators, Prompt, Prompts, batch_prompts, row_callback, row_generators
 from refusion_cli.decoding.cache import SharedCalls
-from refusion_cli.decoding.memory import ModelSize, is_out_of_memory, memory_budget, reserve
+from refusion_cli.decoding.memory import BatchChoice, ModelSize, fitting_batch, is_out_of_memory, memory_budget, reserve
 from refusion_cli.decoding.registry import calls_kind, decoder_spec, row_memory_bytes, row_options
 from refusion_cli.decoding.rows import RowOptions, RowProgram, commits, response_budget, shared_calls
 from refusion_cli.decoding.stats import BatchClock, DecodeResult, DecodeStats, EosIds
@@ -114,6 +114,7 @@ class EngineCounts:
 
     calls: int = 0
     row_calls: int = 0  # rows summed over the calls
+    peak_rows: int = 0  # the most rows of one call
     oom_requeues: int = 0  # model calls that ran out of memory and put their rows back in the queue
     notes: list[str] = field(default_factory=list)  # one line per memory event, in order
 
@@ -132,13 +133,11 @@ class Engine:
         self.row_cap: int | None = max_rows  # lowered when a call runs out of memory
         self.size: ModelSize | None = None
         self.row_budget: int | None = None  # bytes the rows may take (None: not bounded)
-        self.budget_note = ""
+        self.budget, self.source = 0, ""
         if budget_memory or max_memory is not None:
             self.size = ModelSize.of(model)
-            budget, source = memory_budget(self.device, max_memory, self.size.weights)
-            self.row_budget = budget - self.size.weights - reserve(budget)
-            self.budget_note = (f"{budget / 2**20:,.0f} MiB {source}, weights {self.size.weights / 2**20:,.0f} MiB, "
-                                f"reserve {reserve(budget) / 2**20:,.0f} MiB")
+            self.budget, self.source = memory_budget(self.device, max_memory, self.size.weights)
+            self.row_budget = self.budget - self.size.weights - reserve(self.budget)
         self.counts = EngineCounts()
         self.on_call: Callable[[int], None] | None = None  # told the rows of every model call (metrics)
         self.on_requeue: Callable[[], None] | None = None  # told of every call that ran out of memory
@@ -165,6 +164,15 @@ class Engine:
         if self.size is None:
             return 0
         return row_memory_bytes(request.decoder, request.config, request.prompt.numel(), self.size)
+
+    def rows_that_fit(self, decoder: str, config: Any, prompt_length: int, requests: int) -> BatchChoice | None:
+        """How many of ``requests`` rows of ``decoder`` at a ``prompt_length``-token prompt the memory budget
+        holds at once, and why (None: the engine has no budget)."""
+        if self.size is None:
+            return None
+        row = row_memory_bytes(decoder, config, prompt_length, self.size)
+        cap = requests if self.max_rows is None else min(requests, self.max_rows)
+        return fitting_batch(self.budget, self.size.weights, row, cap, self.source)
 
     # --- one round ----------------------------------------------------------------------------
 
@@ -279,6 +287,7 @@ class Engine:
             return
         self.counts.calls += 1
         self.counts.row_calls += len(rows)
+        self.counts.peak_rows = max(self.counts.peak_rows, len(rows))
         if self.on_call is not None:
             self.on_call(len(rows))
         for row in rows:

@@ -10,12 +10,14 @@ discovery). Contract of every adapter:
   ``preset=<paper task>`` for ReFusion); the ReFusion adapter also takes ``causal_fix``, ``causal_first``
   and ``recheck`` (this toolkit's decoding variants, ``decoding.variants``). Any other key is an error,
   never ignored.
-- ``generate_until`` decodes ``batch_size`` requests at a time (default 1, the paper's setting) with
-  ``engine.run_decoder``; every request gets the answer it gets alone up to float rounding (the
-  decoders batch row for row), a batch of more than one is timed as a whole (``SampleRecord.wall_share``).
-  ``batch_size=auto`` takes the largest batch that fits ``max_memory`` (or the free memory) by
-  ``decoding.memory``'s model, at most ``max_batch_size``; a batch that runs out of memory is halved and
-  decoded again (nothing of it was recorded). ``adapter.batch_notes`` says what was chosen and halved. ``max_gen_toks`` becomes the
+- ``generate_until`` decodes its requests through one ``decoding.engine.Engine``, ``batch_size`` rows at
+  most (default 1, the paper's setting), a finished request's row going to the next one at once; every
+  request gets the answer it gets alone up to float rounding (the decoders batch row for row), and with
+  more than one row the wall time is shared out as requests finish (``SampleRecord.wall_share``).
+  ``batch_size=auto`` admits rows while ``decoding.memory``'s model fits them in ``max_memory`` (or the
+  free memory), at most ``max_batch_size``; a model call that runs out of memory puts its rows back in
+  the queue and the engine goes on with fewer (nothing of them was recorded). ``adapter.batch_notes``
+  says what bounded the rows and every such event. ``max_gen_toks`` becomes the
   config's ``gen_length``, and the settings that follow the length move with it as ``refusion eval``
   sets them (``registry.length_settings``: LLaDA's and Dream's ``steps``, LLaDA's ``block_length``)
   unless ``model_args`` set them; the response becomes text as ``protocol`` says
@@ -45,7 +47,10 @@ discovery). Contract of every adapter:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
+import time
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
@@ -55,9 +60,9 @@ from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window, simple_parse_args_string
 
 from refusion_cli.decoding.config import ConfigError
-from refusion_cli.decoding.memory import ModelSize, fitting_batch, is_out_of_memory, memory_budget, parse_memory
-from refusion_cli.decoding.registry import DECODERS, DecoderSpec, decoder_spec, default_model, row_memory_bytes
-from refusion_cli.decoding.engine import run_decoder
+from refusion_cli.decoding.memory import parse_memory
+from refusion_cli.decoding.engine import Engine, Failed, Outcome, Request, run_decoder
+from refusion_cli.decoding.registry import DECODERS, DecoderSpec, decoder_spec, default_model, row_options
 from refusion_cli.decoding.spec import PRESET_DECODER
 from refusion_cli.decoding.stats import batch_stats, float_logits
 from refusion_cli.decoding.variants import FLAGS, variant_options
@@ -67,9 +72,9 @@ from refusion_cli.harness.manifest import EvalProtocol
 from refusion_cli.harness.model_args import (AUTO, as_bool, batch_size_value, check_model_args, decoder_choice,
                                              lm_eval_default_device)
 from refusion_cli.harness.requests import (SAMPLING_KEYS, GenerationHook, PreparedRequest, SampleRecord,
-                                           asks_for_sampling, batches, stop_strings, with_gen_length)
+                                           asks_for_sampling, stop_strings, with_gen_length)
 from refusion_cli.models.checkpoint import resolve_checkpoint
-from refusion_cli.models.devices import free_device_memory, parse_device, parse_dtype
+from refusion_cli.models.devices import parse_device, parse_dtype
 from refusion_cli.models.loading import LoadedModel, check_model_fits, load_model
 
 
@@ -255,43 +260,58 @@ class DecoderLM(TemplateLM):
         if pending and not self.warmed_up:
             self.decode([pending[0][1]])
             self.warmed_up = True
-        size = self.choose_batch(pending) if self.batch_size == AUTO else self.batch_size
-        while pending:
-            batch = batches(pending, size)[0]
-            try:
-                decoded = self.decode([prepared for _, prepared in batch])
-            except Exception as error:  # noqa: BLE001 - only an allocation that did not fit is handled
-                if not is_out_of_memory(error) or len(batch) == 1:
-                    raise
-                decoded = None
-            if decoded is None:  # out of the handler, so that the failed batch's tensors are let go first
-                size = len(batch) // 2  # nothing of the batch was recorded: its requests decode again
-                done = sum(output is not None for output in outputs)
-                self.batch_notes.append(f"out of memory at batch {len(batch)} after {done} requests: halved to {size}")
-                free_device_memory(self._device)
-                continue
-            pending = pending[len(batch):]
-            for (index, _), sample in zip(batch, decoded):
-                request = requests[index]
-                self.samples.append(sample)
-                if self.hook is not None:
-                    self.hook.record(request, sample)
-                self.cache_hook.add_partial("generate_until", request.args, sample.text)
-                outputs[index] = sample.text
+        if pending:
+            self.decode_all(requests, pending, outputs)
         return [text for text in outputs if text is not None]
 
-    def choose_batch(self, pending: list[tuple[int, PreparedRequest]]) -> int:
-        """batch_size=auto: the largest batch whose rows fit the memory budget, at the longest request."""
-        if not pending:
-            return 1
-        size = ModelSize.of(self.model)
-        row = max(row_memory_bytes(self.decoder, prepared.config, len(prepared.prompt_ids), size)
-                  for _, prepared in pending)
-        budget, source = memory_budget(self._device, self.max_memory, size.weights)
-        cap = len(pending) if self.max_batch_size is None else min(len(pending), self.max_batch_size)
-        choice = fitting_batch(budget, size.weights, row, cap, source)
-        self.batch_notes.append(choice.describe())
-        return choice.size
+    def engine(self) -> Engine:
+        """The engine of one ``generate_until`` call: ``batch_size`` rows at most, or with ``batch_size=auto``
+        as many as the memory model fits (``max_memory``, else the free memory), at most ``max_batch_size``."""
+        if self.batch_size == AUTO:
+            return Engine(self.model, max_rows=self.max_batch_size, max_memory=self.max_memory,  # type: ignore[arg-type]
+                          budget_memory=True)
+        return Engine(self.model, max_rows=int(self.batch_size))
+
+    def decode_all(self, requests: list[Instance], pending: list[tuple[int, PreparedRequest]],
+                   outputs: list[str | None]) -> None:
+        """Decode the pending requests through one engine (continuous batching); each is recorded as it finishes,
+        so an interrupted run keeps every finished sample. With more than one row, a sample's ``wall_share`` is the
+        wall time since the previous one finished: the shares sum to the run's wall time."""
+        engine = self.engine()
+        if self.batch_size == AUTO:  # what the memory model admits of the longest prompt
+            longest = max((prepared for _, prepared in pending), key=lambda prepared: len(prepared.prompt_ids))
+            choice = engine.rows_that_fit(self.decoder, longest.config, len(longest.prompt_ids), len(pending))
+            self.batch_notes.append(choice.describe() if choice else "")
+        last = [time.perf_counter()]
+
+        def finish(index: int, prepared: PreparedRequest, outcome: Outcome) -> None:
+            if isinstance(outcome, Failed):
+                raise outcome.error or RuntimeError(outcome.message)
+            now = time.perf_counter()
+            rows = max(engine.counts.peak_rows, 1)
+            sample = SampleRecord(text=self.answers.text(self.tokenizer, outcome.result.tokens, prepared.until),
+                                  prompt_tokens=len(prepared.prompt_ids), stats=outcome.result.stats,
+                                  prompt_cut=prepared.cut, batch_rows=rows,
+                                  wall_share=now - last[0] if rows > 1 else None)
+            last[0] = now
+            request = requests[index]
+            self.samples.append(sample)
+            if self.hook is not None:
+                self.hook.record(request, sample)
+            self.cache_hook.add_partial("generate_until", request.args, sample.text)
+            outputs[index] = sample.text
+
+        for index, prepared in pending:
+            engine.submit(self.request(prepared, functools.partial(finish, index, prepared)))
+        engine.run()
+        self.batch_notes.extend(engine.counts.notes)
+
+    def request(self, prepared: PreparedRequest, done: Callable[[Outcome], None]) -> Request:
+        """An engine request for ``prepared``, with a fresh generator seeded with ``seed``."""
+        flags = tuple(self.variant[flag] for flag in FLAGS)
+        return Request(self.decoder, torch.tensor(prepared.prompt_ids, dtype=torch.long, device=self._device),
+                       prepared.config, row_options(self.decoder, self.loaded.mask_token_id, self.end_ids, flags),
+                       done=done, generator=torch.Generator(device=self._device).manual_seed(self.seed))
 
     def generate(self, context: str, gen_kwargs: dict[str, Any] | None = None) -> SampleRecord:
         """Decode one prompt string (already chat-templated if wanted) under lm-eval's generation keys."""

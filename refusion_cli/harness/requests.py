@@ -1,5 +1,5 @@
 """lm-eval's generation requests as the adapters serve them: the generation keys checked, a request prepared
-for a decoder (its prompt ids, config and stop strings), requests of one config grouped into batches, and what
+for a decoder (its prompt ids, config and stop strings), and what
 one decoded request gives back (:class:`SampleRecord`, which a :class:`GenerationHook` such as the journal sees)."""
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ class SampleRecord:
     prompt_tokens: int  # the prompt as decoded (after any cut)
     stats: DecodeStats  # forwards, tokens (up to EOS), seconds; tps and tpf derived
     prompt_cut: int = 0  # tokens cut from the prompt's start to fit the model's positions
-    batch_rows: int = 1  # requests decoded in the same call
-    wall_share: float | None = None  # the call's wall seconds / batch_rows (None for a call of one request)
+    batch_rows: int = 1  # the most requests decoded together so far in its run (1: one at a time)
+    wall_share: float | None = None  # with batch_rows > 1: wall seconds since the run's previous sample finished
 
 
 @dataclass(frozen=True)
@@ -39,17 +39,6 @@ class PreparedRequest:
     config: Any  # the adapter's config with the request's max_gen_toks
     until: list[str]  # stop strings
     cut: int  # tokens cut from the prompt's start
-
-
-def batches(pending: list[tuple[int, PreparedRequest]], size: int) -> list[list[tuple[int, PreparedRequest]]]:
-    """Consecutive requests of one config, at most ``size`` at a time."""
-    groups: list[list[tuple[int, PreparedRequest]]] = []
-    for item in pending:
-        if groups and len(groups[-1]) < size and groups[-1][0][1].config == item[1].config:
-            groups[-1].append(item)
-        else:
-            groups.append([item])
-    return groups
 
 
 class GenerationHook(Protocol):

@@ -1,5 +1,6 @@
-"""A batch that runs out of memory is halved and the run goes on: every sample decoded once, equal to an
-uninterrupted run's; ``--batch-size auto`` and ``--max-memory`` are checked where they enter."""
+"""A model call that runs out of memory puts its rows back in the queue and the engine goes on with half as
+many: every sample decoded once, equal to an uninterrupted run's; ``--batch-size auto`` and ``--max-memory``
+are checked where they enter."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 
 from refusion_cli.decoding.config import ConfigError
 from refusion_cli.decoding.memory import fitting_batch, parse_memory, reserve
+from refusion_cli.decoding.mdm import CanvasCalls
 from refusion_cli.harness import lm_adapters
 from tests.harness.helpers import run_cli
 
@@ -24,31 +26,33 @@ def eval_args(output, *batch):
             "--device", "cpu", *batch, "--output", str(output)]
 
 
-def test_an_out_of_memory_batch_is_halved_and_the_samples_equal_an_uninterrupted_run(capsys, monkeypatch, tmp_path):
+def test_a_call_out_of_memory_requeues_its_rows_and_the_samples_equal_an_uninterrupted_run(capsys, monkeypatch,
+                                                                                           tmp_path):
     code, _, err = run_cli(capsys, monkeypatch, *eval_args(tmp_path / "alone", "--batch-size", "1"))
     assert code == 0, err
-    decode = lm_adapters.run_decoder
+    forward = CanvasCalls.forward
     failed = []
 
-    def small_memory(decoder, model, prompts, *args, **kwargs):
-        if isinstance(prompts, list) and len(prompts) > 2:  # more than two rows do not fit
-            failed.append(len(prompts))
+    def small_memory(self, feeds):
+        if len(feeds) > 2:  # a call of more than two rows does not fit
+            failed.append(len(feeds))
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return decode(decoder, model, prompts, *args, **kwargs)
+        return forward(self, feeds)
 
-    monkeypatch.setattr(lm_adapters, "run_decoder", small_memory)
+    monkeypatch.setattr(CanvasCalls, "forward", small_memory)
     code, _, err = run_cli(capsys, monkeypatch, *eval_args(tmp_path / "auto", "--batch-size", "auto", "--max-memory", "4GiB"))
     assert code == 0, err
-    assert failed == [8, 4]  # auto chose all 8 requests; 8 and 4 did not fit, 2 did
-    alone, halved = samples(tmp_path / "alone"), samples(tmp_path / "auto")
-    assert sorted(r["doc_id"] for r in halved) == sorted(r["doc_id"] for r in alone) == list(range(8))
+    assert failed == [8, 4]  # the budget admitted all 8 requests; calls of 8 and 4 rows did not fit, 2 did
+    alone, requeued = samples(tmp_path / "alone"), samples(tmp_path / "auto")
+    assert sorted(r["doc_id"] for r in requeued) == sorted(r["doc_id"] for r in alone) == list(range(8))
     by_doc = {r["doc_id"]: r for r in alone}
-    assert all(r["output"] == by_doc[r["doc_id"]]["output"] and r["tokens"] == by_doc[r["doc_id"]]["tokens"] for r in halved)
-    assert {r["batch_rows"] for r in halved} == {2}
+    assert all(r["output"] == by_doc[r["doc_id"]]["output"] and r["tokens"] == by_doc[r["doc_id"]]["tokens"]
+               and r["forwards"] == by_doc[r["doc_id"]]["forwards"] for r in requeued)
+    assert {r["batch_rows"] for r in requeued} == {2}
     (cell,) = json.loads((tmp_path / "auto" / "metrics.json").read_text())["results"]
     assert cell["batch_size"] == 2 and cell["batch_notes"][0].startswith("batch size auto: 8 (4,096 MiB --max-memory")
-    assert cell["batch_notes"][1:] == ["out of memory at batch 8 after 0 requests: halved to 4",
-                                       "out of memory at batch 4 after 0 requests: halved to 2"]
+    assert cell["batch_notes"][1:] == ["out of memory in a call of 8 rows: requeued them, at most 4 rows from now",
+                                       "out of memory in a call of 4 rows: requeued them, at most 2 rows from now"]
     assert "batch size auto: 8" in (tmp_path / "auto" / "summary.md").read_text()
 
 

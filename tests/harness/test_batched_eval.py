@@ -27,7 +27,7 @@ def test_a_batched_run_has_the_answers_of_batch_1_for_every_decoder(tmp_path):
         assert (one.accuracy, one.tokens, one.forwards, one.batch_size, four.batch_size) == (
             four.accuracy, four.tokens, four.forwards, 1, 4)
     records = [json.loads(line) for line in (tmp_path / "b4" / "samples" / "synthetic" / "ar__ar-tiny.jsonl").open()]
-    assert {r["batch_rows"] for r in records} == {4, 2}  # 6 requests: a batch of 4, then one of 2
+    assert {r["batch_rows"] for r in records} == {4}  # 6 requests, 4 rows at most: a finished row's place is refilled
     # the TPS of a batched run is its throughput: tokens over the batched calls' wall time
     assert batched[1].tps == pytest.approx(sum(r["tokens"] for r in records) / sum(r["wall_share"] for r in records))
     summary = (tmp_path / "b4" / "summary.md").read_text()
