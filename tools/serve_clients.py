@@ -211,7 +211,7 @@ def report(runs: list[Run], args: argparse.Namespace, command: str) -> str:
     ]
     for run in runs:
         lines += [f"- {run.tool}, {run.model}, {run.profile} ([report]({run.report})):", "",
-                  f"  ```", f"  {run.command}", f"  ```", ""]
+                  "  ```", f"  {run.command}", "  ```", ""]
     return "\n".join(lines)
 
 
