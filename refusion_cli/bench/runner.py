@@ -47,7 +47,7 @@ from refusion_cli.bench.machine import Machine, PeakMemory, describe_machine
 from refusion_cli.bench.prompts import BenchPrompt
 from refusion_cli.bench.sweep import check_swept_overrides, setting_label, sweep_configs
 from refusion_cli.decoding.registry import BASELINE, EMBEDDED_DECODERS, decoder_spec, default_model
-from refusion_cli.decoding.engine import run_decoder
+from refusion_cli.decoding.engine import Engine, run_decoder
 from refusion_cli.decoding.spec import PRESET_DECODER, DecoderChoice, check_preset, require_refusion
 from refusion_cli.decoding.stats import DecodeResult, batch_stats, mean_tps, run_tps
 from refusion_cli.decoding.variants import asked_variants, first_option, variant_label, variant_options
@@ -59,6 +59,7 @@ from refusion_cli.models.loading import LoadedModel, check_model_fits, load_mode
 from refusion_cli.tasks.synthetic import is_correct
 
 DEFAULT_DECODERS = EMBEDDED_DECODERS  # every decoder with an embedded model
+AUTO_BATCH = "auto"  # --batch-size auto: as many rows as the memory model fits
 DEFAULT_GEN_LENGTH = 256
 RECOMPUTE = " (recompute)"  # label suffix of the kv_reuse=False ablation
 
@@ -67,7 +68,8 @@ RECOMPUTE = " (recompute)"  # label suffix of the kv_reuse=False ablation
 class BenchSettings:
     decoders: tuple[str, ...] = DEFAULT_DECODERS
     gen_lengths: tuple[int, ...] = (DEFAULT_GEN_LENGTH,)
-    batch_sizes: tuple[int, ...] = (1,)  # prompts decoded together; 1 is the paper's setting
+    batch_sizes: tuple[int | str, ...] = (1,)  # prompts decoded together (1 is the paper's setting), or AUTO_BATCH
+    max_memory: int | None = None  # bytes the weights and rows may take with AUTO_BATCH (None: the free memory)
     models: dict[str, str] = field(default_factory=dict)  # decoder -> checkpoint (default: its embedded model)
     overrides: dict[str, dict[str, str]] = field(default_factory=dict)  # decoder -> {config option: value}
     preset: str | None = None  # a preset of the decoders that have it (registry), under the overrides
@@ -94,8 +96,10 @@ class BenchSettings:
         if not self.gen_lengths:
             raise UserError("give at least one --gen-length")
         for size in self.batch_sizes:
-            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-                raise UserError(f"--batch-size must be a positive integer, got {size}")
+            if size != AUTO_BATCH and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+                raise UserError(f"--batch-size must be a positive integer or auto, got {size}")
+        if self.max_memory is not None and AUTO_BATCH not in self.batch_sizes:
+            raise UserError("--max-memory bounds --batch-size auto; give --batch-size auto with it")
         if not self.batch_sizes:
             raise UserError("give at least one --batch-size")
         for option, names in (("--model", self.models), ("--set", self.overrides)):
@@ -135,6 +139,7 @@ class BenchEntry:
     causal_first: bool = False
     recheck: bool = False
     batch_size: int = 1  # prompts decoded together (refill: a finished row's place goes to the next prompt)
+    auto: bool = False  # --batch-size auto: rows admitted while the memory model fits them (batch_size unused)
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)  # the config (a dataclass) as a dict of its fields
@@ -207,7 +212,7 @@ def measuring_order(decoders: Sequence[str]) -> list[str]:
     return sorted(dict.fromkeys(decoders), key=lambda name: name != BASELINE)  # stable
 
 
-def measured_lengths(lengths: Sequence[int]) -> list[int]:
+def measured_lengths(lengths: Sequence[Any]) -> list[Any]:
     """The response lengths measured, in the order given: a length given twice is measured once."""
     return list(dict.fromkeys(lengths))
 
@@ -245,7 +250,10 @@ def plan_entries(settings: BenchSettings, checkpoints: Mapping[str, Checkpoint] 
             config = configs[decoder, length]
             entries.append(BenchEntry(decoder, decoder, models[decoder], length, config))
             for size in measured_lengths(settings.batch_sizes):
-                if size > 1:
+                if size == AUTO_BATCH:
+                    entries.append(BenchEntry(decoder + batch_suffix(AUTO_BATCH), decoder, models[decoder], length,
+                                              config, auto=True))
+                elif isinstance(size, int) and size > 1:
                     entries.append(BenchEntry(decoder + batch_suffix(size), decoder, models[decoder], length, config,
                                               batch_size=size))
             if decoder == PRESET_DECODER and settings.ablation:
@@ -269,7 +277,7 @@ def variant_name(entry: BenchEntry) -> str:
     return variant_label(entry.decoder, (entry.causal_fix, entry.causal_first, entry.recheck))
 
 
-def batch_suffix(size: int) -> str:
+def batch_suffix(size: int | str) -> str:
     """The label suffix of a row decoded ``size`` prompts at a time."""
     return f" (batch {size})"
 
@@ -396,7 +404,7 @@ def measure_entry(
                            generator=generator, kv_reuse=entry.kv_reuse, causal_fix=entry.causal_fix,
                            causal_first=entry.causal_first, recheck=entry.recheck)
 
-    if entry.batch_size > 1:
+    if entry.batch_size > 1 or entry.auto:
         return measure_batched(entry, loaded, prompt_ids, prompts, settings, on_sample)
     for warm in range(settings.warmup):
         decode(warm % len(prompt_ids))
@@ -419,20 +427,25 @@ def measure_batched(
     settings: BenchSettings,
     on_sample: Callable[[BenchSample], None] | None = None,
 ) -> BenchRow:
-    """Decode all prompts ``batch_size`` at a time (a finished row's place goes to the next prompt), ``repeats``
-    times; each prompt keeps its own generator, so its tokens are those of its batch-1 decode."""
+    """Decode all prompts ``batch_size`` at a time (a finished row's place goes to the next prompt), or with
+    ``auto`` as many as the memory model fits, ``repeats`` times; each prompt keeps its own generator, so its
+    tokens are those of its batch-1 decode. An auto row's batch is the most rows that ran at once."""
     device = next(loaded.model.parameters()).device
+    peak = [entry.batch_size]
 
     def decode(indices: Sequence[int]) -> list[DecodeResult]:
         generators = [torch.Generator(device=device).manual_seed(settings.seed + i) for i in indices]
-        return run_decoder(entry.decoder, loaded.model, [prompt_ids[i] for i in indices], entry.config,
-                           mask_token_id=loaded.mask_token_id, eos_token_id=loaded.stop_token_ids,
-                           generator=generators, kv_reuse=entry.kv_reuse, causal_fix=entry.causal_fix,
-                           causal_first=entry.causal_first, recheck=entry.recheck,
-                           batch_size=entry.batch_size)
+        engine = (Engine(loaded.model, max_memory=settings.max_memory, budget_memory=True) if entry.auto
+                  else Engine(loaded.model, max_rows=entry.batch_size))
+        results = run_decoder(entry.decoder, loaded.model, [prompt_ids[i] for i in indices], entry.config,
+                              mask_token_id=loaded.mask_token_id, eos_token_id=loaded.stop_token_ids,
+                              generator=generators, kv_reuse=entry.kv_reuse, causal_fix=entry.causal_fix,
+                              causal_first=entry.causal_first, recheck=entry.recheck, engine=engine)
+        peak[0] = max(peak[0], engine.counts.peak_rows)
+        return results
 
     if settings.warmup:
-        decode([i % len(prompt_ids) for i in range(entry.batch_size)])
+        decode([i % len(prompt_ids) for i in range(max(entry.batch_size, 2 if entry.auto else 1))])
     samples: list[BenchSample] = []
     wall = 0.0
     with PeakMemory(device) as memory:
@@ -444,6 +457,8 @@ def measure_batched(
                 samples.append(sample)
                 if on_sample is not None:
                     on_sample(sample)
+    if entry.auto:
+        entry = dataclasses.replace(entry, batch_size=peak[0])
     return summarise(entry, samples, len(prompts), memory.delta_mib, None, wall_seconds=wall)
 
 

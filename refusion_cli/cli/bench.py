@@ -57,6 +57,7 @@ from refusion_cli.bench.report import (
 )
 from refusion_cli.bench.resume import Earlier, load_earlier, run_record, write_record
 from refusion_cli.bench.runner import (
+    AUTO_BATCH,
     DEFAULT_DECODERS,
     DEFAULT_GEN_LENGTH,
     BenchEntry,
@@ -73,6 +74,7 @@ from refusion_cli.cli.options import (DECODER_NAMES, PATH_OPTION, CausalFirstOpt
                                       DtypeOpt, ModelsOpt, MultiValues, PresetOpt, RecheckOpt, SeedOpt, SetOpt,
                                       TrustRemoteCodeOpt, in_panel, option_values, route_stray_values, split_commas)
 from refusion_cli.cli.output import console, print_table, quiet_library_output
+from refusion_cli.decoding.memory import parse_memory
 from refusion_cli.decoding.registry import BASELINE
 from refusion_cli.decoding.spec import one_model_each, parse_decoder_options
 from refusion_cli.errors import UserError
@@ -100,9 +102,13 @@ def bench(
                                                          f"give a sweep (default {DEFAULT_GEN_LENGTH})",
                                                          rich_help_panel=RUN)] = None,
     batch_size: Annotated[list[str] | None, typer.Option("--batch-size", help="prompts decoded together; several "
-                                                         "give a row each (default 1, the paper's setting); with "
+                                                         "give a row each (default 1, the paper's setting); auto: "
+                                                         "as many as the memory holds (see --max-memory); with "
                                                          "--gen-length too, give both comma-separated",
                                                          rich_help_panel=RUN)] = None,
+    max_memory: Annotated[str | None, typer.Option("--max-memory", help="with --batch-size auto: what the weights "
+                                                   "and rows may take, e.g. 20GiB (default: a GPU's free memory, "
+                                                   "or the available RAM)", rich_help_panel=RUN)] = None,
     set_options: in_panel(SetOpt, RUN) = None,
     preset: in_panel(PresetOpt, RUN) = None,
     ablation: Annotated[bool, typer.Option("--ablation/--no-ablation", help="also time ReFusion recomputing the "
@@ -147,8 +153,9 @@ def bench(
                                                          gen_lengths=lengths or sizes), "refusion bench")
     if sizes and not lengths:  # the whole numbers after --batch-size were routed with it
         sizes, values.gen_lengths = values.gen_lengths, []
-    batch_sizes = tuple(parse_lengths(sizes, "--batch-size")) or (1,)
+    batch_sizes = tuple(parse_batch_sizes(sizes)) or (1,)
     settings = bench_settings(values, preset, batch_sizes=batch_sizes, ablation=ablation, causal_fix=causal_fix,
+                              max_memory=None if max_memory is None else parse_memory(max_memory),
                               causal_first=causal_first, recheck=recheck,
                               sweep=sweep, warmup=warmup,
                               repeats=repeats, seed=seed, device=device, dtype=dtype,
@@ -215,6 +222,12 @@ def parse_lengths(values: list[str], option: str = "--gen-length") -> list[int]:
         except ValueError:
             raise UserError(f"{option} must be a positive integer, got '{value}'") from None
     return lengths
+
+
+def parse_batch_sizes(values: list[str]) -> list[int | str]:
+    """--batch-size's whole numbers, and ``auto`` (:data:`AUTO_BATCH`)."""
+    return [AUTO_BATCH if value.strip().lower() == AUTO_BATCH else parse_lengths([value], "--batch-size")[0]
+            for value in values]
 
 
 # ---------------------------------------------------------------------------------------------

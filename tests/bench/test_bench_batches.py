@@ -14,7 +14,7 @@ def test_batch_sizes_add_rows_after_each_batch_1_row():
     assert [(e.label, e.batch_size) for e in plan_entries(settings)] == [
         ("ar", 1), ("ar (batch 4)", 4), ("ar (batch 2)", 2),
         ("refusion", 1), ("refusion (batch 4)", 4), ("refusion (batch 2)", 2), ("refusion (recompute)", 1)]
-    with pytest.raises(UserError, match="--batch-size must be a positive integer, got 0"):
+    with pytest.raises(UserError, match="--batch-size must be a positive integer or auto, got 0"):
         BenchSettings(batch_sizes=(0,), device="cpu")
 
 

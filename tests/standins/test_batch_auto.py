@@ -11,6 +11,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+from refusion_cli.bench.prompts import load_prompts
+from refusion_cli.decoding.memory import ModelSize
+from refusion_cli.decoding.registry import build_config, row_memory_bytes, with_length
+from refusion_cli.models.chat import user_prompt_ids
+from refusion_cli.models.loading import load_model
+from tests.bench.helpers import read_csv, run_bench_cli
+
 REPO = Path(__file__).resolve().parents[2]
 
 SCRIPT = r"""
@@ -48,6 +55,29 @@ def test_batch_size_auto_picks_the_predicted_batch_and_its_peak_stays_under_the_
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     found = json.loads(done.stdout.strip().splitlines()[-1])
-    assert found["predicted"] == 3 and found["rows"] == [3] and found["answers"] == 6  # two batches of 3
+    assert found["predicted"] == 3 and found["rows"] == [3] and found["answers"] == 6  # 3 rows at most at once
     assert found["notes"][0].startswith("batch size auto: 3 (")
     assert found["peak"] <= round(budget_mib) * 2**20, found  # the weights and two batches decoded
+
+
+def test_bench_batch_size_auto_runs_the_rows_the_budget_fits(standin, monkeypatch, capsys, tmp_path):
+    """``refusion bench --batch-size auto --max-memory`` on the LLaDA stand-in: the engine admits the rows the
+    memory model fits (three here) and no more, and decodes every prompt once (its text is batch 1's up to
+    float rounding: bfloat16 on random weights holds near-ties, so the texts are not compared here)."""
+    model = standin("llada-8b-instruct")
+    loaded = load_model(str(model), device="cpu", dtype="bfloat16")
+    prompts = [user_prompt_ids(loaded.tokenizer, prompt.text) for prompt in load_prompts(limit=6)]
+    config = build_config("llada", with_length("llada", {"gen_length": 32}))
+    size = ModelSize.of(loaded.model)
+    row = max(row_memory_bytes("llada", config, len(prompt), size) for prompt in prompts)
+    budget = 64 * 2**20 + size.weights + int(3.5 * row)  # the reserve, the weights and 3.5 rows: 3 rows fit
+    code, _, err = run_bench_cli(["--decoder", "llada", "--model", str(model), "--gen-length", "32", "--limit", "6",
+                                  "--batch-size", "1,auto", "--max-memory", str(budget), "--dtype", "bfloat16",
+                                  "--device", "cpu", "--warmup", "0", "--output", str(tmp_path)], monkeypatch, capsys)
+    assert code == 0, err
+    rows = {row["decoder"]: row for row in read_csv(tmp_path / "bench.csv")}
+    assert rows["llada (batch auto)"]["batch_size"] == "3"
+    samples = read_csv(tmp_path / "samples.csv")
+    counts = {(s["decoder"], s["prompt"]): (s["tokens"], s["forwards"]) for s in samples}
+    assert sorted(counts) == sorted((decoder, str(i)) for decoder in ("llada", "llada (batch auto)") for i in range(6))
+    assert all(counts["llada (batch auto)", str(i)] == counts["llada", str(i)] for i in range(6))
