@@ -211,3 +211,18 @@ def test_tokenize_answers_as_vllm(server, refusion_tiny):
     assert body["max_model_len"] == refusion_tiny.model.config.max_position_embeddings
     chat = httpx.post(f"{base}/tokenize", json={"messages": [{"role": "user", "content": QUESTION}]}).json()
     assert chat["tokens"] == prompt_ids(refusion_tiny, True)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_ignore_eos_keeps_a_masked_diffusion_canvas_whole(stream):
+    """LLaDA's canvas is the response: with ``ignore_eos`` every position of it is kept, end ids included."""
+    mdm = load_model("mdm-tiny", "cpu")
+    models = served(["llada"])
+    with running_server(mdm, models) as (base, _):
+        for chat in (True, False):
+            reply = ask(base, body_of("llada", chat, ignore_eos=True, max_tokens=32), chat=chat, stream=stream)
+            alone = decode_alone(mdm, models["llada"], prompt_ids(mdm, chat), 32, eos=())
+            assert reply.usage["completion_tokens"] == 32 == len(alone.tokens)
+            assert reply.texts == {0: text_of(mdm, alone.tokens)} and reply.finish == {0: "length"}
+        # without it the completion's response is cut at its first end id
+        assert len(decode_alone(mdm, models["llada"], prompt_ids(mdm, False), 32).tokens) < 32
