@@ -16,7 +16,7 @@ ReFusion's variant) and returns at once; :meth:`Engine.step` makes one schedulin
 
 A model call that runs out of memory puts its rows back at the front of the queue (their programs
 restart, their generators from the state they were admitted with, their step records already
-delivered are not repeated), lowers the row cap to half of that call's rows and goes on: no request
+delivered are not repeated), lowers the row cap to half of that call's rows (rounded up) and goes on: no request
 fails for a memory error that fewer rows avoid (``oom_requeues`` counts these events). Any other error
 in a shared call fails the rows of that call; one in a row's program fails that request only.
 
@@ -296,7 +296,7 @@ class Engine:
 
     def _requeue(self, rows: list[_Row]) -> None:
         """Put the rows of a call that ran out of memory back at the front of the queue, in their order."""
-        self.row_cap = max(1, len(rows) // 2)
+        self.row_cap = max(1, (len(rows) + 1) // 2)
         self.counts.oom_requeues += 1
         note = f"out of memory in a call of {len(rows)} rows: requeued them, at most {self.row_cap} rows from now"
         self.counts.notes.append(note)

@@ -39,11 +39,12 @@ def served(decoders: list[str], overrides: dict[str, Any] | None = None,
 
 @contextmanager
 def running_server(loaded: LoadedModel, models: dict[str, ServedModel], *, max_batch: int = 16,
-                   max_queue: int = 64, api_key: str | None = None) -> Iterator[tuple[str, ServerState]]:
+                   max_queue: int = 64, api_key: str | None = None,
+                   max_memory: int | None = None) -> Iterator[tuple[str, ServerState]]:
     """The base URL (``http://127.0.0.1:PORT``) of a server on ``loaded``, stopped on exit."""
     metrics = ServeMetrics()
-    state = ServerState(loaded, "test-model", models, Scheduler(loaded, max_batch=max_batch, max_queue=max_queue,
-                                                                stats=metrics), metrics, api_key=api_key)
+    scheduler = Scheduler(loaded, max_batch=max_batch, max_queue=max_queue, max_memory=max_memory, stats=metrics)
+    state = ServerState(loaded, "test-model", models, scheduler, metrics, api_key=api_key)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(state), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)

@@ -1,7 +1,7 @@
-"""``batch_size=auto`` with a memory budget on the LLaDA stand-in (its real 126,464-word vocabulary, so that
-a row's logits and sampler are what its memory is): the adapter picks the batch the memory model predicts,
-and the weights plus the measured peak of decoding (the resident set above the loaded process's) stay
-under the budget."""
+"""A memory budget on the LLaDA stand-in (its real 126,464-word vocabulary, so that a row's logits and sampler
+are what its memory is): eval's ``batch_size=auto``, bench's ``--batch-size auto`` and serve's ``--max-memory``
+run the rows the memory model fits, and in eval the weights plus the measured peak of decoding (the resident
+set above the loaded process's) stay under the budget."""
 
 from __future__ import annotations
 
@@ -9,7 +9,10 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+import httpx
 
 from refusion_cli.bench.prompts import load_prompts
 from refusion_cli.decoding.memory import ModelSize
@@ -17,6 +20,7 @@ from refusion_cli.decoding.registry import build_config, row_memory_bytes, with_
 from refusion_cli.models.chat import user_prompt_ids
 from refusion_cli.models.loading import load_model
 from tests.bench.helpers import read_csv, run_bench_cli
+from tests.serve.helpers import running_server, served
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -81,3 +85,23 @@ def test_bench_batch_size_auto_runs_the_rows_the_budget_fits(standin, monkeypatc
     counts = {(s["decoder"], s["prompt"]): (s["tokens"], s["forwards"]) for s in samples}
     assert sorted(counts) == sorted((decoder, str(i)) for decoder in ("llada", "llada (batch auto)") for i in range(6))
     assert all(counts["llada (batch auto)", str(i)] == counts["llada", str(i)] for i in range(6))
+
+
+def test_serve_max_memory_runs_the_rows_the_budget_fits(standin):
+    """``refusion serve --max-memory`` on the LLaDA stand-in: six concurrent requests, a budget of 3.5 rows by
+    the memory model, and the engine runs three rows at once, not more."""
+    model = standin("llada-8b-instruct")
+    loaded = load_model(str(model), device="cpu", dtype="bfloat16")
+    questions = [prompt.text for prompt in load_prompts(limit=6)]
+    config = build_config("llada", with_length("llada", {"gen_length": 32}))
+    size = ModelSize.of(loaded.model)
+    row = max(row_memory_bytes("llada", config, len(user_prompt_ids(loaded.tokenizer, q)), size) for q in questions)
+    budget = 64 * 2**20 + size.weights + int(3.5 * row)
+    body = lambda question: {"model": "llada", "max_tokens": 32,  # noqa: E731
+                             "messages": [{"role": "user", "content": question}]}
+    with running_server(loaded, served(["llada"]), max_batch=16, max_memory=budget) as (base, state):
+        with ThreadPoolExecutor(6) as pool:
+            replies = list(pool.map(lambda q: httpx.post(f"{base}/v1/chat/completions", json=body(q), timeout=300),
+                                    questions))
+        assert state.scheduler.engine.counts.peak_rows == 3
+    assert all(reply.status_code == 200 for reply in replies), [reply.text for reply in replies]
