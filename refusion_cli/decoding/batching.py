@@ -9,12 +9,15 @@ is a list or tuple of prompts (:func:`is_batch`); anything else is one prompt.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence, cast
 
 import torch
 
 from refusion_cli.decoding.stats import EosIds, eos_ids, wide_float
 from refusion_cli.errors import UserError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 # ---------------------------------------------------------------------------------------------
@@ -53,7 +56,7 @@ def row_generators(generator: Generators, count: int) -> list[torch.Generator | 
         if len(generator) != count:
             raise UserError(f"{len(generator)} generators for {count} prompts: give one per prompt")
         return list(generator)
-    return [generator] * count
+    return [cast("torch.Generator | None", generator)] * count  # not a list or tuple: one shared generator
 
 
 def check_batch_size(batch_size: int | None) -> None:
@@ -68,7 +71,8 @@ def batch_prompts(model: torch.nn.Module, prompt_ids: Prompt | Prompts, batch_si
     batch = is_batch(prompt_ids)
     check_batch_size(batch_size)
     device = next(model.parameters()).device
-    prompts = [prompt_tensor(p, device) for p in (prompt_ids if batch else [prompt_ids])]
+    rows = cast("Sequence[Prompt]", prompt_ids if batch else [prompt_ids])  # is_batch tells one prompt from a batch
+    prompts = [prompt_tensor(p, device) for p in rows]
     for prompt in prompts:
         check_ids(model, prompt, prompt.numel() + response_length, **special)
     return batch, prompts
@@ -81,9 +85,15 @@ def row_callback(on_step: Callable[..., None] | None, index: int, batch: bool) -
     return functools.partial(on_step, index)
 
 
+def input_vocabulary(model: torch.nn.Module) -> int:
+    """Rows of the input embedding table of ``model``, a transformers model (``get_input_embeddings``)."""
+    embeddings = cast("PreTrainedModel", model).get_input_embeddings()
+    return cast(torch.nn.Embedding, embeddings).num_embeddings
+
+
 def check_ids(model: torch.nn.Module, prompt: torch.Tensor, total_length: int, **special: EosIds) -> None:
     """Refuse token ids outside the vocabulary and sequences longer than the model's context."""
-    vocab = model.get_input_embeddings().num_embeddings
+    vocab = input_vocabulary(model)
     for name, token_ids in special.items():
         for token_id in eos_ids(token_ids):
             if not 0 <= token_id < vocab:

@@ -9,9 +9,12 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from refusion_cli.errors import UserError
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 
 class ConfigError(UserError, ValueError):
@@ -99,7 +102,7 @@ TOOLKIT_PRESETS: dict[str, ReFusionConfig] = {
     "synthetic_tiny": ReFusionConfig(slot_size=4, block_size=32, slot_threshold=0.9, token_threshold=0.9),
 }
 
-C = TypeVar("C")
+C = TypeVar("C", bound="DataclassInstance")
 
 
 def config_fields(cls: type) -> dict[str, dataclasses.Field]:

@@ -38,8 +38,8 @@ import torch
 
 from refusion_cli.decoding.config import ConfigError, check_non_negative, check_positive, check_probability
 from refusion_cli.decoding.dream import DreamConfig, check_filters, predict_tokens
-from refusion_cli.decoding.mdm import (Block, Canvas, CanvasFeed, CanvasStep, RowKV, choose_positions, read_offsets,
-                                      take_rows)
+from refusion_cli.decoding.mdm import (Block, Canvas, CanvasFeed, CanvasStep, RowKV, choose_positions, plain_logits,
+                                      read_offsets, take_rows)
 from refusion_cli.decoding.stats import DecodeResult, eos_ids
 
 # forced_rank -> the Dream ranking that computes it (D2F's sampling_strategy default / margin_confidence / neg_entropy)
@@ -172,13 +172,15 @@ def d2f_row(canvas: Canvas, config: D2FConfig, shifted: bool,
         offsets, rows = read_offsets(wanted, cached)
         logits, kept = yield CanvasFeed(canvas.stats, canvas.ids[cached:end], start=cached, prefix=cache, keep=keep,
                                         among=block_causal(canvas, config.block_size, cached, end), read=offsets)
-        read = take_rows(logits, rows)  # [M (+ 1), V]
+        read = take_rows(plain_logits(logits), rows)  # [M (+ 1), V]
         # shifted: a mask at the first fed position is predicted by the last cached one, from an earlier call
         mask_logits = read[: predictors.numel()]
         before_call = predictors < cached
         if bool(before_call.any()):
+            assert before_first is not None, "a position before the call was fed in an earlier call"
             mask_logits = torch.where(before_call[:, None], before_first, mask_logits)
         if keep is not None:
+            assert kept is not None, "a feed that keeps K/V gets them back"
             cache = kept if cache is None else [(torch.cat([keys, new_keys], 1), torch.cat([values, new_values], 1))
                                                 for (keys, values), (new_keys, new_values) in zip(cache, kept)]
             for block in finished:
@@ -192,8 +194,8 @@ def d2f_row(canvas: Canvas, config: D2FConfig, shifted: bool,
             eos_committed = eos_committed or bool(stops & set(committed))
         # 5) finish
         for block in decoding:
-            earlier = blocks[: blocks.index(block)]
-            if not canvas.masked(block.span).any() and all(e.state is not BlockState.DECODING for e in earlier):
+            before = blocks[: blocks.index(block)]
+            if not canvas.masked(block.span).any() and all(e.state is not BlockState.DECODING for e in before):
                 block.state = BlockState.FINISHED
         step += 1
     return canvas.result()

@@ -46,6 +46,7 @@ from refusion_cli.decoding.mdm import (
     choose_positions,
     even_schedule,
     forbid_mask,
+    plain_logits,
     uniform,
 )
 from refusion_cli.decoding.stats import DecodeResult, wide_float
@@ -94,11 +95,11 @@ def guided_logits(cond: CanvasPasses, uncond: CanvasPasses | None, canvas: Canva
     in the model's own dtype first, as the reference combines the logits the model returns. The model
     computes the logits of the block's positions only."""
     positions = torch.arange(block.start, block.end, device=canvas.device)  # [B]
-    logits = yield from cond(canvas.ids, positions)
+    logits = plain_logits((yield from cond(canvas.ids, positions)))
     if uncond is not None:
         unprompted = canvas.ids.clone()
         unprompted[: canvas.prompt_length] = canvas.mask_token_id
-        unconditional = yield from uncond(unprompted, positions)
+        unconditional = plain_logits((yield from uncond(unprompted, positions)))
         logits = unconditional + (cfg_scale + 1) * (logits - unconditional)
     return logits.to(wide_float(logits.device))
 

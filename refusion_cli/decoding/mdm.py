@@ -41,10 +41,10 @@ from __future__ import annotations
 import contextlib
 import functools
 from dataclasses import dataclass, field
-from typing import Callable, Generator, Iterator, TypeVar
+from typing import Any, Callable, Generator, Iterator, TypeVar, cast, overload
 
 import torch
-from transformers import DynamicCache
+from transformers import DynamicCache, PreTrainedConfig
 
 from refusion_cli.decoding.cache import additive_mask, mask_argument
 from refusion_cli.decoding.config import ConfigError, check_non_negative, check_positive, check_probability
@@ -264,15 +264,14 @@ class CanvasCalls:
         for row, (index, feed) in enumerate(feeds.items()):
             count_call(feed.stats, lengths[row], seconds)
             kept = None
-            if feed.keep is not None:
+            if feed.keep is not None and cache is not None:  # a feed that keeps K/V makes the call cached
                 fed = slice(cached_width + pads[row], cached_width + pads[row] + feed.keep)
-                kept = [(layer.keys[row, :, fed].clone(), layer.values[row, :, fed].clone())
-                        for layer in cache.layers]
+                kept = [(keys[row, :, fed].clone(), values[row, :, fed].clone()) for keys, values in _layers_kv(cache)]
             replies[index] = (read_logits[row], kept)
         return replies
 
     def _call(self, rows: list[CanvasFeed], width: int,
-              keep_logits: dict) -> tuple[object, float | None, DynamicCache | None, int]:
+              keep_logits: dict) -> tuple[Any, float | None, DynamicCache | None, int]:
         """The model's output and seconds for the rows' feeds, left-padded to ``width``; the call's cache (None
         without one) and the cached columns left of the fed ones in it."""
         cached = any(feed.prefix is not None or feed.suffix is not None or feed.keep is not None for feed in rows)
@@ -282,8 +281,8 @@ class CanvasCalls:
             return out, seconds, None, 0
         prefix_width = max(_kv_length(feed.prefix) for feed in rows)  # W
         suffix_width = max(_kv_length(feed.suffix) for feed in rows)  # S
-        cache = DynamicCache(config=self.model.config) if cached else None
-        if prefix_width + suffix_width:
+        cache = DynamicCache(config=cast(PreTrainedConfig, self.model.config)) if cached else None
+        if cache is not None and prefix_width + suffix_width:  # cached K/V make the call cached
             _fill_cache(cache, [feed.prefix for feed in rows], [feed.suffix for feed in rows],
                         prefix_width, suffix_width)
         input_ids, position_ids, allowed = self._padded(rows, width, prefix_width, suffix_width)
@@ -295,11 +294,11 @@ class CanvasCalls:
         return out, seconds, cache, prefix_width + suffix_width
 
     @staticmethod
-    def _row_reads(rows: list[CanvasFeed], reads: list[torch.Tensor], out: object, columns: torch.Tensor,
+    def _row_reads(rows: list[CanvasFeed], reads: list[torch.Tensor], out: Any, columns: torch.Tensor,
                    head: torch.nn.Module | None, states: list[torch.Tensor]) -> list[ReadLogits]:
         """Each row's read logits [R, V] from the call's output, or, where the head's input was kept (``states``),
         a chunked row's HeadInput and any other row's logits computed from it."""
-        if not states:
+        if not states or head is None:  # the head's input is kept only when there is a head
             logits = kept_logits(out.logits, columns)  # [B, U, V]
             return [take_rows(logits[row], read) for row, read in enumerate(reads)]
         hidden = states[-1]  # [B, U, H]
@@ -348,6 +347,13 @@ def attends_causally(model: torch.nn.Module) -> bool:
     return flags == {True}
 
 
+def _layers_kv(cache: DynamicCache) -> RowKV:
+    """Each layer's keys and values [B, H, n, D] in a call's cache, which the call filled (full attention layers)."""
+    # transformers types a layer as any kind a cache can hold (linear attention's lack K/V) and its K/V as None
+    # until the first update: a filled DynamicCache of full attention layers holds both
+    return [(layer.keys, layer.values) for layer in cache.layers]  # type: ignore[union-attr, misc]
+
+
 def _kv_length(kv: RowKV | None) -> int:
     return kv[0][0].shape[1] if kv else 0
 
@@ -371,12 +377,25 @@ def _fill_cache(cache: DynamicCache, prefixes: list[RowKV | None], suffixes: lis
         cache.update(keys, values, layer)
 
 
-def take_rows(logits: torch.Tensor | HeadInput, rows: torch.Tensor) -> torch.Tensor | HeadInput:
+@overload
+def take_rows(logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor: ...
+@overload
+def take_rows(logits: HeadInput, rows: torch.Tensor) -> HeadInput: ...
+@overload
+def take_rows(logits: ReadLogits, rows: torch.Tensor) -> ReadLogits: ...
+def take_rows(logits: ReadLogits, rows: torch.Tensor) -> ReadLogits:
     """``logits[rows]`` ([R, V] of [N, V]; or of a HeadInput, or hidden states [N, H]), as a view when ``rows`` is
     0..N-1 (at batch 1, the common case): each copy of a read is as large as the logits a call returns."""
     if rows.numel() == len(logits) and torch.equal(rows, torch.arange(rows.numel(), device=rows.device)):
         return logits
     return logits[rows]
+
+
+def plain_logits(logits: ReadLogits) -> torch.Tensor:
+    """The logits [R, V] of a feed that is not ``chunked``: only a chunked feed gets a HeadInput back."""
+    if isinstance(logits, HeadInput):
+        raise TypeError("a HeadInput came back to a feed that is not chunked")
+    return logits
 
 
 def logit_chunks(logits: ReadLogits) -> Iterator[torch.Tensor]:
@@ -463,6 +482,8 @@ class CanvasPasses:
         model computes the head at those positions only; ``chunked``: at none when they are more than
         LOGITS_CHUNK, and this returns their HeadInput."""
         block = self.block
+        if block is None:
+            raise RuntimeError("start_block comes before the block's calls")
         first = block.start if self.use_cache and self.prefix is not None else 0  # the first fed position
         offsets, rows = read_offsets((positions - int(self.shifted)).clamp(min=first), first)
         if not self.use_cache:
@@ -471,6 +492,7 @@ class CanvasPasses:
         if self.prefix is None:  # the block's first step: full pass, keep the cached positions' K/V
             keep = canvas.numel() if self.dual_cache else block.start
             logits, kept = yield CanvasFeed(self.stats, canvas, keep=keep, read=offsets, chunked=self.chunked)
+            assert kept is not None, "a feed that keeps K/V gets them back"
             self.prefix = [(keys[:, : block.start], values[:, : block.start]) for keys, values in kept]
             if self.dual_cache:
                 self.suffix = [(keys[:, block.end:], values[:, block.end:]) for keys, values in kept]

@@ -49,14 +49,8 @@ class DecoderSpec:
     # --protocol paper: the evaluation script whose answer handling the decoder's Table 1 row went through (its
     # authors' or its accelerated baseline's; harness.answers holds each script's rule)
     answer_script: str = "eval.py"
-    open_row: RowOpener | None = None  # opens one prompt's row program (decoding.rows); every entry sets it
-    row_memory: RowMemory | None = None  # what one row holds at its largest call (decoding.memory); every entry sets it
-
-    def __post_init__(self) -> None:
-        if self.open_row is None:
-            raise TypeError(f"the registry entry {self.name} needs open_row (decoding.rows)")
-        if self.row_memory is None:
-            raise TypeError(f"the registry entry {self.name} needs row_memory (decoding.memory)")
+    open_row: RowOpener = field(kw_only=True)  # opens one prompt's row program (decoding.rows)
+    row_memory: RowMemory = field(kw_only=True)  # what one row holds at its largest call (decoding.memory)
 
 
 BASELINE = "ar"  # the autoregressive baseline: bench measures it first and reports every decoder's speed-up over it

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Generator
+from typing import Any, Generator, cast
 
 import torch
 
@@ -77,26 +77,34 @@ class RowOptions:
     shifted: bool = False  # the masked-diffusion decoders: read token p from the logits of p - 1 (Dream)
     variant: Variant = PAPER  # ReFusion's variant (decoding.variants)
 
+    @property
+    def mask_id(self) -> int:
+        """The mask token id, which a decoder that needs one is always given (``engine`` refuses a decode without)."""
+        if self.mask_token_id is None:
+            raise ValueError("this decoder needs the model's mask token id")
+        return self.mask_token_id
+
 
 # A decoder's row opener (``DecoderSpec.open_row``): open row ``index`` of ``calls`` for ``prompt`` [P] and return
 # its program; ``on_step`` sees the decoder's step records, ``clock`` keeps that time out of the row's latency.
+# ``calls`` is the shared-calls object of the decoder's kind (``shared_calls``): an opener casts it to its class.
 RowOpener = Callable[[SharedCalls, int, torch.Tensor, Any, RowOptions, "torch.Generator | None",
                       "Callable[[Any], None] | None", "BatchClock | None"], RowProgram]
 
 
-def ar_rows(calls: Lanes, index: int, prompt: torch.Tensor, config: Any, options: RowOptions,
+def ar_rows(calls: SharedCalls, index: int, prompt: torch.Tensor, config: Any, options: RowOptions,
             generator: torch.Generator | None, on_step: Callable[[Any], None] | None,
             clock: BatchClock | None) -> RowProgram:
     """Greedy decoding (``ar.greedy_lane``); takes no generator."""
-    return ar_row(calls, index, prompt, config.gen_length, set(eos_ids(options.eos_token_id)), on_step, clock)
+    return ar_row(cast(Lanes, calls), index, prompt, config.gen_length, set(eos_ids(options.eos_token_id)), on_step, clock)
 
 
-def refusion_rows(calls: Lanes, index: int, prompt: torch.Tensor, config: Any, options: RowOptions,
+def refusion_rows(calls: SharedCalls, index: int, prompt: torch.Tensor, config: Any, options: RowOptions,
                   generator: torch.Generator | None, on_step: Callable[[Any], None] | None,
                   clock: BatchClock | None) -> RowProgram:
     """ReFusion (``refusion.decode_lane``), in the variant ``options`` names."""
     causal_fix, causal_first, recheck = options.variant
-    return refusion_row(calls, index, prompt, config, mask_token_id=options.mask_token_id,
+    return refusion_row(cast(Lanes, calls), index, prompt, config, mask_token_id=options.mask_id,
                         eos_token_id=options.eos_token_id, generator=generator, causal_fix=causal_fix,
                         causal_first=causal_first, recheck=recheck, on_step=on_step, clock=clock)
 
@@ -105,12 +113,12 @@ def canvas_rows(program: Callable[[Canvas, Any, RowOptions, torch.Generator | No
                 ) -> RowOpener:
     """The row opener of a masked-diffusion sampler whose canvas program is ``program(canvas, config, options,
     generator)``."""
-    def open_canvas_row(calls: CanvasCalls, index: int, prompt: torch.Tensor, config: Any, options: RowOptions,
+    def open_canvas_row(calls: SharedCalls, index: int, prompt: torch.Tensor, config: Any, options: RowOptions,
                         generator: torch.Generator | None, on_step: Callable[[Any], None] | None,
                         clock: BatchClock | None) -> RowProgram:
         return canvas_row(prompt, response_budget(config),
                           lambda canvas, row_generator: program(canvas, config, options, row_generator),
-                          mask_token_id=options.mask_token_id, eos_token_id=options.eos_token_id,
+                          mask_token_id=options.mask_id, eos_token_id=options.eos_token_id,
                           generator=generator, on_step=on_step, clock=clock)
     return open_canvas_row
 

@@ -163,6 +163,13 @@ class DecoderChoice:
     preset: str | None = None  # a preset of this decoder (a --preset the decoder lacks is left out)
     overrides: Mapping[str, Any] = field(default_factory=dict)  # config field -> value (strings allowed)
 
+    @property
+    def checkpoint(self) -> str:
+        """``model``, which every choice of :func:`parse_decoder_options` names (a ValueError for one without)."""
+        if self.model is None:
+            raise ValueError(f"{self.decoder}: no checkpoint chosen")
+        return self.model
+
     def config(self, gen_length: int | None = None, preset: str | None = None) -> Any:
         """The validated config: the preset (``preset`` stands in when none was chosen, e.g. a
         benchmark's own), ``gen_length`` and what follows it (LLaDA's and Dream's steps), then the
@@ -172,7 +179,7 @@ class DecoderChoice:
             values = {"gen_length": gen_length, **values}
         name = self.preset or preset
         presets = decoder_spec(self.decoder).presets
-        base = presets[name] if name in presets else None
+        base = presets[name] if name is not None and name in presets else None
         return build_config(self.decoder, with_length(self.decoder, values), base=base)
 
 

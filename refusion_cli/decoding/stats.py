@@ -48,7 +48,7 @@ class DecodeStats:
         """Tokens per second of wall time."""
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
-    def as_dict(self) -> dict[str, float | int]:
+    def as_dict(self) -> dict[str, float | int | None]:
         return {
             "forwards": self.forwards,
             "tokens": self.tokens,
@@ -165,7 +165,7 @@ def report_step(stats: DecodeStats, on_step: Callable[[Any], None] | None, recor
     stats.callback_seconds += time.perf_counter() - start
 
 
-def timed_call(model: torch.nn.Module, **inputs: torch.Tensor | object) -> tuple[Any, float | None]:
+def timed_call(model: torch.nn.Module, **inputs: Any) -> tuple[Any, float | None]:
     """``model(**inputs)`` and its wall time, measured on the CPU only, where a call returns when its work
     is done. On a GPU it would take a synchronisation before and after every call, which stalls the queue
     inside the timed decode; there the time is None (and ``forward_seconds`` with it, see
@@ -194,7 +194,7 @@ def last_logits(model: torch.nn.Module, n: int) -> dict[str, int]:
     """
     if n < 1:
         raise ValueError(f"n must be positive, got {n}")
-    return {"logits_to_keep": n} if _keeps_logits(type(model)) else {}
+    return {"logits_to_keep": n} if _keeps_logits(type(model).forward) else {}
 
 
 def logits_at(model: torch.nn.Module, columns: torch.Tensor, width: int) -> dict[str, int | torch.Tensor]:
@@ -203,7 +203,7 @@ def logits_at(model: torch.nn.Module, columns: torch.Tensor, width: int) -> dict
     Nothing when they are every column, the count when they are the last ones (as :func:`last_logits`),
     else the index tensor (transformers applies one 1-D index to every row of the batch). A model whose
     forward lacks the keyword gets nothing, and :func:`kept_logits` slices what it returns."""
-    if columns.numel() == width or not _keeps_logits(type(model)):
+    if columns.numel() == width or not _keeps_logits(type(model).forward):
         return {}
     first = width - columns.numel()
     if columns.numel() and int(columns[0]) == first:  # ascending and unique: the last U columns
@@ -218,8 +218,9 @@ def kept_logits(logits: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
 
 
 @functools.cache
-def _keeps_logits(model_class: type) -> bool:
-    return "logits_to_keep" in inspect.signature(model_class.forward).parameters
+def _keeps_logits(forward: Callable[..., Any]) -> bool:
+    """Keyed by the class's forward function (what the answer depends on), which every class sharing it shares."""
+    return "logits_to_keep" in inspect.signature(forward).parameters
 
 
 def cache_argument(model: torch.nn.Module, cache: Any) -> dict[str, Any]:
@@ -230,15 +231,15 @@ def cache_argument(model: torch.nn.Module, cache: Any) -> dict[str, Any]:
     without the cache. A forward that names neither gets ``cache`` if it takes ``**kwargs``; one
     that takes neither at all is an error.
     """
-    name = _cache_keyword(type(model))
+    name = _cache_keyword(type(model).forward)
     if name is None:
         raise TypeError(f"{type(model).__name__}.forward takes no KV cache (neither 'cache' nor 'past_key_values')")
     return {name: cache}
 
 
 @functools.cache
-def _cache_keyword(model_class: type) -> str | None:
-    parameters = inspect.signature(model_class.forward).parameters
+def _cache_keyword(forward: Callable[..., Any]) -> str | None:
+    parameters = inspect.signature(forward).parameters
     named = next((name for name in ("cache", "past_key_values") if name in parameters), None)
     if named is None and any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
         return "cache"

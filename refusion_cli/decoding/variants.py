@@ -9,6 +9,8 @@ rows the same way (:func:`variant_label`).
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 Variant = tuple[bool, bool, bool]  # (causal_fix, causal_first, recheck)
 
 FLAGS = ("causal_fix", "causal_first", "recheck")
@@ -29,9 +31,18 @@ def asked_variants(causal_fix: bool, causal_first: bool, recheck: bool) -> list[
     return [flags for flags in SUFFIXES if wanted[flags]]
 
 
-def variant_options(flags: Variant) -> dict[str, bool]:
+class VariantOptions(TypedDict):
+    """A variant's flags by name (``FLAGS``)."""
+
+    causal_fix: bool
+    causal_first: bool
+    recheck: bool
+
+
+def variant_options(flags: Variant) -> VariantOptions:
     """``engine.run_decoder``'s keyword arguments for a variant (ReFusion's ablations)."""
-    return dict(zip(FLAGS, flags))
+    causal_fix, causal_first, recheck = flags
+    return VariantOptions(causal_fix=causal_fix, causal_first=causal_first, recheck=recheck)
 
 
 NAMES = ("causal fix", "causal first", "recheck")  # each flag in a label
