@@ -160,9 +160,13 @@ def test_two_replicas_behind_nginx_survive_a_killed_one(tmp_path):
         retried = [a for a in answers if a.error is None and a.upstream.startswith(killed + ",")]
         assert retried, "requests waiting on the killed replica were sent to the other"
         assert all(a.upstream.endswith(f"127.0.0.1:{ports[1]}") for a in retried)
-    finally:
-        proxy.terminate()
+    finally:  # SIGTERM: nginx's master stops its workers before it exits (a SIGKILL would orphan them)
         for process in (proxy, *replicas):
             if process.poll() is None:
+                process.terminate()
+        for process in (proxy, *replicas):
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
                 process.kill()
-            process.wait(timeout=30)
+                process.wait()
