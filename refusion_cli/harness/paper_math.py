@@ -46,7 +46,9 @@ def last_boxed(text: str) -> str | None:
     return None
 
 
-def unbox(boxed: str) -> str:
+def unbox(boxed: str | None) -> str:
+    if boxed is None:
+        raise ValueError("no boxed answer")
     if "\\boxed " in boxed:
         if not boxed.startswith("\\boxed "):
             raise ValueError(f"not a boxed answer: {boxed!r}")

@@ -128,7 +128,7 @@ def table1_row(result: RunResult) -> Table1Row | None:
     model = hub_name(result.model).lower()
     named = [row for row in own if model in {folder.lower() for folder in row.folders}]
     fallback = [row for row in own if row.fallback]
-    return (named or fallback or [None])[0]
+    return next(iter(named or fallback), None)
 
 
 def runs_by_row(results: list[RunResult]) -> dict[str, dict[str, dict[str, RunResult]]]:
@@ -192,7 +192,11 @@ def console_summary(results: list[RunResult]) -> ConsoleSummary:
     if not placed:
         return ConsoleSummary(grid_tables(results) + other, [])
     benchmarks, titles = list(rows[0].cells), _titles()
-    accuracy, tps, tpf, named, differences = [], [], [], [], []
+    accuracy: list[list[str]] = []
+    tps: list[list[str]] = []
+    tpf: list[list[str]] = []
+    named: list[str] = []
+    differences: list[str] = []
     for row in rows:
         for table, index in ((accuracy, 0), (tps, 1)):  # the row as printed
             table.append([str(row.number), row.name, *(f"{row.cells[b][index]:.2f}" for b in benchmarks),
@@ -201,8 +205,9 @@ def console_summary(results: list[RunResult]) -> ConsoleSummary:
             mark = f" ({letter})" if len(runs[row.name]) > 1 else ""
             complete = len(cells) == len(benchmarks)
             for table, measure in ((accuracy, "accuracy"), (tps, "tps"), (tpf, "tpf")):
-                values = [getattr(cells[b], measure) if b in cells else None for b in benchmarks]
-                values.append(_mean(values) if complete else None)  # the Avg column: once all seven are in
+                values: list[float | None] = [getattr(cells[b], measure) if b in cells else None for b in benchmarks]
+                # the Avg column: once all seven are in
+                values.append(_mean([value for value in values if value is not None]) if complete else None)
                 line = ["", f"  measured{mark}"] if measure != "tpf" else [str(row.number), row.name + mark]
                 table.append(line + [_number(value) for value in values])
             named.append(f"{row.number}{mark} = {label}")

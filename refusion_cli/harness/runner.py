@@ -74,11 +74,13 @@ from refusion_cli.harness.suite import (Benchmark, RenderedTask, Suite, check_da
 from refusion_cli.models.chat import require_chat_template
 from refusion_cli.models.checkpoint import Checkpoint, checkpoint_label, resolve_checkpoint
 from refusion_cli.models.devices import free_device_memory, parse_device, parse_dtype
-from refusion_cli.models.loading import check_model_fits
+from refusion_cli.models.loading import LoadedModel, check_model_fits
 from refusion_cli.paths import check_output_dir
 
 if TYPE_CHECKING:
     import torch
+
+    from refusion_cli.harness.lm_adapters import DecoderLM
 
 
 @dataclass(frozen=True)
@@ -179,7 +181,7 @@ def decoder_runs(choices: list[DecoderChoice], variants: list[Variant] | None = 
     each a row of its own ("refusion (recheck):model")."""
     runs = []
     for choice in choices:
-        model = choice.model
+        model = choice.checkpoint
         for variant in [PAPER, *(variants or [])] if choice.decoder == PRESET_DECODER else [PAPER]:
             label = f"{variant_label(choice.decoder, variant)}:{checkpoint_label(model)}"
             runs.append(DecoderRun(choice.decoder, model, label,
@@ -411,6 +413,8 @@ def run_eval(options: EvalOptions, observer: EvalObserver | None = None, suite: 
         plan.rendered[benchmark.name].write()  # the task YAML, kept with the results
     scorers = {benchmark.name: TaskScorer(plan.tasks[benchmark.name]["tasks"], benchmark.metric,
                                           benchmark.metric_filter) for benchmark in plan.benchmarks}
+    loaded: LoadedModel | None = None
+    adapter: DecoderLM | None = None
     for model, checkpoint in plan.checkpoints.items():  # one model in memory at a time
         runs = [run for run in plan.runs if run.model == model]
         loaded = load_model(checkpoint, device, plan.dtype,
@@ -429,7 +433,7 @@ def run_eval(options: EvalOptions, observer: EvalObserver | None = None, suite: 
                 journal = SampleJournal(options.output / "samples" / benchmark.name, benchmark=benchmark.name,
                                         decoder=run.decoder, model=model, label=run.file_label, config_hash=digest,
                                         scorer=scorers[benchmark.name], rank=rank, observer=observer)
-                adapter = ADAPTERS[run.decoder](pretrained=loaded, config=config, seed=options.seed, device=device,
+                adapter = ADAPTERS[run.decoder](pretrained=loaded, config=config, seed=options.seed, device=str(device),
                                                 batch_size=options.batch_size, max_memory=options.max_memory,
                                                 protocol=benchmark.answer_protocol,
                                                 hook=journal, warmed_up=run.decoder in warmed,
@@ -467,10 +471,10 @@ def summarize(benchmark: Benchmark, run: DecoderRun, config: Any, digest: str, e
         for sample in samples:
             if sample.get("filter") not in (None, benchmark.metric_filter):
                 continue
-            record = latest.get((subtask, sample["doc_id"]))
-            if record is None:
+            scored = latest.get((subtask, sample["doc_id"]))
+            if scored is None:
                 raise RuntimeError(f"no journal record for {subtask} document {sample['doc_id']} in {journal.directory}")
-            chosen.append(record)
+            chosen.append(scored)
     n = len(chosen)
     top = evaluation.get("groups", {}).get(benchmark.lm_eval_task) or evaluation["results"].get(benchmark.lm_eval_task, {})
     lm_eval_value = top.get(benchmark.metric_key)
@@ -489,7 +493,7 @@ def summarize(benchmark: Benchmark, run: DecoderRun, config: Any, digest: str, e
         lm_eval_results={name: _plain(values) for name, values in
                          {**evaluation["results"], **evaluation.get("groups", {})}.items()},
         device=where[0], dtype=where[1], prompts_cut=sum(r.get("prompt_cut", 0) > 0 for r in chosen),
-        batch_size=batch_size if batch_size != AUTO else max((r.get("batch_rows", 1) for r in chosen), default=1),
+        batch_size=batch_size if isinstance(batch_size, int) else max((r.get("batch_rows", 1) for r in chosen), default=1),
         batch_notes=list(batch_notes or []),
         protocol=benchmark.task_protocol.value if benchmark.task_protocol else "",
         also={key: 100.0 * float(top[key]) for key in benchmark.also if top.get(key) is not None},

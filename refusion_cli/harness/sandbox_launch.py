@@ -30,6 +30,7 @@ import shutil
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypedDict
 
 BWRAP_ENV = "REFUSION_BWRAP"  # the bwrap to use instead of the one on PATH (a missing file: no jail)
 JAIL_TMP_BYTES = 64 * 2**20  # the size of the jail's /tmp (working directory included) and of its /dev/shm
@@ -49,6 +50,14 @@ _SYSTEM_FOLDERS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32
 _ETC_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime", "/etc/alternatives")
 _MODULE_SUFFIXES = (".py", ".pyc", ".so", ".pth", ".zip", ".egg")
 _PROJECT_FILES = ("pyproject.toml", "setup.py", "setup.cfg", ".git")  # a folder with one is a source checkout
+
+
+class PopenUser(TypedDict, total=False):
+    """subprocess.Popen's keywords that switch the child to another user."""
+
+    user: int
+    group: int
+    extra_groups: list[int]
 
 
 @dataclass(frozen=True)
@@ -74,10 +83,10 @@ class Launch:
         switch_user = [] if sandbox_id is None else ["--setgid", str(sandbox_id), "--setuid", str(sandbox_id)]
         return ["unshare", *self.namespaces, *switch_user, "--", *command]
 
-    def popen_user(self, sandbox_id: int | None) -> dict[str, object]:
+    def popen_user(self, sandbox_id: int | None) -> PopenUser:
         """Without unshare or a jail, subprocess itself switches to the throwaway user."""
         if sandbox_id is None or self.namespaces or self.jail:
-            return {}
+            return PopenUser()
         return {"user": sandbox_id, "group": sandbox_id, "extra_groups": []}
 
     def workdir(self, host_workdir: str) -> str:

@@ -122,13 +122,16 @@ def load_suite(path: Path = SUITE_FILE, protocol: EvalProtocol = EvalProtocol.PA
         settings = {**defaults, **entry, **entry.get("protocols", {}).get(protocol.value, {})}
         metric = settings["metric"]
         hub = HubData.from_manifest(settings["hub"]) if "hub" in settings else None
+        if "data" not in settings and hub is None:
+            raise ValueError(f"{path}: the benchmark {name} names neither its data nor a hub entry")
+        data = settings["data"] if "data" in settings else hub.describe() if hub is not None else ""
         benchmarks[name] = Benchmark(
             name=name, title=settings["title"], lm_eval_task=settings["lm_eval_task"],
             yaml=path.parent / settings["yaml"], index=tuple(settings.get("index", ())),
             num_fewshot=int(settings["num_fewshot"]), gen_length=int(settings["gen_length"]),
             chat_template=bool(settings["chat_template"]), preset=settings["preset"], metric=metric["name"],
             metric_filter=metric.get("filter", "none"), code=bool(settings.get("code", False)),
-            data=settings["data"] if "data" in settings else hub.describe(), hub=hub,
+            data=data, hub=hub,
             protocol=protocol, by_protocol="protocols" in entry,
             also=tuple(f"{m['name']},{m.get('filter', 'none')}" for m in settings.get("also", ())),
         )
@@ -245,8 +248,10 @@ def check_data(rendered: RenderedTask) -> None:
         raise UserError(f"{benchmark.name}: its data is not available offline: {missing[0]} is missing{more}",
                         hint=hint)
     records = {path: check_json_lines(benchmark.name, path) for path in rendered.data_files}
-    if benchmark.lm_eval_task == "mmlu_pro" and records[rendered.data_files[0]] is not None:
-        check_mmlu_pro_categories(rendered.data_files[0], records[rendered.data_files[0]])
+    if benchmark.lm_eval_task == "mmlu_pro":
+        first = records[rendered.data_files[0]]
+        if first is not None:
+            check_mmlu_pro_categories(rendered.data_files[0], first)
 
 
 def check_mmlu_pro_categories(path: Path, records: list[dict]) -> None:
@@ -315,8 +320,9 @@ def _first_line(exc: BaseException) -> str:
 
 def _missing_module(exc: BaseException) -> str | None:
     """The name of the module whose import failed, from ``exc`` or the exceptions it chains."""
-    while exc is not None:
-        if isinstance(exc, ModuleNotFoundError) and exc.name:
-            return exc.name
-        exc = exc.__cause__ or exc.__context__
+    current: BaseException | None = exc
+    while current is not None:
+        if isinstance(current, ModuleNotFoundError) and current.name:
+            return current.name
+        current = current.__cause__ or current.__context__
     return None
