@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from typing import Any, Protocol, TypeGuard
 
 import typer
 
@@ -59,7 +60,15 @@ def main() -> None:
     sys.exit(code if isinstance(code, int) else 0)
 
 
-def is_usage_error(exc: Exception) -> bool:
+class UsageProblem(Protocol):
+    """What this module reads of click's UsageError (the command's context, when known, and the message)."""
+
+    ctx: Any
+
+    def format_message(self) -> str: ...
+
+
+def is_usage_error(exc: Exception) -> TypeGuard[UsageProblem]:
     """A command-line mistake caught by the option parser (click's UsageError, vendored or not)."""
     return any(cls.__name__ in ("UsageError", "BadParameter") for cls in type(exc).__mro__) and \
         hasattr(exc, "format_message")

@@ -24,7 +24,7 @@ from __future__ import annotations
 import sys
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Sequence
 
 import typer
 from rich.text import Text
@@ -34,7 +34,7 @@ from refusion_cli.chat.session import chat_config
 from refusion_cli.chat.transcript import FileExists, check_target, check_writable, save_transcript
 from refusion_cli.cli.options import (PATH_OPTION, VARIANT_WHAT, CausalFirstOpt, CausalFixOpt, DecoderOpt, DeviceOpt,
                                       DtypeOpt, ModelOpt, MultiValues, PresetOpt, RecheckOpt, SeedOpt, SetOpt,
-                                      TrustRemoteCodeOpt, in_panel, route_stray_values, split_commas, text_value)
+                                      TrustRemoteCodeOpt, panel_option, route_stray_values, split_commas, text_value)
 from refusion_cli.cli.output import console, err_console, quiet_library_output
 from refusion_cli.decoding.registry import decoder_spec
 from refusion_cli.decoding.spec import PRESET_DECODER, DecoderChoice, one_model_each, parse_decoder_options, require_refusion
@@ -54,14 +54,15 @@ DECODES_WITH = {name: f"ReFusion decodes with {name}=True: {what} (this toolkit'
 
 
 def chat(
-    model: in_panel(ModelOpt, MODEL) = None,
-    decoder: in_panel(DecoderOpt, DECODING) = PRESET_DECODER,
-    set_options: in_panel(SetOpt, DECODING, help="decoder setting KEY=VALUE or DECODER.KEY=VALUE, e.g. "
-                          "slot_threshold=0.8 (repeatable; /set in the chat)") = None,
-    preset: in_panel(PresetOpt, DECODING) = None,
-    causal_fix: in_panel(CausalFixOpt, DECODING, help=DECODES_WITH["causal_fix"]) = False,
-    causal_first: in_panel(CausalFirstOpt, DECODING, help=DECODES_WITH["causal_first"]) = False,
-    recheck: in_panel(RecheckOpt, DECODING, help=DECODES_WITH["recheck"]) = False,
+    model: Annotated[str | None, panel_option(ModelOpt, MODEL)] = None,
+    decoder: Annotated[str, panel_option(DecoderOpt, DECODING)] = PRESET_DECODER,
+    set_options: Annotated[list[str] | None, panel_option(
+        SetOpt, DECODING, help="decoder setting KEY=VALUE or DECODER.KEY=VALUE, e.g. slot_threshold=0.8 "
+        "(repeatable; /set in the chat)")] = None,
+    preset: Annotated[str | None, panel_option(PresetOpt, DECODING)] = None,
+    causal_fix: Annotated[bool, panel_option(CausalFixOpt, DECODING, help=DECODES_WITH["causal_fix"])] = False,
+    causal_first: Annotated[bool, panel_option(CausalFirstOpt, DECODING, help=DECODES_WITH["causal_first"])] = False,
+    recheck: Annotated[bool, panel_option(RecheckOpt, DECODING, help=DECODES_WITH["recheck"])] = False,
     prompt: Annotated[str | None, typer.Option("--prompt", "-p", help="answer this one question and exit",
                                                rich_help_panel=DECODING)] = None,
     history: Annotated[bool, typer.Option("--history/--no-history", help="keep the conversation (default), or "
@@ -76,10 +77,10 @@ def chat(
     save: Annotated[Path | None, typer.Option("--save", help="write the conversation as JSON to this new file "
                                               "when the run ends (/save in the chat)",
                                               rich_help_panel=CONVERSATION, **PATH_OPTION)] = None,
-    seed: in_panel(SeedOpt, DECODING, help="seed of the sampling noise (temperature > 0)") = 0,
-    device: in_panel(DeviceOpt, MODEL) = None,
-    dtype: in_panel(DtypeOpt, MODEL) = None,
-    trust_remote_code: in_panel(TrustRemoteCodeOpt, MODEL) = False,
+    seed: Annotated[int, panel_option(SeedOpt, DECODING, help="seed of the sampling noise (temperature > 0)")] = 0,
+    device: Annotated[str | None, panel_option(DeviceOpt, MODEL)] = None,
+    dtype: Annotated[str | None, panel_option(DtypeOpt, MODEL)] = None,
+    trust_remote_code: Annotated[bool, panel_option(TrustRemoteCodeOpt, MODEL)] = False,
     stray: Annotated[list[str] | None, typer.Argument(hidden=True, show_default=False, metavar="VALUES",
                                                       help="more values of --set")] = None,
 ) -> None:
@@ -104,7 +105,7 @@ def chat(
     if save is not None:
         save = save.expanduser()
         save_conversation(save)  # an existing file is refused before the model loads
-    name = choice.model
+    name = choice.checkpoint
     if prompt is None and sys.stdin is None:
         raise UserError("stdin is closed: there is nothing to read questions from",
                         hint="pass a question with --prompt, or give the chat a terminal or a file")
@@ -177,7 +178,7 @@ def save_conversation(path: Path, session: ChatSession | None = None) -> None:
 
 
 def chat_choice(decoder: str, model: str | None, set_options: list[str] | None, preset: str | None,
-                stray: list[str] = ()) -> DecoderChoice:
+                stray: Sequence[str] = ()) -> DecoderChoice:
     """The chat's decoder, checkpoint, --set values (``--set a=1 b=2``: the values after the first arrive as
     ``stray``) and preset, in the grammar eval and bench share."""
     values = route_stray_values(list(stray), MultiValues([], [model] if model is not None else [],

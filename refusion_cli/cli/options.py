@@ -97,16 +97,24 @@ TrustRemoteCodeOpt = Annotated[bool, typer.Option("--trust-remote-code", help="r
                                                   "checkpoint ships (not needed for LLaDA / Dream)")]
 
 
-def in_panel(alias: Any, panel: str, *more_names: str, help: str | None = None) -> Any:  # noqa: A002 (typer's)
-    """The shared option ``alias`` as one command shows it: under that command's help panel ``panel``, with
-    what differs there: ``more_names`` (a short name such as ``-m``) and its own ``help``."""
-    kind, declared = get_args(alias)
+def panel_option(alias: Any, panel: str, *more_names: str, help: str | None = None) -> Any:  # noqa: A002 (typer's)
+    """The option of the shared option ``alias`` as one command shows it: under that command's help panel
+    ``panel``, with what differs there: ``more_names`` (a short name such as ``-m``) and its own ``help``.
+    A parameter names the alias's type with it, which the type checker reads: ``Annotated[str | None,
+    panel_option(ModelOpt, MODEL)]``."""
+    _, declared = get_args(alias)
     option = copy(declared)  # the alias stays as declared for the other commands
     option.param_decls = (*option.param_decls, *more_names)
     option.rich_help_panel = panel
     if help is not None:
         option.help = help
-    return Annotated[kind, option]
+    return option
+
+
+def in_panel(alias: Any, panel: str, *more_names: str, help: str | None = None) -> Any:  # noqa: A002 (typer's)
+    """``Annotated[<the alias's type>, panel_option(...)]``: the same, as a call the type checker cannot read
+    as a type (the commands that still use it: bench, eval, serve)."""
+    return Annotated[get_args(alias)[0], panel_option(alias, panel, *more_names, help=help)]
 
 
 # --- options with several values ----------------------------------------------------------------

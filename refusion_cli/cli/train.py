@@ -12,12 +12,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn,
+                           TimeRemainingColumn)
 
 from refusion_cli.cli.options import PATH_OPTION
 from refusion_cli.cli.output import console, quiet_library_output
 from refusion_cli.distributed import leave_process_group
 from refusion_cli.errors import UserError
+from refusion_cli.training.config import MIXED_PRECISION
 from refusion_cli.training.modeling import TINY_CONFIGS, parse_model_config
 from refusion_cli.training.objectives import OBJECTIVES
 from refusion_cli.training.recipes import RECIPES, apply_recipe
@@ -26,8 +28,22 @@ if TYPE_CHECKING:
     from refusion_cli.training.evaluation import EvalRecord
     from refusion_cli.training.loop import RunInfo, StepRecord
 
-ObjectiveName = Enum("ObjectiveName", {name: name for name in OBJECTIVES}, type=str)
-PrecisionName = Enum("PrecisionName", {name: name for name in ("no", "bf16", "fp16")}, type=str)
+
+class ObjectiveName(str, Enum):  # --objective's choices, spelt out for the type checker
+    refusion = "refusion"
+    ar = "ar"
+    llada = "llada"
+    dream = "dream"
+
+
+class PrecisionName(str, Enum):  # --mixed-precision's choices
+    no = "no"
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
+assert {name.value for name in ObjectiveName} == set(OBJECTIVES), "--objective's choices are OBJECTIVES' names"
+assert {name.value for name in PrecisionName} == set(MIXED_PRECISION), "--mixed-precision's are MIXED_PRECISION"
 
 SOURCE = "Model"
 SCHEDULE = "Optimisation"
@@ -161,7 +177,7 @@ class ProgressView:
             TextColumn("loss {task.fields[loss]}{task.fields[val]}"), TextColumn("{task.fields[tps]} tok/s"),
             TimeElapsedColumn(), TimeRemainingColumn(), console=console, disable=self.lines,
         )
-        self.task = None
+        self.task: TaskID | None = None  # the progress bar's, from on_start on
         self.total = self.last = 0
         self.every = 1
 
@@ -200,6 +216,7 @@ class ProgressView:
         self.progress.start()
 
     def on_step(self, record: StepRecord) -> None:
+        assert self.task is not None, "on_start comes first"
         self.progress.update(self.task, completed=record.step, loss=f"{record.loss:.4f}",
                              tps=f"{record.tokens_per_second:,.0f}")
         if self.lines and (record.step % self.every == 0 or record.step == self.last):
@@ -213,6 +230,7 @@ class ProgressView:
         self.progress.console.print(f"saved checkpoint {path} (step {step})", soft_wrap=True)
 
     def on_eval(self, record: EvalRecord) -> None:
+        assert self.task is not None, "on_start comes first"
         self.progress.update(self.task, val=f", val {record.loss:.4f}")
         self.progress.console.print(f"eval step {record.step}/{self.total}  val loss {record.loss:.4f} (ar "
                                     f"{record.ar_loss:.4f}, mdm {record.mdm_loss:.4f})  {record.examples:,} examples, "

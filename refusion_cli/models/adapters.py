@@ -27,7 +27,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -165,10 +165,12 @@ def apply_adapter(model: torch.nn.Module, adapter: Adapter, name: str, layout: N
            for stock, _ in model.named_modules() if stock}
     stock_targets = sorted(stock for stock, own_name in own.items()
                            if own_name is not None and check_target_module_exists(config, own_name))
+    if config.target_modules is None:
+        raise UserError(f"the adapter '{name}' names no target_modules")
     wanted = [config.target_modules] if isinstance(config.target_modules, str) else sorted(config.target_modules)
     for target in wanted:
         probe = copy.copy(config)
-        probe.target_modules = target if isinstance(config.target_modules, str) else {target}
+        probe.target_modules = target if isinstance(config.target_modules, str) else [target]
         if not any(own_name is not None and check_target_module_exists(probe, own_name) for own_name in own.values()):
             raise UserError(f"the adapter '{name}' targets {target}, which the {base_label} base has no module of",
                             hint="the adapter was made for another model family")
@@ -179,15 +181,16 @@ def apply_adapter(model: torch.nn.Module, adapter: Adapter, name: str, layout: N
     key_mapping = dict(layout.key_mapping) if layout is not None and layout.key_mapping else None
     weights = load_peft_weights(str(adapter.folder), device="cpu", key_mapping=key_mapping)
     try:
-        loaded = set_peft_model_state_dict(model, weights)
+        # torch's _IncompatibleKeys, which peft annotates as collections.namedtuple (the function)
+        missing_keys, unexpected_keys = cast("tuple[list[str], list[str]]", set_peft_model_state_dict(model, weights))
     except RuntimeError as exc:
         raise UserError(f"the adapter '{name}' does not fit the {base_label} base: {str(exc).splitlines()[0]}",
                         hint="the adapter was made for another model (family or size)") from None
-    if loaded.unexpected_keys:
+    if unexpected_keys:
         raise UserError(f"the adapter '{name}' has weights that land on no LoRA layer of the {base_label} base, e.g. "
-                        f"{loaded.unexpected_keys[0]}", hint="its config does not target every module it has weights "
+                        f"{unexpected_keys[0]}", hint="its config does not target every module it has weights "
                                                             "for, or it was made for another model family")
-    missing = [key for key in loaded.missing_keys if ".lora_" in key]
+    missing = [key for key in missing_keys if ".lora_" in key]
     if missing:
         raise UserError(f"the adapter '{name}' lacks weights for what it targets, e.g. {missing[0]}",
                         hint="its weight file may be incomplete")

@@ -35,7 +35,7 @@ import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import StrEnum
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -53,11 +53,14 @@ CONFIG_FILE = "config.json"
 LOAD_ERRORS = (OSError, ValueError, KeyError, AttributeError, TypeError, RuntimeError, ImportError, NotImplementedError)
 
 
-class Kind(StrEnum):
+class Kind(str, Enum):  # enum.StrEnum is Python 3.11's; the package runs on 3.10
     EMBEDDED = "embedded"  # shipped in refusion_cli/assets/<name>/
     FOLDER = "folder"  # a local checkpoint folder
     GGUF = "gguf"  # one llama.cpp file: config, tokenizer and weights (models.gguf)
     HUB = "hub"  # a hub id, read through the local Hugging Face cache
+
+    def __str__(self) -> str:  # the value, as StrEnum prints and formats it
+        return self.value
 
 
 @dataclass(frozen=True)
@@ -162,7 +165,9 @@ def resolve_checkpoint(name: str, trust_remote_code: bool = False) -> Checkpoint
     base, adapter_name = split_model(name)
     adapter = None if adapter_name is None else resolve_adapter(adapter_name)
     base_from_adapter = base is None
-    base = adapter.base if base is None else base
+    if base is None:  # an adapter folder alone (split_model names a checkpoint, an adapter or both)
+        assert adapter is not None
+        base = adapter.base
     if adapter is not None and kind_of(base) is Kind.GGUF:
         raise UserError(f"--model {name}: an adapter cannot go on a GGUF file")
     try:

@@ -27,10 +27,11 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
+from refusion_cli.decoding.batching import input_vocabulary
 from refusion_cli.decoding.registry import check_decoder_fits, decoder_spec
 from refusion_cli.errors import UserError
 from refusion_cli.models import gguf
@@ -39,6 +40,9 @@ from refusion_cli.models.checkpoint import (ASSETS, DEFAULT_MODEL, EMBEDDED, LOA
                                             embedded_path, first_line, is_embedded, resolve_checkpoint)
 from refusion_cli.models.devices import default_dtype, parse_device, parse_dtype
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedConfig
+
 MASK_TOKEN = "<|mask|>"
 inspect_checkpoint = resolve_checkpoint  # the name the serve command and the stand-in tests know it by
 
@@ -46,7 +50,7 @@ inspect_checkpoint = resolve_checkpoint  # the name the serve command and the st
 @dataclass
 class LoadedModel:
     model: torch.nn.Module
-    tokenizer: object  # a transformers tokenizer
+    tokenizer: Any  # a transformers tokenizer (its decode is typed str | list[str], for batches)
     mask_token_id: int | None  # None for plain AR checkpoints loaded with require_mask=False
     eos_token_id: int  # the end of a chat turn (see _eos_id); what training appends and padding uses
     pad_token_id: int
@@ -120,7 +124,7 @@ def load_model(
         make_bidirectional(model)
     model.to(device).eval().requires_grad_(False)
     stops = stop_ids(int(eos_id), getattr(model, "generation_config", None), model.config,
-                     vocab_size=model.get_input_embeddings().num_embeddings, name=name)
+                     vocab_size=input_vocabulary(model), name=name)
     adapter = None if checkpoint.adapter is None else str(checkpoint.adapter.folder)
     return LoadedModel(model, tokenizer, mask_id, int(eos_id), int(pad_id), checkpoint.family,
                        checkpoint.bidirectional, checkpoint.source, stops, checkpoint.shifted, adapter)
@@ -183,10 +187,10 @@ def load_weights(checkpoint: Checkpoint, dtype: torch.dtype) -> torch.nn.Module:
 def make_bidirectional(model: torch.nn.Module) -> None:
     """Full attention in every backend: the config's flag (masks) and every attention module's (SDPA and
     flash attention read it when no mask is passed)."""
-    model.config.is_causal = False
+    cast("PreTrainedConfig", model.config).is_causal = False
     for module in model.modules():
         if hasattr(module, "is_causal"):
-            module.is_causal = False
+            setattr(module, "is_causal", False)  # torch types a module attribute as a tensor or a module
 
 
 def _load_hint(checkpoint: Checkpoint) -> str:

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import TYPE_CHECKING, cast
 
 import torch
 
 from refusion_cli.errors import UserError
 from refusion_cli.training.config import TrainConfig
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 # What `accelerate launch` sets for a sharded config -> the distributed type Accelerate then reports.
 REQUESTED_SHARDING = {"ACCELERATE_USE_FSDP": "FSDP", "ACCELERATE_USE_DEEPSPEED": "DEEPSPEED"}
@@ -82,10 +86,11 @@ def check_accumulation(accelerator, config: TrainConfig) -> None:
 def enable_activation_checkpointing(model: torch.nn.Module) -> None:
     """Recompute each layer's activations in the backward pass (named `gradient_checkpointing` before 5.x)."""
     kwargs = {"use_reentrant": False}  # works with DDP and with frozen inputs
+    transformers_model = cast("PreTrainedModel", model)
     if hasattr(model, "activation_checkpointing_enable"):
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        transformers_model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        transformers_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 def micro_batch_size(global_batch: int, processes: int, grad_accum: int) -> int:

@@ -166,8 +166,9 @@ class ShuffledStream(Sampler[tuple[int, int]]):
             epoch, offset = epoch + 1, 0
 
 
-class ObjectiveDataset(Dataset):
-    """Builds the objective's sample for a (epoch, index) key, with a generator seeded from the key.
+class ExampleSamples(Dataset):
+    """The objective's samples of ``examples``, each drawn with a generator of a given seed (the subclasses
+    say which key a sample has, and which seed it draws with).
 
     For an objective with ``eos_padding`` (LLaDA) every response is first padded with EOS to
     ``response_length`` (default: the longest response of the data set), capped so that no row
@@ -186,10 +187,6 @@ class ObjectiveDataset(Dataset):
     def __len__(self) -> int:
         return len(self.examples)
 
-    def __getitem__(self, key: tuple[int, int]) -> Sample:
-        epoch, index = key
-        return self.sample(index, derived_seed(self.seed, "sample", epoch, index))
-
     def sample(self, index: int, seed: int) -> Sample:
         """The sample of example ``index``, its random choices drawn from a generator seeded with ``seed``."""
         generator = torch.Generator().manual_seed(seed)
@@ -202,7 +199,15 @@ class ObjectiveDataset(Dataset):
         return self.objective.build(example, self.mask_id, generator)
 
 
-class HeldOutDataset(ObjectiveDataset):
+class ObjectiveDataset(ExampleSamples):
+    """Builds the objective's sample for a (epoch, index) key, with a generator seeded from the key."""
+
+    def __getitem__(self, key: tuple[int, int]) -> Sample:
+        epoch, index = key
+        return self.sample(index, derived_seed(self.seed, "sample", epoch, index))
+
+
+class HeldOutDataset(ExampleSamples):
     """The eval set: example ``index`` always gets the sample of the generator seeded by (seed, "eval", index).
 
     The draws do not depend on the training step, the epoch, the batch or the process, and they take

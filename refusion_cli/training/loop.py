@@ -36,12 +36,14 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from types import FrameType
+from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 import torch
 from torch.utils.data import DataLoader
 
 from refusion_cli.decoding.stats import wide_float
+from refusion_cli.errors import UserError
 from refusion_cli.training import checkpoint as ckpt
 from refusion_cli.training.accelerator import (
     check_accumulation,
@@ -143,23 +145,29 @@ class TrainResult:
     stop_signal: int | None = None  # the signal that stopped an interrupted run (on this process)
 
 
-class TrainObserver:
-    """Receives progress on the main process; the CLI renders it. The default ignores everything."""
+class TrainObserver(Protocol):
+    """Receives progress on the main process; the CLI renders it (any class with these methods). A subclass
+    inherits these, which ignore everything."""
 
     def on_start(self, info: RunInfo) -> None:
-        pass
+        return None
 
     def on_step(self, record: StepRecord) -> None:
-        pass
+        return None
 
     def on_save(self, path: Path, step: int) -> None:
-        pass
+        return None
 
     def on_eval(self, record: EvalRecord) -> None:
-        pass
+        return None
 
     def on_complete(self, step: int, output: Path) -> None:
         """--resume found the run finished: all its steps done and the final model saved; nothing is trained."""
+        return None
+
+
+class SilentObserver(TrainObserver):
+    """Ignores every report: a run nobody watches."""
 
 
 class StopRequest:
@@ -170,9 +178,9 @@ class StopRequest:
     def __init__(self) -> None:
         self.requested = False
         self.signum: int | None = None  # the first signal received
-        self._previous: dict[int, object] = {}
+        self._previous: dict[int, Callable[[int, FrameType | None], Any] | int | signal.Handlers | None] = {}
 
-    def _handle(self, signum: int, frame: object) -> None:
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.requested and signum == signal.SIGINT:
             raise KeyboardInterrupt
         self.requested = True
@@ -219,7 +227,11 @@ def load_trainable(config: TrainConfig, resume_from: Path | None) -> TrainableMo
     if resume_from is not None:
         return load_checkpoint_for_training(str(resume_from))
     if config.init is not None:
+        if config.tokenizer is None:  # --resume found no checkpoint, whose tokenizer it would have taken
+            raise UserError("--init needs --tokenizer DIR (the vocabulary of the fresh model)")
         return build_tiny_model(config.init, load_tokenizer(config.tokenizer), config.model_config, config.seed)
+    if config.model is None:  # --resume found no checkpoint to go on from
+        raise UserError("nothing to train: give --model NAME_OR_PATH or --init tiny --tokenizer DIR")
     return load_checkpoint_for_training(config.model)
 
 
@@ -254,7 +266,7 @@ def train_model(config: TrainConfig, observer: TrainObserver | None = None) -> T
     """
     created = ckpt.missing_dirs(config.output)
     try:
-        return _train(config, observer or TrainObserver())
+        return _train(config, observer or SilentObserver())
     except BaseException:
         ckpt.remove_empty_dirs(created)
         raise
@@ -345,7 +357,7 @@ def check_inputs(config: TrainConfig) -> tuple[Path | None, tuple[str, str | Non
     return resume_from, digests
 
 
-def report_finished(config: TrainConfig, resume_from: Path, observer: TrainObserver, main: bool) -> TrainResult:
+def report_finished(config: TrainConfig, resume_from: Path | None, observer: TrainObserver, main: bool) -> TrainResult:
     """--resume found the run finished (all its steps done, the final model saved): nothing is trained."""
     if main:
         observer.on_complete(config.steps, config.output)
@@ -435,8 +447,11 @@ def eval_due(run: Run, step: int) -> bool:
 
 def validate(run: Run, step: int, eval_log: TextIO | None) -> None:
     """Score the held-out set after ``step``: every process scores, the main one logs and reports."""
-    record = evaluate(run.accelerator, run.model, run.eval_set, run.info.evaluation.batch_size, run.collate_fn, step)
-    if run.accelerator.is_main_process:
+    eval_set, evaluation = run.eval_set, run.info.evaluation
+    if eval_set is None or evaluation is None:
+        raise ValueError("a run without --eval-data has no held-out set to score")
+    record = evaluate(run.accelerator, run.model, eval_set, evaluation.batch_size, run.collate_fn, step)
+    if run.accelerator.is_main_process and eval_log is not None:  # the main process's log is open when it scores
         append_record(eval_log, record)
         run.observer.on_eval(record)
 

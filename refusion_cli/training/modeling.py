@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from huggingface_hub.errors import StrictDataclassError
@@ -24,6 +25,9 @@ from refusion_cli.errors import UserError
 from refusion_cli.training.objectives import Objective
 from refusion_cli.models.checkpoint import Checkpoint, Kind, kind_of, locate, resolve_checkpoint
 from refusion_cli.models.loading import MASK_TOKEN, find_mask_id, load_model
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedConfig, PreTrainedModel
 
 # Named configs for --init; every field can be overridden with --model-config.
 TINY_CONFIGS: dict[str, dict[str, int | float | bool]] = {
@@ -101,13 +105,14 @@ def check_model_fields(fields: dict[str, object]) -> None:
 
 def ensure_mask_token(model: torch.nn.Module, tokenizer) -> int:
     """Add ``<|mask|>`` (tokenizer, embeddings, config.mask_token_id) when missing; return its id."""
-    mask_id = find_mask_id(model.config, tokenizer)
+    transformers_model = cast("PreTrainedModel", model)
+    mask_id = find_mask_id(transformers_model.config, tokenizer)
     if mask_id is None:
         mask_id = add_mask_tokens(tokenizer)
-    rows = model.get_input_embeddings().weight.shape[0]
+    rows = cast(torch.nn.Embedding, transformers_model.get_input_embeddings()).weight.shape[0]
     if mask_id >= rows:
-        model.resize_token_embeddings(max(len(tokenizer), mask_id + 1))
-    model.config.mask_token_id = mask_id
+        transformers_model.resize_token_embeddings(max(len(tokenizer), mask_id + 1))
+    transformers_model.config.mask_token_id = mask_id
     return mask_id
 
 
@@ -159,7 +164,7 @@ def build_tiny_model(name: str, tokenizer, overrides: dict[str, object], seed: i
     mask_id = find_mask_id(None, tokenizer)
     if mask_id is None:
         mask_id = add_mask_tokens(tokenizer)
-    fields = {**TINY_CONFIGS[name], "vocab_size": len(tokenizer), **overrides}
+    fields: dict[str, Any] = {**TINY_CONFIGS[name], "vocab_size": len(tokenizer), **overrides}  # Qwen3Config checks
     check_model_fields(fields)  # the named config's heads with overridden kv heads, or the other way round
     if isinstance(fields["vocab_size"], int) and fields["vocab_size"] < len(tokenizer):
         raise UserError(f"--model-config vocab_size {fields['vocab_size']} is smaller than the tokenizer's "
@@ -191,7 +196,7 @@ def prepare_for_objective(model: torch.nn.Module, objective: Objective) -> None:
     """Record the attention the objective trains (and, for a masked-diffusion objective, whether it reads
     token i from position i-1: ``shifted_logits``, which decides between the dream and llada decoders);
     refuse backends and layouts the explicit masks cannot drive."""
-    config = model.config
+    config = cast("PreTrainedConfig", model.config)
     config.is_causal = not objective.bidirectional
     if objective.bidirectional:
         config.shifted_logits = objective.shifted

@@ -35,12 +35,16 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from refusion_cli.errors import UserError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedConfig
 
 SLOT_SIZES = (4, 8, 16, 32)  # k is drawn uniformly from these, once per example
 MASK_EPSILON = 1e-3  # ε: the floor of the masking probability p = (1 - ε) t + ε
@@ -333,7 +337,7 @@ def model_attention_mask(model: torch.nn.Module, allowed: torch.Tensor) -> dict[
     position ids as packed sequences (docs/training.md).
     """
     base = _base_model(model)
-    config = base.config
+    config = cast("PreTrainedConfig", base.config)
     if config._attn_implementation == "sdpa":
         mask = allowed
     else:  # eager: additive float mask

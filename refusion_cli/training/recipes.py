@@ -7,6 +7,8 @@ given explicitly replaces the recipe's epochs as a whole, since the two say the 
 
 from __future__ import annotations
 
+from typing import Any
+
 from refusion_cli.errors import UserError
 
 RECIPES: dict[str, dict[str, object]] = {
@@ -31,7 +33,7 @@ def recipe_values(name: str) -> dict[str, object]:
     return dict(RECIPES[name])
 
 
-def apply_recipe(name: str | None, options: dict[str, object], explicit: set[str]) -> dict[str, object]:
+def apply_recipe(name: str | None, options: dict[str, Any], explicit: set[str]) -> dict[str, Any]:
     """``options`` (TrainConfig keyword arguments) with recipe ``name`` filling every one not in ``explicit``."""
     if name is None:
         return dict(options)

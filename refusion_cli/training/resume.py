@@ -9,6 +9,8 @@ saved its final model is finished, not trained further. :func:`trainer_state` is
 
 from __future__ import annotations
 
+from typing import Any
+
 from refusion_cli.errors import UserError
 from refusion_cli.training import checkpoint as ckpt
 from refusion_cli.training.config import TrainConfig
@@ -64,12 +66,13 @@ def trainer_state(step: int, config: TrainConfig, settings: dict, examples: int,
     With --eval-data, ``eval_pending`` says the evaluation of this step was due but left to --resume.
     """
     consumed = step * config.batch_size
-    state = {"version": ckpt.STATE_VERSION, "step": step, "examples_consumed": consumed,
-             "epoch": consumed // examples, "run": settings, "processes": processes,
-             "rng": {"seed": config.seed, "data_order": "a permutation per epoch, seeded by (seed, epoch)",
-                     "samples": "a torch.Generator per example, seeded by (seed, epoch, example index)",
-                     "process_states": f"{ckpt.ACCELERATE_DIR}/random_states_<process>.pkl"},
-             "accelerate_state": ckpt.ACCELERATE_DIR}
+    state: dict[str, Any] = {
+        "version": ckpt.STATE_VERSION, "step": step, "examples_consumed": consumed,
+        "epoch": consumed // examples, "run": settings, "processes": processes,
+        "rng": {"seed": config.seed, "data_order": "a permutation per epoch, seeded by (seed, epoch)",
+                "samples": "a torch.Generator per example, seeded by (seed, epoch, example index)",
+                "process_states": f"{ckpt.ACCELERATE_DIR}/random_states_<process>.pkl"},
+        "accelerate_state": ckpt.ACCELERATE_DIR}
     if config.eval_data is not None:
         state["rng"]["eval_samples"] = "a torch.Generator per eval example, seeded by (seed, 'eval', example index)"
         state["eval_pending"] = eval_pending
