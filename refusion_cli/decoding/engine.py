@@ -104,7 +104,8 @@ class _Row:
     feed: Any = None
     forwards: int = 0  # model calls the row took part in
     records: int = 0  # step records of this run of the row
-    prefix: dict[int, int] = field(default_factory=dict)  # committed tokens by offset (with a stop rule)
+    prefix: list[int] = field(default_factory=list)  # the committed prefix (with a stop rule)
+    committed: dict[int, int] = field(default_factory=dict)  # committed tokens right of a gap, by offset
     stop_at: int | None = None  # tokens kept when the stop rule ended the row
 
 
@@ -242,10 +243,10 @@ class Engine:
         row.records += 1
         if row.request.stop is not None and row.stop_at is None:
             for commit in commits(record):
-                row.prefix[commit.offset] = commit.token
-            prefix = list(itertools.takewhile(lambda token: token is not None,
-                                              (row.prefix.get(offset) for offset in itertools.count())))
-            row.stop_at = row.request.stop(prefix)
+                row.committed[commit.offset] = commit.token
+            while len(row.prefix) in row.committed:  # the prefix grows by what now joins it, never rebuilt
+                row.prefix.append(row.committed.pop(len(row.prefix)))
+            row.stop_at = row.request.stop(row.prefix)
         if row.request.on_step is not None and row.records > row.request.reported:
             row.request.reported = row.records
             row.request.on_step(record)
@@ -265,7 +266,7 @@ class Engine:
             return
         if row.stop_at is not None:
             row.program.close()
-            prefix = [row.prefix[offset] for offset in range(row.stop_at)]
+            prefix = row.prefix[: row.stop_at]
             stats = DecodeStats(forwards=row.forwards, tokens=len(prefix), seconds=row.clock.latency())
             self._retire(row, Finished(DecodeResult(prefix, stats), stopped=True))
 

@@ -1,7 +1,7 @@
 """The server's Prometheus metrics (``GET /metrics``), in a registry of their own per server.
 
 Names: ``refusion_queue_depth`` and ``refusion_running_rows`` (gauges), ``refusion_batch_rows`` (rows
-in each padded model call), ``refusion_model_calls_total``, ``refusion_generated_tokens_total`` and
+in each model call), ``refusion_model_calls_total``, ``refusion_generated_tokens_total`` and
 ``refusion_forwards_total`` (forwards summed over rows: a call shared by r rows counts r times, the
 toolkit's counting rule), ``refusion_stream_chunks_total`` (stream chunks that carried commits: tokens
 over chunks is how many tokens a chunk carries), ``refusion_time_to_first_byte_seconds`` (request received to the first
@@ -28,9 +28,9 @@ class ServeMetrics(EngineStats):
         r = self.registry
         self.queue_depth = Gauge("refusion_queue_depth", "requests waiting for a row", registry=r)
         self.running_rows = Gauge("refusion_running_rows", "rows being decoded", registry=r)
-        self.batch_rows = Histogram("refusion_batch_rows", "rows in each padded model call", buckets=ROW_BUCKETS,
+        self.batch_rows = Histogram("refusion_batch_rows", "rows in each model call", buckets=ROW_BUCKETS,
                                     registry=r)
-        self.model_calls = Counter("refusion_model_calls", "padded model calls", registry=r)
+        self.model_calls = Counter("refusion_model_calls", "model calls", registry=r)
         self.tokens = Counter("refusion_generated_tokens", "response tokens (up to and including EOS)", registry=r)
         self.forwards = Counter("refusion_forwards", "forwards, summed over rows", registry=r)
         self.ttfb = Histogram("refusion_time_to_first_byte_seconds", "request received to first byte of its answer",
