@@ -61,15 +61,11 @@ from refusion_cli.decoding.mdm import (
     CanvasPasses,
     CanvasStep,
     ReadLogits,
-    check_blocks,
-    check_fast_options,
-    choose_positions,
     even_schedule,
-    forbid_mask,
     logit_chunks,
-    sample,
-    uniform,
 )
+from refusion_cli.decoding.mdm_sampling import (check_blocks, check_fast_options, choose_positions, forbid_mask,
+                                               sample, uniform)
 from refusion_cli.decoding.stats import DecodeResult
 
 ALGORITHMS = ("origin", "maskgit_plus", "topk_margin", "entropy")

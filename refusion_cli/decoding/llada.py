@@ -41,14 +41,10 @@ from refusion_cli.decoding.mdm import (
     Canvas,
     CanvasPasses,
     CanvasStep,
-    check_blocks,
-    check_fast_options,
-    choose_positions,
     even_schedule,
-    forbid_mask,
     plain_logits,
-    uniform,
 )
+from refusion_cli.decoding.mdm_sampling import check_blocks, check_fast_options, choose_positions, forbid_mask, uniform
 from refusion_cli.decoding.stats import DecodeResult, wide_float
 
 REMASKING = ("low_confidence", "random")

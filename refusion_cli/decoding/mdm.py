@@ -1,5 +1,6 @@
-"""What the masked-diffusion samplers (LLaDA, Dream) share: the canvas, the block loop, the model
-calls with an optional prefix or dual cache, and the choice of positions to unmask.
+"""What the masked-diffusion samplers (LLaDA, Dream) share: the canvas, the block loop and the model
+calls with an optional prefix or dual cache (their options checked and the choice of positions to unmask:
+``mdm_sampling``).
 
 The *canvas* is the prompt followed by ``gen_length`` mask tokens ([P + L]); a sampler replaces
 masks by tokens, block by block (left to right), a few per step, and never changes a token once it
@@ -47,9 +48,8 @@ import torch
 from transformers import DynamicCache, PreTrainedConfig
 
 from refusion_cli.decoding.cache import additive_mask, mask_argument
-from refusion_cli.decoding.config import ConfigError, check_non_negative, check_positive, check_probability
 from refusion_cli.decoding.stats import (BatchClock, DecodeResult, DecodeStats, EosIds, cache_argument, count_call,
-                                         cut_after_eos, kept_logits, logits_at, timed_call, wide_float)
+                                         cut_after_eos, kept_logits, logits_at, timed_call)
 
 T = TypeVar("T")
 
@@ -83,42 +83,13 @@ class Block:
 
 
 # ---------------------------------------------------------------------------------------------
-# config checks shared by LLaDAConfig and DreamConfig
-
-
-def check_blocks(gen_length: int, steps: int, block_length: int) -> None:
-    """Blocks must tile the response and steps must split evenly over the blocks."""
-    check_positive("gen_length", gen_length)
-    check_positive("steps", steps)
-    check_positive("block_length", block_length)
-    if gen_length % block_length:
-        raise ConfigError(f"gen_length ({gen_length}) must be a multiple of block_length ({block_length})")
-    n_blocks = gen_length // block_length
-    if steps % n_blocks:
-        raise ConfigError(f"steps ({steps}) must be a multiple of the number of blocks "
-                          f"(gen_length / block_length = {n_blocks})")
-
-
-def check_fast_options(threshold: float | None, use_cache: bool, dual_cache: bool, temperature: float) -> None:
-    """The Fast-dLLM options and the sampling temperature."""
-    if threshold is not None:
-        check_probability("threshold", threshold)
-    for name, value in (("use_cache", use_cache), ("dual_cache", dual_cache)):
-        if not isinstance(value, bool):
-            raise ConfigError(f"{name} must be true or false, got {value!r}")
-    if dual_cache and not use_cache:
-        raise ConfigError("dual_cache extends the prefix cache: set use_cache=true with it")
-    check_non_negative("temperature", temperature)
+# the canvas
 
 
 def even_schedule(n_masked: int, steps: int) -> list[int]:
     """Tokens to unmask at each of ``steps`` steps: n // steps each, the remainder on the first steps."""
     base, remainder = divmod(n_masked, steps)
     return [base + 1 if step < remainder else base for step in range(steps)]
-
-
-# ---------------------------------------------------------------------------------------------
-# the canvas
 
 
 class Canvas:
@@ -522,66 +493,3 @@ def canvas_row(prompt: torch.Tensor, gen_length: int,
     report = None if on_step is None or clock is None else functools.partial(report_to, clock, on_step)
     canvas = Canvas(prompt, gen_length, mask_token_id=mask_token_id, eos_token_id=eos_token_id, report=report)
     return program(canvas, generator)
-
-
-# ---------------------------------------------------------------------------------------------
-# choosing what to unmask
-
-
-def uniform(shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
-    """U(0, 1) float64 draws (float32 on MPS) from ``generator`` (on its own device), moved to ``device``."""
-    noise_device = generator.device if generator is not None else device
-    wide = wide_float(torch.device(device))
-    return torch.rand(shape, generator=generator, dtype=wide, device=noise_device).to(device)
-
-
-def sample(weights: torch.Tensor, count: int, generator: torch.Generator | None) -> torch.Tensor:
-    """``count`` indices per row of ``weights`` [..., V] drawn without replacement (on the generator's device)."""
-    draw_device = generator.device if generator is not None else weights.device
-    picked = torch.multinomial(weights.to(draw_device), count, replacement=False, generator=generator)
-    return picked.to(weights.device)
-
-
-def forbid_mask(logits: torch.Tensor, mask_token_id: int) -> torch.Tensor:
-    """Logits with the mask token made impossible: a prediction must never be the mask itself."""
-    logits = logits.clone()
-    logits[..., mask_token_id] = float("-inf")
-    return logits
-
-
-def choose_positions(
-    confidence: torch.Tensor,
-    token_prob: torch.Tensor,
-    masked: torch.Tensor,
-    *,
-    count: int,
-    threshold: float | None,
-    limit: int | None = None,
-    alg_temp: float = 0.0,
-    generator: torch.Generator | None = None,
-) -> torch.Tensor:
-    """Block offsets to unmask this step, best first ([n] long).
-
-    ``confidence`` [B] ranks the masked positions (``masked`` [B]), ``token_prob`` [B] is the
-    probability of each position's predicted token. With ``threshold`` (Fast-dLLM) the best
-    position is always taken and every other masked one whose token probability is >= threshold,
-    among the ``limit`` best ranked (None: all); otherwise ``count`` positions: the top ``count``,
-    or, with ``alg_temp`` > 0 (Dream), drawn from softmax(confidence / alg_temp). Equal confidences
-    (frequent with bf16 probabilities) go leftmost first: torch.topk leaves the choice among ties
-    unspecified (the CPU's differs from the GPU's), so the ranking comes from a stable sort instead.
-    """
-    ranked = torch.where(masked, confidence.to(wide_float(confidence.device)), float("-inf"))  # [B]
-    n_masked = int(masked.sum())
-    if n_masked == 0:
-        return torch.zeros(0, dtype=torch.long, device=masked.device)
-    if threshold is not None:
-        best_first = ranked.sort(descending=True, stable=True).indices[: n_masked if limit is None else limit]
-        taken = token_prob[best_first] >= threshold
-        taken[0] = True
-        return best_first[taken]
-    count = min(count, n_masked)
-    if count == 0:
-        return torch.zeros(0, dtype=torch.long, device=masked.device)
-    if alg_temp > 0:
-        return sample(torch.softmax(ranked / alg_temp, dim=-1), count, generator)
-    return ranked.sort(descending=True, stable=True).indices[:count]

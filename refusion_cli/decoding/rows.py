@@ -96,7 +96,8 @@ def ar_rows(calls: SharedCalls, index: int, prompt: torch.Tensor, config: Any, o
             generator: torch.Generator | None, on_step: Callable[[Any], None] | None,
             clock: BatchClock | None) -> RowProgram:
     """Greedy decoding (``ar.greedy_lane``); takes no generator."""
-    return ar_row(cast(Lanes, calls), index, prompt, config.gen_length, set(eos_ids(options.eos_token_id)), on_step, clock)
+    return ar_row(cast(Lanes, calls), index, prompt, config.gen_length, set(eos_ids(options.eos_token_id)), on_step,
+                  clock)
 
 
 def refusion_rows(calls: SharedCalls, index: int, prompt: torch.Tensor, config: Any, options: RowOptions,
