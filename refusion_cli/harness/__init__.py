@@ -7,6 +7,7 @@
 - ``answers``: from a response's ids to the scored text, per protocol (the end token, special tokens, stops)
 - ``evaluation``: one benchmark's lm-eval tasks run with one model (``run_task``)
 - ``runner``: ``run_eval`` behind ``refusion eval`` (planning, per-sample journal, resume, reports)
+- ``eval_options``: what ``refusion eval`` is asked (``EvalOptions``), the decoder runs it makes, its paths checked
 - ``journal``, ``scoring``, ``report``: per-sample records, per-sample scores, result tables
 - ``task_hooks``: the ``!function`` hooks of the task YAMLs (synthetic exact match, code pass@1)
 - ``paper_filters``, ``paper_code``, ``paper_math``: the ``!function`` hooks of the paper's task YAMLs

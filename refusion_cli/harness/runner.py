@@ -41,11 +41,9 @@ else one block (``registry.length_settings``), unless ``steps`` / ``block_length
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import hashlib
 import json
 import os
-import re
 import sys
 import tempfile
 from collections.abc import Callable
@@ -53,26 +51,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from refusion_cli.decoding.config import ConfigError
-from refusion_cli.decoding.memory import parse_memory
 from refusion_cli.decoding.registry import decoder_spec
-from refusion_cli.decoding.spec import (PRESET_DECODER, DecoderChoice, parse_assignments, parse_decoder_options,
-                                        require_refusion)
+from refusion_cli.decoding.spec import parse_decoder_options, require_refusion
 from refusion_cli.decoding.stats import mean_tps, run_tps
-from refusion_cli.decoding.variants import PAPER, Variant, asked_variants, first_option, variant_label, variant_options
+from refusion_cli.decoding.variants import PAPER, Variant, asked_variants, first_option, variant_options
 from refusion_cli.errors import UserError
 from refusion_cli.harness.download import download_missing
+# the options and their checks live in eval_options; every name is importable from here too, as it was
+from refusion_cli.harness.eval_options import (DecoderRun, EvalOptions, Table1Selection, check_data_dir,
+                                               data_file_options, decoder_runs, default_output, has_results,
+                                               make_output, table1_models)
 from refusion_cli.harness.journal import JournalObserver, SampleJournal, journal_files, read_records
-from refusion_cli.harness.report import METRICS_FILE, RunResult, merge_results, read_results, write_reports
+from refusion_cli.harness.report import RunResult, merge_results, read_results, write_reports
 from refusion_cli.harness.scoring import TaskScorer
 from refusion_cli.harness.answers import answer_rule
 from refusion_cli.harness.evaluation import run_task, seed_lm_eval
 from refusion_cli.harness.manifest import EvalProtocol, Table1Row, table1_rows
-from refusion_cli.harness.model_args import AUTO, batch_size_value
 from refusion_cli.harness.suite import (Benchmark, RenderedTask, Suite, check_data, data_root, load_suite, load_tasks,
                                         render)
 from refusion_cli.models.chat import require_chat_template
-from refusion_cli.models.checkpoint import Checkpoint, checkpoint_label, resolve_checkpoint
+from refusion_cli.models.checkpoint import Checkpoint, resolve_checkpoint
 from refusion_cli.models.devices import free_device_memory, parse_device, parse_dtype
 from refusion_cli.models.loading import LoadedModel, check_model_fits
 from refusion_cli.paths import check_output_dir
@@ -81,59 +79,6 @@ if TYPE_CHECKING:
     import torch
 
     from refusion_cli.harness.lm_adapters import DecoderLM
-
-
-@dataclass(frozen=True)
-class Table1Selection:
-    """``refusion eval --table1``: the paper's Table 1 rows, each its own decoder on its checkpoint (and adapter)
-    as the registry names them (``manifest.table1``)."""
-
-    rows: tuple[str, ...] = ()  # each a row's number or name (``--rows``); empty: all nine
-    checkpoints: Path | None = None  # the folder holding each checkpoint and adapter under its hub name; None: the hub
-
-
-@dataclass(frozen=True)
-class EvalOptions:
-    tasks: list[str]  # benchmark names as the user gave them (short, lm-eval, "paper", "all")
-    decoders: list[str]  # empty with table1 (each row names its own)
-    output: Path
-    models: list[str] = field(default_factory=list)  # "PATH" (every decoder) or "decoder=PATH"
-    overrides: list[str] = field(default_factory=list)  # "key=value" or "decoder.key=value"
-    preset: str | None = None  # a preset for every benchmark, of each decoder that has it (default: the suite's)
-    limit: int | None = None  # documents per lm-eval task (0: plan and check only, evaluate nothing)
-    data_dir: Path | None = None
-    data_files: list[str] = field(default_factory=list)  # "benchmark=PATH"
-    download: bool = False  # fetch the benchmark files missing under data_dir from the hub while planning
-    confirm_run_unsafe_code: bool = False
-    device: str | None = None
-    dtype: str | None = None
-    seed: int = 0
-    trust_remote_code: bool = False
-    batch_size: int | str = 1  # requests decoded together (answers: batch 1's up to float rounding), or "auto"
-    max_memory: str | None = None  # with batch_size "auto": what the weights and rows may take ("20GiB")
-    causal_fix: bool = False  # also evaluate ReFusion with causal_fix=True (decoding.variants)
-    causal_first: bool = False  # also evaluate ReFusion with causal_first=True (and both, with causal_fix)
-    recheck: bool = False  # also evaluate ReFusion with recheck=True (and all three, with the other two)
-    protocol: EvalProtocol = EvalProtocol.PAPER  # whose task definitions: the paper's runs or lm-eval's own
-    table1: Table1Selection | None = None  # the decoders and models are Table 1's rows (None: decoders and models)
-
-    def __post_init__(self) -> None:
-        if self.table1 is not None and (self.decoders or self.models):
-            raise UserError("--table1 runs each row's own decoder on its own checkpoint; it takes no --decoder or "
-                            "--model", hint="pick rows with --rows, and give their folder with --checkpoints")
-        try:
-            object.__setattr__(self, "protocol", EvalProtocol(self.protocol))
-        except ValueError:
-            raise UserError(f"unknown protocol '{self.protocol}'; choose from "
-                            f"{', '.join(p.value for p in EvalProtocol)}") from None
-        try:
-            object.__setattr__(self, "batch_size", batch_size_value(self.batch_size))
-            if self.max_memory is not None:
-                parse_memory(self.max_memory)
-        except ConfigError as error:
-            raise UserError(f"--{str(error).replace('_', '-')}") from None
-        if self.max_memory is not None and self.batch_size != AUTO:
-            raise UserError("--max-memory bounds --batch-size auto", hint="add --batch-size auto, or leave --max-memory out")
 
 
 class EvalObserver(JournalObserver, Protocol):
@@ -152,69 +97,7 @@ class SilentObserver:
     def on_run_end(self, result: RunResult) -> None: ...
 
 
-@dataclass(frozen=True)
-class DecoderRun:
-    decoder: str
-    model: str
-    label: str  # "decoder:model" ("refusion (recheck):model" for a variant), the summary row
-    file_label: str  # the label as a file name
-    choice: DecoderChoice  # the decoder options as given (preset, --set)
-    variant: Variant = PAPER  # ReFusion's decoding variant (decoding.variants)
-
-    def config(self, benchmark: Benchmark) -> Any:
-        """The decoder config for one benchmark: the ``--preset`` or the benchmark's own preset, the
-        benchmark's response budget, then the ``--set`` overrides."""
-        return self.choice.config(benchmark.gen_length, preset=benchmark.preset)
-
-
-# --- option parsing ----------------------------------------------------------------------------
-
-
-def default_output(tasks: list[str], today: dt.date | None = None) -> Path:
-    name = "+".join(tasks) if tasks else "eval"
-    return Path("results") / f"{(today or dt.date.today()).isoformat()}-{re.sub(r'[^A-Za-z0-9_.+-]', '_', name)}"
-
-
-def decoder_runs(choices: list[DecoderChoice], variants: list[Variant] | None = None) -> list[DecoderRun]:
-    """The summary row label of each decoder and its checkpoint (``decoder:model``, the checkpoint's
-    :func:`~refusion_cli.models.checkpoint.checkpoint_label`). ReFusion's ``variants`` follow its own row,
-    each a row of its own ("refusion (recheck):model")."""
-    runs = []
-    for choice in choices:
-        model = choice.checkpoint
-        for variant in [PAPER, *(variants or [])] if choice.decoder == PRESET_DECODER else [PAPER]:
-            label = f"{variant_label(choice.decoder, variant)}:{checkpoint_label(model)}"
-            runs.append(DecoderRun(choice.decoder, model, label,
-                                   re.sub(r"[^A-Za-z0-9_.-]", "_", label.replace(":", "__")), choice, variant))
-    return runs
-
-
-def table1_models(rows: list[Table1Row], checkpoints: Path | None) -> list[str]:
-    """Each row's ``DECODER=CHECKPOINT`` (``BASE+ADAPTER`` for an adapter row): its folders under ``checkpoints``,
-    named as their hub ids' names (``DIR/LLaDA-8B-Instruct+DIR/D2F_LLaDA_Instruct_8B_Lora``), or with no folder the
-    hub ids. A folder that is not there is one error naming each row that lacks one, before anything loads."""
-    if checkpoints is None:
-        return [f"{row.decoder}={'+'.join(name for name in (row.checkpoint, row.adapter) if name)}" for row in rows]
-    root = checkpoints.expanduser()
-    if not root.is_dir():
-        raise UserError(f"--checkpoints {checkpoints} does not exist or is not a directory",
-                        hint="give the folder that holds each row's checkpoint under its hub name")
-    if "+" in str(root) and any(row.adapter for row in rows):
-        raise UserError(f"--checkpoints {checkpoints}: the path holds '+', which joins a base and its adapter "
-                        "(BASE+ADAPTER)", hint="move or link the folder to a path without '+'")
-    missing: dict[Path, list[Table1Row]] = {}  # a folder that is not there -> the rows that need it
-    for row in rows:
-        for folder in row.folders:
-            if not (root / folder).is_dir():
-                missing.setdefault(root / folder, []).append(row)
-    if missing:
-        lacks = "; ".join(f"{path} for row{'s' if len(needing) > 1 else ''} "
-                          f"{', '.join(str(row.number) for row in needing)} ({', '.join(row.name for row in needing)})"
-                          for path, needing in missing.items())
-        raise UserError(f"--checkpoints {checkpoints} lacks {len(missing)} folder(s) of Table 1's rows: {lacks}",
-                        hint="put each checkpoint and adapter there in a folder named as its hub id's last part "
-                             "(docs/checkpoints.md), or pick the rows you have with --rows")
-    return [f"{row.decoder}={'+'.join(str(root / folder) for folder in row.folders)}" for row in rows]
+# --- the journal key ---------------------------------------------------------------------------
 
 
 def model_fingerprint(model: str, trust_remote_code: bool = False) -> str:
@@ -266,53 +149,6 @@ def config_hash(decoder: str, config: Any, fingerprint: str, seed: int, chat_tem
         material["protocol"] = EvalProtocol.PAPER.value
         material["answers"] = ANSWERS_REVISION  # the answer handling of the paper's scripts (harness.answers)
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:12]
-
-
-def data_file_options(values: list[str], benchmarks: list[Benchmark]) -> dict[str, Path]:
-    names = {b.name: b for b in benchmarks} | {b.lm_eval_task: b for b in benchmarks}
-    given: dict[str, str] = {}
-    for key, path in parse_assignments(values, "--data-file"):
-        if key not in names:
-            raise UserError(f"--data-file {key}=...: '{key}' is not one of the selected tasks ({', '.join(b.name for b in benchmarks)})")
-        name = names[key].name
-        if given.get(name, path) != path:
-            raise UserError(f"--data-file gives {name} two files: {given[name]} and {path}")
-        given[name] = path
-    return {name: Path(path).expanduser() for name, path in given.items()}
-
-
-def check_data_dir(data_dir: Path, rendered: dict[str, RenderedTask], download: bool = False) -> None:
-    """``--data-dir`` must exist (or, with ``download``, not be a file: it is created) and hold a file
-    that a selected benchmark reads."""
-    root = data_dir.expanduser()
-    if not root.is_dir() and not (download and not root.exists()):
-        raise UserError(f"--data-dir {data_dir} does not exist or is not a directory",
-                        hint="give the folder holding the benchmark files, laid out as in evals/README.md")
-    if not any(root.resolve() in path.parents for task in rendered.values() for path in task.data_files):
-        raise UserError(f"--data-dir {data_dir} has no effect: no selected task ({', '.join(rendered)}) reads a "
-                        "file from it", hint="drop --data-dir; --data-file TASK=PATH replaces the file of one task")
-
-
-def make_output(output: Path) -> bool:
-    """Create the run directory; True when this call created it (so a failed run may remove it)."""
-    if output.is_dir():
-        return False
-    try:
-        output.mkdir(parents=True)
-    except FileExistsError:
-        return False  # another process of a data-parallel run made it first
-    except OSError as exc:
-        raise UserError(f"cannot create the output directory {output}: {exc.strerror}",
-                        hint="pick a folder you can write to") from None
-    return True
-
-
-def has_results(output: Path) -> bool:
-    """Whether ``output`` holds a journaled sample or a report (what a rerun resumes from)."""
-    if (output / METRICS_FILE).exists():
-        return True
-    samples = output / "samples"
-    return samples.is_dir() and any(p.is_file() and p.stat().st_size > 0 for p in samples.rglob("*"))
 
 
 # --- the run -----------------------------------------------------------------------------------
