@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Sequence
+from typing import Any
 from pathlib import Path
 
 from refusion_cli.bench.frontier import FrontierPoint
@@ -86,16 +87,16 @@ def frontier_figure(rows: Sequence[BenchRow]):
         mine = [row for row in scored if row.decoder == label]
         for row in mine:
             marker = MARKERS[lengths.index(row.gen_length) % len(MARKERS)]
-            axes.scatter(row.tps, row.accuracy * 100, color=f"C{color}", marker=marker, s=60, zorder=3,
+            axes.scatter(row.tps, _accuracy(row) * 100, color=f"C{color}", marker=marker, s=60, zorder=3,
                          label=label if row is mine[0] else None)
     if len(lengths) > 1:  # one marker per length, explained in the legend
         for index, length in enumerate(lengths):
             axes.scatter([], [], color="grey", marker=MARKERS[index % len(MARKERS)], label=f"gen_length {length}")
-    frontier = pareto_frontier([(row.tps, row.accuracy * 100) for row in scored])
+    frontier = pareto_frontier([(row.tps, _accuracy(row) * 100) for row in scored])
     if len(frontier) > 1:  # one point that beats all others draws no line
         axes.plot([tps for tps, _ in frontier], [acc for _, acc in frontier], color="grey", linestyle="--",
                   linewidth=1, zorder=2, label="frontier")
-    accuracies = [row.accuracy * 100 for row in scored]
+    accuracies = [_accuracy(row) * 100 for row in scored]
     low, high = max(0.0, min(accuracies) - 5), min(100.0, max(accuracies) + 5) if max(accuracies) > 0 else 5
     margin = (high - low) * 0.05  # a point at 0 or 100 % is drawn whole, not cut by the frame
     axes.set_ylim(low - margin, high + margin)
@@ -143,7 +144,7 @@ def sweep_frontier_figure(points: Sequence[FrontierPoint], speed: str):
         axes.set_ylabel("accuracy (%)")
         axes.set_title(f"gen_length {length}: every setting; lines: each decoder's front", fontsize=9)
         axes.grid(alpha=0.3)
-    legend = {}  # label -> handle, over every panel (a decoder may miss a length)
+    legend: dict[str, Any] = {}  # label -> handle, over every panel (a decoder may miss a length)
     for axes in panels:
         for handle, label in zip(*axes.get_legend_handles_labels()):
             legend.setdefault(label, handle)
@@ -180,3 +181,9 @@ def length_figure(rows: Sequence[BenchRow]):
     latency_axes.set_title("Latency against response length")
     figure.legend(*tps_axes.get_legend_handles_labels(), fontsize=8, loc="outside right upper")  # covers no line
     return figure
+
+
+def _accuracy(row: BenchRow) -> float:
+    """A scored row's accuracy (the rows plotted are those that have one)."""
+    assert row.accuracy is not None
+    return row.accuracy

@@ -107,8 +107,8 @@ class BenchSettings:
             if stray:
                 raise UserError(f"{option} names {', '.join(stray)}, which is not among the decoders benchmarked "
                                 f"({', '.join(self.decoders)})")
-        if (option := first_option(self.causal_fix, self.causal_first, self.recheck)) is not None:
-            require_refusion(option, self.decoders, "benchmarked")
+        if (flag := first_option(self.causal_fix, self.causal_first, self.recheck)) is not None:
+            require_refusion(flag, self.decoders, "benchmarked")
         if self.sweep:
             check_swept_overrides(self.overrides)
         if self.preset is not None:

@@ -72,7 +72,7 @@ from refusion_cli.bench.runner import (
 )
 from refusion_cli.cli.options import (DECODER_NAMES, PATH_OPTION, CausalFirstOpt, CausalFixOpt, DecodersOpt, DeviceOpt,
                                       DtypeOpt, ModelsOpt, MultiValues, PresetOpt, RecheckOpt, SeedOpt, SetOpt,
-                                      TrustRemoteCodeOpt, in_panel, option_values, route_stray_values, split_commas)
+                                      TrustRemoteCodeOpt, panel_option, option_values, route_stray_values, split_commas)
 from refusion_cli.cli.output import console, print_table, quiet_library_output
 from refusion_cli.decoding.memory import parse_memory
 from refusion_cli.decoding.registry import BASELINE
@@ -90,9 +90,9 @@ MACHINE = "Machine"
 def bench(
     tps: Annotated[bool, typer.Option("--tps", help="measure decoding speed (tokens per second); the default and, "
                                       "for now, the only benchmark", rich_help_panel=RUN)] = True,
-    decoder: in_panel(DecodersOpt, RUN, help=f"decoders to compare ({DECODER_NAMES}); default: "
-                      f"{' '.join(DEFAULT_DECODERS)}") = None,
-    model: in_panel(ModelsOpt, RUN) = None,
+    decoder: Annotated[list[str] | None, panel_option(DecodersOpt, RUN, help=f"decoders to compare ({DECODER_NAMES}); default: "
+                      f"{' '.join(DEFAULT_DECODERS)}")] = None,
+    model: Annotated[list[str] | None, panel_option(ModelsOpt, RUN)] = None,
     prompts: Annotated[Path | None, typer.Option("--prompts", **PATH_OPTION, help="JSONL with a 'prompt' or "
                                                  "'question' field and an optional 'target'; default: the "
                                                  "synthetic task", rich_help_panel=RUN)] = None,
@@ -109,14 +109,14 @@ def bench(
     max_memory: Annotated[str | None, typer.Option("--max-memory", help="with --batch-size auto: what the weights "
                                                    "and rows may take, e.g. 20GiB (default: a GPU's free memory, "
                                                    "or the available RAM)", rich_help_panel=RUN)] = None,
-    set_options: in_panel(SetOpt, RUN) = None,
-    preset: in_panel(PresetOpt, RUN) = None,
+    set_options: Annotated[list[str] | None, panel_option(SetOpt, RUN)] = None,
+    preset: Annotated[str | None, panel_option(PresetOpt, RUN)] = None,
     ablation: Annotated[bool, typer.Option("--ablation/--no-ablation", help="also time ReFusion recomputing the "
                                            "KV cache (kv_reuse=False), the paper's ablation",
                                            rich_help_panel=RUN)] = True,
-    causal_fix: in_panel(CausalFixOpt, RUN) = False,
-    causal_first: in_panel(CausalFirstOpt, RUN) = False,
-    recheck: in_panel(RecheckOpt, RUN) = False,
+    causal_fix: Annotated[bool, panel_option(CausalFixOpt, RUN)] = False,
+    causal_first: Annotated[bool, panel_option(CausalFirstOpt, RUN)] = False,
+    recheck: Annotated[bool, panel_option(RecheckOpt, RUN)] = False,
     sweep: Annotated[bool, typer.Option("--sweep", help="also time each decoder over a grid of its parallelism "
                                         "settings, a row each (refusion: k, b, τ_slot/τ_token; llada, dream: steps "
                                         "and threshold with cache), and write frontier.csv, frontier_tps.png and "
@@ -126,18 +126,18 @@ def bench(
                                         rich_help_panel=MEASURE)] = 1,
     repeats: Annotated[int, typer.Option("--repeats", help="timed decodes of every prompt",
                                          rich_help_panel=MEASURE)] = 1,
-    seed: in_panel(SeedOpt, MEASURE, help="seed of the sampling noise (prompt i uses seed + i)") = 0,
+    seed: Annotated[int, panel_option(SeedOpt, MEASURE, help="seed of the sampling noise (prompt i uses seed + i)")] = 0,
     output: Annotated[Path, typer.Option("--output", "-o", **PATH_OPTION, help="directory for bench.csv, "
                                          "samples.csv, bench.md, run.json and the plots",
                                          rich_help_panel=MEASURE)] = Path("results/bench"),
     resume: Annotated[bool, typer.Option("--resume", help="continue the interrupted run in --output: keep its "
                                          "finished rows, measure the others (needs the same options and machine)",
                                          rich_help_panel=MEASURE)] = False,
-    device: in_panel(DeviceOpt, MACHINE) = None,
-    dtype: in_panel(DtypeOpt, MACHINE) = None,
+    device: Annotated[str | None, panel_option(DeviceOpt, MACHINE)] = None,
+    dtype: Annotated[str | None, panel_option(DtypeOpt, MACHINE)] = None,
     threads: Annotated[int | None, typer.Option("--threads", help="torch CPU threads",
                                                 rich_help_panel=MACHINE)] = None,
-    trust_remote_code: in_panel(TrustRemoteCodeOpt, MACHINE) = False,
+    trust_remote_code: Annotated[bool, panel_option(TrustRemoteCodeOpt, MACHINE)] = False,
     stray: Annotated[list[str] | None, typer.Argument(
         hidden=True, show_default=False, metavar="VALUES",
         help="more values of --decoder, --gen-length, --model, --set")] = None,

@@ -28,7 +28,7 @@ from rich.text import Text
 
 from refusion_cli.cli.options import (DECODER_NAMES, LIST_HELP, PATH_OPTION, CausalFirstOpt, CausalFixOpt, DecodersOpt,
                                       DeviceOpt, DtypeOpt, ModelsOpt, MultiValues, PresetOpt, RecheckOpt, SeedOpt,
-                                      SetOpt, TrustRemoteCodeOpt, in_panel, route_stray_values, split_commas)
+                                      SetOpt, TrustRemoteCodeOpt, panel_option, route_stray_values, split_commas)
 from refusion_cli.cli.output import console, debug_enabled, print_table
 from refusion_cli.decoding.spec import PRESET_DECODER
 from refusion_cli.distributed import leave_process_group
@@ -51,8 +51,8 @@ WHERE = "Data and output"
 def evaluate(
     task: Annotated[list[str] | None, typer.Option("--task", "-t", help=TASK_HELP + LIST_HELP + " (with --table1 "
                                                    "default: paper)", rich_help_panel=WHAT)] = None,
-    decoder: in_panel(DecodersOpt, WHAT, help=f"{DECODER_NAMES}{LIST_HELP} (default: refusion)") = None,
-    model: in_panel(ModelsOpt, WHAT, "-m") = None,
+    decoder: Annotated[list[str] | None, panel_option(DecodersOpt, WHAT, help=f"{DECODER_NAMES}{LIST_HELP} (default: refusion)")] = None,
+    model: Annotated[list[str] | None, panel_option(ModelsOpt, WHAT, "-m")] = None,
     table1: Annotated[bool, typer.Option("--table1", help="the paper's Table 1: each row's decoder on its "
                                          "checkpoint (and adapter) as evals/suite.yaml names them, on the seven "
                                          "benchmarks unless --task says otherwise", rich_help_panel=WHAT)] = False,
@@ -70,9 +70,9 @@ def evaluate(
     protocol: Annotated[EvalProtocol, typer.Option("--protocol", help="whose task definitions: paper (the paper's "
                                                    "prompts, answer handling and scoring) or lm-eval (the installed "
                                                    "lm-eval's own tasks)", rich_help_panel=WHAT)] = EvalProtocol.PAPER,
-    preset: in_panel(PresetOpt, HOW, help="named settings for every task, for each decoder that has them "
-                      "(default: the task's preset from evals/suite.yaml, where the decoder has it)") = None,
-    set_: in_panel(SetOpt, HOW) = None,
+    preset: Annotated[str | None, panel_option(PresetOpt, HOW, help="named settings for every task, for each decoder that has them "
+                      "(default: the task's preset from evals/suite.yaml, where the decoder has it)")] = None,
+    set_: Annotated[list[str] | None, panel_option(SetOpt, HOW)] = None,
     batch_size: Annotated[str, typer.Option("--batch-size", help="requests decoded together (answers: batch 1's "
                                             "up to float rounding; above 1 the TPS column is throughput), or auto: "
                                             "the largest batch that fits the memory (see --max-memory)",
@@ -80,13 +80,13 @@ def evaluate(
     max_memory: Annotated[str | None, typer.Option("--max-memory", help="with --batch-size auto: what the weights "
                                                    "and the decoding rows may take, e.g. 20GiB (default: a GPU's "
                                                    "free memory, or the RAM available)", rich_help_panel=HOW)] = None,
-    causal_fix: in_panel(CausalFixOpt, HOW) = False,
-    causal_first: in_panel(CausalFirstOpt, HOW) = False,
-    recheck: in_panel(RecheckOpt, HOW) = False,
-    seed: in_panel(SeedOpt, HOW, help="per-request generator seed and lm-eval's task seed") = 0,
-    device: in_panel(DeviceOpt, HOW) = None,
-    dtype: in_panel(DtypeOpt, HOW) = None,
-    trust_remote_code: in_panel(TrustRemoteCodeOpt, HOW) = False,
+    causal_fix: Annotated[bool, panel_option(CausalFixOpt, HOW)] = False,
+    causal_first: Annotated[bool, panel_option(CausalFirstOpt, HOW)] = False,
+    recheck: Annotated[bool, panel_option(RecheckOpt, HOW)] = False,
+    seed: Annotated[int, panel_option(SeedOpt, HOW, help="per-request generator seed and lm-eval's task seed")] = 0,
+    device: Annotated[str | None, panel_option(DeviceOpt, HOW)] = None,
+    dtype: Annotated[str | None, panel_option(DtypeOpt, HOW)] = None,
+    trust_remote_code: Annotated[bool, panel_option(TrustRemoteCodeOpt, HOW)] = False,
     output: Annotated[Path | None, typer.Option("--output", "-o", **PATH_OPTION, help="run directory; rerunning "
                                                 "into it resumes (default: results/<date>-<task>/)",
                                                 rich_help_panel=WHERE)] = None,

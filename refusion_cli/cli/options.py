@@ -64,8 +64,9 @@ def seed_value(value: str | int) -> int:
 
 
 # --- the options eval, bench and chat share -------------------------------------------------------
-# A command takes one as ``device: in_panel(DeviceOpt, MACHINE) = None``: the default after ``=``, the help
-# panel and anything else that differs from one command to the next (see :func:`in_panel`) where it is used.
+# A command takes one as ``device: Annotated[str | None, panel_option(DeviceOpt, MACHINE)] = None``: the default
+# after ``=``, the help panel and anything else that differs from one command to the next (see :func:`panel_option`)
+# where it is used.
 
 LIST_HELP = "; several: repeat the option, separate with commas, or list them after it"
 DECODER_NAMES = ", ".join(DECODERS)  # the registry's decoders, the one list of them
@@ -109,12 +110,6 @@ def panel_option(alias: Any, panel: str, *more_names: str, help: str | None = No
     if help is not None:
         option.help = help
     return option
-
-
-def in_panel(alias: Any, panel: str, *more_names: str, help: str | None = None) -> Any:  # noqa: A002 (typer's)
-    """``Annotated[<the alias's type>, panel_option(...)]``: the same, as a call the type checker cannot read
-    as a type (the commands that still use it: bench, eval, serve)."""
-    return Annotated[get_args(alias)[0], panel_option(alias, panel, *more_names, help=help)]
 
 
 # --- options with several values ----------------------------------------------------------------

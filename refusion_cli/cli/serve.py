@@ -16,7 +16,7 @@ import typer
 
 from refusion_cli.cli.options import (CausalFirstOpt, CausalFixOpt, DecodersOpt, DeviceOpt, DtypeOpt, ModelOpt,
                                       MultiValues, PresetOpt, RecheckOpt, SeedOpt, SetOpt, TrustRemoteCodeOpt,
-                                      in_panel, option_values, route_stray_values, split_commas)
+                                      panel_option, option_values, route_stray_values, split_commas)
 from refusion_cli.cli.output import err_console, quiet_library_output
 from refusion_cli.decoding.memory import parse_memory
 from refusion_cli.decoding.registry import decoder_spec, default_model
@@ -34,17 +34,17 @@ SERVER = "Server"
 
 
 def serve(
-    model: in_panel(ModelOpt, MODEL, help="the checkpoint every decoder runs on: embedded name, local directory, "
+    model: Annotated[str | None, panel_option(ModelOpt, MODEL, help="the checkpoint every decoder runs on: embedded name, local directory, "
                     "hub id or BASE+ADAPTER (default: the first decoder's embedded model, refusion-tiny for "
-                    "refusion)") = None,
-    decoder: in_panel(DecodersOpt, DECODING, help="decoders to serve, each a model id of its own") = [PRESET_DECODER],  # noqa: B006
-    set_options: in_panel(SetOpt, DECODING) = None,
-    preset: in_panel(PresetOpt, DECODING) = None,
-    causal_fix: in_panel(CausalFixOpt, DECODING, help="serve ReFusion with causal_fix=True (this toolkit's "
-                         "variant; its model id says so)") = False,
-    causal_first: in_panel(CausalFirstOpt, DECODING, help="serve ReFusion with causal_first=True") = False,
-    recheck: in_panel(RecheckOpt, DECODING, help="serve ReFusion with recheck=True") = False,
-    seed: in_panel(SeedOpt, DECODING, help="generator seed of a request that sends none") = 0,
+                    "refusion)")] = None,
+    decoder: Annotated[list[str] | None, panel_option(DecodersOpt, DECODING, help="decoders to serve, each a model id of its own")] = [PRESET_DECODER],  # noqa: B006
+    set_options: Annotated[list[str] | None, panel_option(SetOpt, DECODING)] = None,
+    preset: Annotated[str | None, panel_option(PresetOpt, DECODING)] = None,
+    causal_fix: Annotated[bool, panel_option(CausalFixOpt, DECODING, help="serve ReFusion with causal_fix=True (this toolkit's "
+                         "variant; its model id says so)")] = False,
+    causal_first: Annotated[bool, panel_option(CausalFirstOpt, DECODING, help="serve ReFusion with causal_first=True")] = False,
+    recheck: Annotated[bool, panel_option(RecheckOpt, DECODING, help="serve ReFusion with recheck=True")] = False,
+    seed: Annotated[int, panel_option(SeedOpt, DECODING, help="generator seed of a request that sends none")] = 0,
     host: Annotated[str, typer.Option("--host", help="address to listen on", rich_help_panel=SERVER)] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=0, max=65535, help="port (0: any free one, printed)",
                                       rich_help_panel=SERVER)] = 8000,
@@ -60,9 +60,9 @@ def serve(
                                                    "bounded by --max-batch only)", rich_help_panel=SERVER)] = None,
     shutdown_timeout: Annotated[float, typer.Option("--shutdown-timeout", min=0, help="seconds running requests "
                                                     "get to finish after SIGTERM", rich_help_panel=SERVER)] = 30.0,
-    device: in_panel(DeviceOpt, MODEL) = None,
-    dtype: in_panel(DtypeOpt, MODEL) = None,
-    trust_remote_code: in_panel(TrustRemoteCodeOpt, MODEL) = False,
+    device: Annotated[str | None, panel_option(DeviceOpt, MODEL)] = None,
+    dtype: Annotated[str | None, panel_option(DtypeOpt, MODEL)] = None,
+    trust_remote_code: Annotated[bool, panel_option(TrustRemoteCodeOpt, MODEL)] = False,
     stray: Annotated[list[str] | None, typer.Argument(hidden=True, show_default=False, metavar="VALUES",
                                                       help="more values of --decoder or --set")] = None,
 ) -> None:
@@ -98,7 +98,8 @@ def serve(
                         shutdown_timeout=shutdown_timeout)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     err_console.print(f"serving {', '.join(served)} on {checkpoint} (max batch {max_batch}, max queue {max_queue}"
-                      + (f", {scheduler.engine.budget_note}" if memory is not None else "") + ")")
+                      + (f", rows within {scheduler.engine.budget / 2**20:,.0f} MiB {scheduler.engine.source}"
+                         if memory is not None else "") + ")")
     started = run_server(state, host, port, lifeline)
     if lifeline.reason is not None:
         err_console.print(f"error: {lifeline.reason}; the server stopped")

@@ -195,8 +195,8 @@ AttentionInterface.register(ROWS_ATTENTION, rows_attention)
 @contextlib.contextmanager
 def attending_by_rows(model: torch.nn.Module) -> Iterator[str]:
     """Route the model's attention through ``rows_attention`` for one call; yields the attention it had."""
-    config = model.config
-    before = config._attn_implementation_internal
+    config: Any = model.config  # transformers' config: its fields are dynamic
+    before: str | None = config._attn_implementation_internal
     config._attn_implementation_internal = ROWS_ATTENTION
     try:
         yield before or "sdpa"

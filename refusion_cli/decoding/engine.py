@@ -35,7 +35,7 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 import torch
 
@@ -320,6 +320,22 @@ class Engine:
 
 # ---------------------------------------------------------------------------------------------
 # submit all, wait for all
+
+
+@overload
+def run_decoder(decoder: str, model: torch.nn.Module, prompt_ids: Prompts, config: Any, *,
+                mask_token_id: int | None, eos_token_id: EosIds, generator: Generators = None,
+                on_step: Callable[[int, Any], None] | None = None, kv_reuse: bool = True, causal_fix: bool = False,
+                causal_first: bool = False, recheck: bool = False, batch_size: int | None = None,
+                max_memory: int | None = None, engine: Engine | None = None) -> list[DecodeResult]: ...
+
+
+@overload
+def run_decoder(decoder: str, model: torch.nn.Module, prompt_ids: Prompt, config: Any, *,
+                mask_token_id: int | None, eos_token_id: EosIds, generator: Generators = None,
+                on_step: Callable[[Any], None] | None = None, kv_reuse: bool = True, causal_fix: bool = False,
+                causal_first: bool = False, recheck: bool = False, batch_size: int | None = None,
+                max_memory: int | None = None, engine: Engine | None = None) -> DecodeResult: ...
 
 
 @torch.no_grad()

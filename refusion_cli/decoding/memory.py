@@ -61,7 +61,7 @@ class ModelSize:
 
     @classmethod
     def of(cls, model: torch.nn.Module) -> ModelSize:
-        config = model.config
+        config: Any = model.config  # transformers' config: its fields are dynamic
         heads = config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         tensors = [*model.parameters(), *model.buffers()]
@@ -69,7 +69,7 @@ class ModelSize:
         return cls(weights=sum(t.numel() * t.element_size() for t in tensors), layers=config.num_hidden_layers,
                    kv_width=(getattr(config, "num_key_value_heads", None) or heads) * head_dim,
                    hidden=config.hidden_size, intermediate=config.intermediate_size,
-                   vocabulary=head.weight.shape[0] if head is not None else config.vocab_size,
+                   vocabulary=int(getattr(head, "weight").shape[0]) if head is not None else config.vocab_size,
                    word=next(model.parameters()).element_size())
 
 

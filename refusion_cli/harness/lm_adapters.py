@@ -65,7 +65,7 @@ from refusion_cli.decoding.engine import Engine, Failed, Outcome, Request, run_d
 from refusion_cli.decoding.registry import DECODERS, DecoderSpec, decoder_spec, default_model, row_options
 from refusion_cli.decoding.spec import PRESET_DECODER
 from refusion_cli.decoding.stats import batch_stats, float_logits
-from refusion_cli.decoding.variants import FLAGS, variant_options
+from refusion_cli.decoding.variants import FLAGS, Variant, variant_options
 from refusion_cli.errors import UserError
 from refusion_cli.harness.answers import answer_rule
 from refusion_cli.harness.manifest import EvalProtocol
@@ -142,13 +142,15 @@ class DecoderLM(TemplateLM):
             raise ConfigError(f"the {self.decoder} adapter takes a {spec.config_class.__name__} as config")
         # the model_args options, kept to rebuild the config for each max_gen_toks (None: a config object was given)
         self.choice = None if config is not None else decoder_choice(self.decoder, preset, decoder_options)
-        self.config = config if self.choice is None else self.choice.config()
+        self.config: Any = config if self.choice is None else self.choice.config()  # the decoder's config class
         self.seed = int(seed)
-        variant = tuple(as_bool(flag, value) for flag, value in zip(FLAGS, (causal_fix, causal_first, recheck)))
+        variant: Variant = (as_bool("causal_fix", causal_fix), as_bool("causal_first", causal_first),
+                            as_bool("recheck", recheck))
         if any(variant) and self.decoder != PRESET_DECODER:
             given = next(flag for flag, on in zip(FLAGS, variant) if on)
             raise ConfigError(f"{given} applies to the {PRESET_DECODER} adapter only, not {self.decoder}")
-        self.variant = variant_options(variant)  # run_decoder's variant flags (all False: the paper's decoder)
+        self.flags = variant  # ReFusion's variant (all False: the paper's decoder)
+        self.variant = variant_options(variant)  # the same as run_decoder's keyword arguments
         self.chat_template_args: dict[str, Any] = {}
         if enable_thinking is not None:
             self.chat_template_args["enable_thinking"] = as_bool("enable_thinking", enable_thinking)
@@ -158,11 +160,11 @@ class DecoderLM(TemplateLM):
         if isinstance(pretrained, LoadedModel):  # loaded, and fitted to its decoders, by the caller (eval: at planning)
             self.loaded = pretrained
         else:  # the device and dtype checked first, then the checkpoint resolved, its fit checked, and loaded
-            device, dtype = parse_device(device), parse_dtype(dtype) if dtype is not None else None
+            checked_device, checked_dtype = parse_device(device), parse_dtype(dtype) if dtype is not None else None
             checkpoint = resolve_checkpoint(pretrained or default_model(self.decoder),
                                             as_bool("trust_remote_code", trust_remote_code))
             check_model_fits(self.decoder, checkpoint)
-            self.loaded = load_model(checkpoint, device, dtype, require_mask=spec.needs_mask)
+            self.loaded = load_model(checkpoint, checked_device, checked_dtype, require_mask=spec.needs_mask)
         self.model = self.loaded.model
         self.tokenizer = self.loaded.tokenizer
         self._device = next(self.model.parameters()).device
@@ -308,9 +310,8 @@ class DecoderLM(TemplateLM):
 
     def request(self, prepared: PreparedRequest, done: Callable[[Outcome], None]) -> Request:
         """An engine request for ``prepared``, with a fresh generator seeded with ``seed``."""
-        flags = tuple(self.variant[flag] for flag in FLAGS)
         return Request(self.decoder, torch.tensor(prepared.prompt_ids, dtype=torch.long, device=self._device),
-                       prepared.config, row_options(self.decoder, self.loaded.mask_token_id, self.end_ids, flags),
+                       prepared.config, row_options(self.decoder, self.loaded.mask_token_id, self.end_ids, self.flags),
                        done=done, generator=torch.Generator(device=self._device).manual_seed(self.seed))
 
     def generate(self, context: str, gen_kwargs: dict[str, Any] | None = None) -> SampleRecord:

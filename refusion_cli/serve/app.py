@@ -25,6 +25,7 @@ import functools
 import hmac
 import json
 import logging
+import math
 import os
 import signal
 import socket
@@ -180,7 +181,7 @@ def run_server(state: ServerState, host: str, port: int, lifeline: Lifeline | No
                 self._captured_signals.remove(sig)
 
     config = uvicorn.Config(create_app(state), host=host, port=port, log_level="info",
-                            timeout_graceful_shutdown=state.shutdown_timeout + 5)
+                            timeout_graceful_shutdown=math.ceil(state.shutdown_timeout) + 5)
     server = Server(config)
     if lifeline is not None:
         lifeline.server = server
