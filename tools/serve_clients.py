@@ -26,15 +26,15 @@ import os
 import platform
 import re
 import shlex
-import socket
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
+
+from tools.serve_load import start_server
 
 REPO = Path(__file__).resolve().parents[1]
 TOKENIZER = REPO / "refusion_cli" / "assets" / "refusion-tiny"
@@ -65,27 +65,6 @@ class Run:
     forwards_per_request: float = 0.0  # the server's counters over the run
     tokens_per_forward: float = 0.0
     tokens_per_chunk: float = 0.0
-
-
-def start_server(threads: int, max_batch: int) -> tuple[subprocess.Popen, str]:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1"}
-    server = subprocess.Popen([sys.executable, "-m", "refusion_cli", "serve", "--model", "refusion-tiny", "--decoder",
-                               "refusion", "ar", "--port", str(port), "--max-batch", str(max_batch)],
-                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            if httpx.get(f"{base}/health").status_code == 200:
-                return server, base
-        except httpx.TransportError:
-            pass
-        if server.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit("the server did not start")
-        time.sleep(0.2)
 
 
 def counters(base: str) -> dict[str, float]:
@@ -227,7 +206,7 @@ def main() -> None:
     command = "python -m tools.serve_clients " + shlex.join(sys.argv[1:])
     (args.output / "guidellm").mkdir(parents=True, exist_ok=True)
     (args.output / "vllm").mkdir(parents=True, exist_ok=True)
-    server, base = start_server(args.threads, args.max_batch)
+    server, base = start_server("refusion-tiny", ["refusion", "ar"], args.max_batch, args.threads)
     runs: list[Run] = []
     try:
         for model in ("refusion", "ar"):

@@ -91,12 +91,13 @@ class Answer:
 # --- the server -------------------------------------------------------------------------------
 
 
-def start_server(model: str, decoder: str, max_batch: int, threads: int) -> tuple[subprocess.Popen, str]:
+def start_server(model: str, decoders: list[str], max_batch: int, threads: int) -> tuple[subprocess.Popen, str]:
+    """``refusion serve`` of ``decoders`` on ``model`` at a free port of 127.0.0.1, once it answers /health."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1"}
-    server = subprocess.Popen([sys.executable, "-m", "refusion_cli", "serve", "--model", model, "--decoder", decoder,
+    server = subprocess.Popen([sys.executable, "-m", "refusion_cli", "serve", "--model", model, "--decoder", *decoders,
                                "--port", str(port), "--max-batch", str(max_batch)],
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
@@ -266,7 +267,7 @@ def main() -> None:
 
     questions = [problem["question"] for problem in read_jsonl(EVALS_DIR / "synthetic" / "test.jsonl")[:args.prompts]]
     levels = offline_levels(args.model, args.decoder, questions, args.max_tokens, args.batch_size, args.threads)
-    server, base = start_server(args.model, args.decoder, args.batch_size, args.threads)
+    server, base = start_server(args.model, [args.decoder], args.batch_size, args.threads)
     try:
         ask(base, args.decoder, questions[0], args.max_tokens)  # warm-up
         for stream in (False, True):
