@@ -38,7 +38,8 @@ from refusion_cli.bench.report import (
     read_records,
     row_from_record,
 )
-from refusion_cli.bench.runner import (BenchEntry, BenchRow, BenchSettings, describe_config, measured_lengths,
+from refusion_cli.bench.figures import describe_config
+from refusion_cli.bench.runner import (BenchEntry, BenchRow, BenchSettings, measured_lengths,
                                       measuring_order)
 from refusion_cli.errors import UserError
 

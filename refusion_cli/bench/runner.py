@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 
+from refusion_cli.bench.figures import describe_config, mean, percentile
 from refusion_cli.bench.machine import Machine, PeakMemory, describe_machine
 from refusion_cli.bench.prompts import BenchPrompt
 from refusion_cli.bench.sweep import check_swept_overrides, setting_label, sweep_configs
@@ -490,22 +491,3 @@ def summarise(entry: BenchEntry, samples: Sequence[BenchSample], n_prompts: int,
         throughput=tps if wall_seconds is None else run_tps(tokens, [wall_seconds]),
         mem_per_row_mib=peak_mem_mib / entry.batch_size,
     )
-
-
-def describe_config(config: Any) -> str:
-    return " ".join(f"{key}={value}" for key, value in dataclasses.asdict(config).items())
-
-
-def mean(values: Sequence[float]) -> float:
-    return sum(values) / len(values) if values else 0.0
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The q-th percentile (0..100) with linear interpolation between order statistics (numpy's default)."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100
-    low = int(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)

@@ -67,7 +67,8 @@ def serve(
                                                       help="more values of --decoder or --set")] = None,
 ) -> None:
     """Serve decoders over an OpenAI-compatible API (/v1/chat/completions, /v1/completions), with a live web view at /."""
-    from refusion_cli.serve.app import EXIT_SCHEDULER_DIED, Lifeline, ServerState, check_address, run_server
+    from refusion_cli.serve.app import ServerState
+    from refusion_cli.serve.process import EXIT_SCHEDULER_DIED, Lifeline, check_address, run_server
     from refusion_cli.serve.engine import Scheduler
     from refusion_cli.serve.metrics import ServeMetrics
 

@@ -25,11 +25,6 @@ import functools
 import hmac
 import json
 import logging
-import math
-import os
-import signal
-import socket
-import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -44,7 +39,6 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingRes
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from refusion_cli.decoding.rows import Commit
-from refusion_cli.errors import UserError
 from refusion_cli.models.loading import LoadedModel
 from refusion_cli.serve.engine import Commits, Dead, Draining, Event, Failed, Finished, Job, QueueFull, Scheduler
 from refusion_cli.serve.metrics import ServeMetrics
@@ -55,8 +49,6 @@ from refusion_cli.serve.text import PrefixText, StopWatch, TextRules, answer_tex
 log = logging.getLogger("refusion.serve")
 RETRY_AFTER_SECONDS = 1
 DISCONNECT_POLL_SECONDS = 0.5
-EXIT_GRACE_SECONDS = 10  # after the scheduler died: the server's own shutdown, then a hard exit
-EXIT_SCHEDULER_DIED = 1
 T = TypeVar("T")
 
 
@@ -72,24 +64,6 @@ class ServerState:
     shutdown_timeout: float = 30.0
     executor: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="refusion-tokenizer"))
-
-
-class Lifeline:
-    """Ends the server when the scheduler dies (``die`` is the scheduler's ``on_death``): uvicorn is told to
-    exit, and should it not within ``EXIT_GRACE_SECONDS``, the process exits anyway; ``reason`` says why."""
-
-    def __init__(self) -> None:
-        self.reason: str | None = None
-        self.server: Any = None  # the uvicorn server, once it runs
-
-    def die(self, reason: str) -> None:
-        self.reason = reason
-        log.critical("exiting: %s", reason)
-        if self.server is not None:
-            self.server.should_exit = True
-        timer = threading.Timer(EXIT_GRACE_SECONDS, os._exit, (EXIT_SCHEDULER_DIED,))
-        timer.daemon = True
-        timer.start()
 
 
 def create_app(state: ServerState) -> FastAPI:
@@ -165,48 +139,6 @@ def create_app(state: ServerState) -> FastAPI:
         return {"count": len(tokens), "max_model_len": limit, "tokens": tokens, "token_strs": None}
 
     return app
-
-
-def run_server(state: ServerState, host: str, port: int, lifeline: Lifeline | None = None) -> bool:
-    """Serve until SIGTERM, Ctrl-C or the scheduler's death (``lifeline``); False when the server could not
-    start (the port taken, say). SIGTERM is a clean stop: uvicorn stops taking connections, lets the open
-    ones finish, the scheduler drains (``shutdown_timeout``), and the process exits 0 (uvicorn would raise
-    it again)."""
-    import uvicorn
-
-    class Server(uvicorn.Server):
-        def handle_exit(self, sig: int, frame: Any) -> None:
-            super().handle_exit(sig, frame)
-            if sig == signal.SIGTERM and sig in self._captured_signals:
-                self._captured_signals.remove(sig)
-
-    config = uvicorn.Config(create_app(state), host=host, port=port, log_level="info",
-                            timeout_graceful_shutdown=math.ceil(state.shutdown_timeout) + 5)
-    server = Server(config)
-    if lifeline is not None:
-        lifeline.server = server
-    try:
-        server.run()
-    except SystemExit:  # uvicorn's way of saying it could not bind (logged above)
-        return False
-    return server.started
-
-
-def check_address(host: str, port: int) -> None:
-    """Refuse an address the server cannot listen on (a port in use, a host not of this machine) before the
-    model loads: one error line rather than minutes of loading first."""
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except socket.gaierror as exc:
-        raise UserError(f"--host {host}: {exc.strerror}") from None
-    family, kind, proto, _, address = infos[0]
-    with socket.socket(family, kind, proto) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
-        try:
-            probe.bind(address)
-        except OSError as exc:
-            raise UserError(f"cannot listen on {host}:{port}: {exc.strerror}",
-                            hint="is the port in use? pick another with --port") from None
 
 
 def authorize(request: Request, api_key: str | None) -> None:
@@ -524,4 +456,4 @@ def sse(payload: dict[str, Any]) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
 
-__all__ = ["Lifeline", "Run", "ServerState", "check_address", "create_app", "run_server"]
+__all__ = ["Run", "ServerState", "create_app"]

@@ -74,6 +74,7 @@ from refusion_cli.training.modeling import (
 )
 from refusion_cli.training.objectives import Objective, Sample, collate, compute_loss, get_objective
 from refusion_cli.training.resume import check_resume_settings, resumed_run_finished, trainer_state
+from refusion_cli.training.schedule import cosine_with_warmup, follow_schedule
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -195,32 +196,6 @@ class StopRequest:
     def __exit__(self, *exc: object) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
-
-
-def cosine_with_warmup(warmup_steps: int, total_steps: int):
-    """LR factor for optimizer step s (0-based): linear warmup to 1, then cosine decay towards 0."""
-
-    def factor(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / warmup_steps
-        progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
-        return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
-
-    return factor
-
-
-def follow_schedule(scheduler) -> None:
-    """Set the optimizer's learning rate from the schedule at the scheduler's restored step.
-
-    A checkpoint restores the learning rate the old run would have used next; when --steps was
-    raised on resume, the schedule (built from the new --steps) says otherwise, and it decides.
-    Unchanged --steps give the same value, so an exact resume stays exact.
-    """
-    inner = getattr(scheduler, "scheduler", scheduler)  # Accelerate wraps it
-    rates = [base * factor(inner.last_epoch) for base, factor in zip(inner.base_lrs, inner.lr_lambdas)]
-    for group, rate in zip(inner.optimizer.param_groups, rates):
-        group["lr"] = rate
-    inner._last_lr = rates
 
 
 def load_trainable(config: TrainConfig, resume_from: Path | None) -> TrainableModel:

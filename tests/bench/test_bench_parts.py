@@ -11,7 +11,8 @@ from refusion_cli.decoding.spec import preset_config
 from refusion_cli.bench.machine import PeakMemory, describe_machine
 from refusion_cli.bench.plots import frontier_figure, length_figure, pareto_frontier, plot_length_sweep
 from refusion_cli.bench.prompts import SYNTHETIC_TEST, BenchPrompt, load_prompts
-from refusion_cli.bench.runner import (BenchRow, BenchSettings, budget_notes, decoder_config, percentile, plan_entries,
+from refusion_cli.bench.figures import percentile
+from refusion_cli.bench.runner import (BenchRow, BenchSettings, budget_notes, decoder_config, plan_entries,
                                        run_bench)
 from refusion_cli.cli.options import MultiValues, route_stray_values, split_commas
 from refusion_cli.cli.bench import bench_settings

@@ -173,7 +173,7 @@ def test_stop_at_ends_inside_the_schedule_and_resume_finishes_it(setup, tmp_path
 
 
 def test_raising_steps_on_resume_follows_the_new_schedule_from_the_first_step(setup, tmp_path):
-    from refusion_cli.training.loop import cosine_with_warmup
+    from refusion_cli.training.schedule import cosine_with_warmup
 
     train_model(replace(setup, output=tmp_path / "run"))  # 4 steps: the last LR is near 0
     longer = replace(setup, output=tmp_path / "run", steps=8, resume=True)
