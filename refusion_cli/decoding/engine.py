@@ -327,7 +327,8 @@ def run_decoder(decoder: str, model: torch.nn.Module, prompt_ids: Prompts, confi
                 mask_token_id: int | None, eos_token_id: EosIds, generator: Generators = None,
                 on_step: Callable[[int, Any], None] | None = None, kv_reuse: bool = True, causal_fix: bool = False,
                 causal_first: bool = False, recheck: bool = False, batch_size: int | None = None,
-                max_memory: int | None = None, engine: Engine | None = None) -> list[DecodeResult]: ...
+                max_memory: int | None = None, engine: Engine | None = None,
+                on_result: Callable[[int, DecodeResult], None] | None = None) -> list[DecodeResult]: ...
 
 
 @overload
@@ -335,7 +336,8 @@ def run_decoder(decoder: str, model: torch.nn.Module, prompt_ids: Prompt, config
                 mask_token_id: int | None, eos_token_id: EosIds, generator: Generators = None,
                 on_step: Callable[[Any], None] | None = None, kv_reuse: bool = True, causal_fix: bool = False,
                 causal_first: bool = False, recheck: bool = False, batch_size: int | None = None,
-                max_memory: int | None = None, engine: Engine | None = None) -> DecodeResult: ...
+                max_memory: int | None = None, engine: Engine | None = None,
+                on_result: Callable[[int, DecodeResult], None] | None = None) -> DecodeResult: ...
 
 
 @torch.no_grad()
@@ -356,6 +358,7 @@ def run_decoder(
     batch_size: int | None = None,
     max_memory: int | None = None,
     engine: Engine | None = None,
+    on_result: Callable[[int, DecodeResult], None] | None = None,
 ) -> DecodeResult | list[DecodeResult]:
     """Decode one prompt with the named decoder, or a batch (a list of prompts: one result per prompt,
     in order, ``on_step(prompt_index, record)``); ``kv_reuse``, ``causal_fix``, ``causal_first`` and
@@ -364,7 +367,8 @@ def run_decoder(
     The prompts go through one :class:`Engine`: at most ``batch_size`` rows (None: all) at once, and with
     ``max_memory`` (bytes) as many as its budget holds; a finished row's place goes to the next prompt.
     A row's ``seconds`` is its latency from the start of the call. ``engine``: an engine of the caller's
-    (its bounds, its counts), else a new one."""
+    (its bounds, its counts), else a new one. ``on_result(index, result)`` sees each prompt's result as soon
+    as it finishes (a caller that records samples as they come: nothing finished is lost to an interruption)."""
     spec = decoder_spec(decoder)
     if not isinstance(config, spec.config_class):
         raise UserError(f"the {decoder} decoder takes a {spec.config_class.__name__}, not {type(config).__name__}")
@@ -379,7 +383,7 @@ def run_decoder(
     clock = BatchClock(prompts[0].device)
     outcomes: list[Outcome | None] = [None] * len(prompts)
     for index, prompt in enumerate(prompts):
-        engine.submit(Request(decoder, prompt, config, options, done=_keep(outcomes, index),
+        engine.submit(Request(decoder, prompt, config, options, done=_keep(outcomes, index, on_result),
                               generator=generators[index], kv_reuse=kv_reuse,
                               on_step=row_callback(on_step, index, batch), clock=clock))
     engine.run()
@@ -387,9 +391,12 @@ def run_decoder(
     return results if batch else results[0]
 
 
-def _keep(outcomes: list[Outcome | None], index: int) -> Callable[[Outcome], None]:
+def _keep(outcomes: list[Outcome | None], index: int,
+          on_result: Callable[[int, DecodeResult], None] | None) -> Callable[[Outcome], None]:
     def keep(outcome: Outcome) -> None:
         outcomes[index] = outcome
+        if on_result is not None and isinstance(outcome, Finished):
+            on_result(index, outcome.result)
     return keep
 
 

@@ -47,10 +47,8 @@ discovery). Contract of every adapter:
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 import time
-from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
@@ -61,10 +59,10 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window, simpl
 
 from refusion_cli.decoding.config import ConfigError
 from refusion_cli.decoding.memory import parse_memory
-from refusion_cli.decoding.engine import Engine, Failed, Outcome, Request, run_decoder
-from refusion_cli.decoding.registry import DECODERS, DecoderSpec, decoder_spec, default_model, row_options
+from refusion_cli.decoding.engine import Engine, run_decoder
+from refusion_cli.decoding.registry import DECODERS, DecoderSpec, decoder_spec, default_model
 from refusion_cli.decoding.spec import PRESET_DECODER
-from refusion_cli.decoding.stats import batch_stats, float_logits
+from refusion_cli.decoding.stats import DecodeResult, batch_stats, float_logits
 from refusion_cli.decoding.variants import FLAGS, Variant, variant_options
 from refusion_cli.errors import UserError
 from refusion_cli.harness.answers import answer_rule
@@ -92,6 +90,18 @@ def distributed_context(device: str | torch.device | None = None) -> tuple[int, 
     on_cpu = (device is not None and torch.device(device).type == "cpu") or not torch.cuda.is_available()
     accelerator = Accelerator(cpu=on_cpu)
     return accelerator.process_index, accelerator.num_processes, accelerator
+
+
+def same_config(pending: list[tuple[int, PreparedRequest]]) -> list[list[tuple[int, PreparedRequest]]]:
+    """The pending requests grouped by config, each group in the requests' order (the first config first)."""
+    groups: dict[int, list[tuple[int, PreparedRequest]]] = {}
+    configs: list[Any] = []
+    for item in pending:
+        key = next((number for number, config in enumerate(configs) if config == item[1].config), len(configs))
+        if key == len(configs):
+            configs.append(item[1].config)
+        groups.setdefault(key, []).append(item)
+    return list(groups.values())
 
 
 class DecoderLM(TemplateLM):
@@ -276,43 +286,46 @@ class DecoderLM(TemplateLM):
 
     def decode_all(self, requests: list[Instance], pending: list[tuple[int, PreparedRequest]],
                    outputs: list[str | None]) -> None:
-        """Decode the pending requests through one engine (continuous batching); each is recorded as it finishes,
-        so an interrupted run keeps every finished sample. With more than one row, a sample's ``wall_share`` is the
-        wall time since the previous one finished: the shares sum to the run's wall time."""
+        """Decode the pending requests through one engine (continuous batching; requests of one config at a time),
+        each recorded as it finishes, so an interrupted run keeps every finished sample. With more than one row, a
+        sample's ``wall_share`` is the wall time since the previous one finished: the shares sum to the run's."""
         engine = self.engine()
         if self.batch_size == AUTO:  # what the memory model admits of the longest prompt
             longest = max((prepared for _, prepared in pending), key=lambda prepared: len(prepared.prompt_ids))
             choice = engine.rows_that_fit(self.decoder, longest.config, len(longest.prompt_ids), len(pending))
             self.batch_notes.append(choice.describe() if choice else "")
         last = [time.perf_counter()]
+        for group in same_config(pending):
+            recorded: set[int] = set()
 
-        def finish(index: int, prepared: PreparedRequest, outcome: Outcome) -> None:
-            if isinstance(outcome, Failed):
-                raise outcome.error or RuntimeError(outcome.message)
-            now = time.perf_counter()
-            rows = max(engine.counts.peak_rows, 1)
-            sample = SampleRecord(text=self.answers.text(self.tokenizer, outcome.result.tokens, prepared.until),
-                                  prompt_tokens=len(prepared.prompt_ids), stats=outcome.result.stats,
-                                  prompt_cut=prepared.cut, batch_rows=rows,
-                                  wall_share=now - last[0] if rows > 1 else None)
-            last[0] = now
-            request = requests[index]
-            self.samples.append(sample)
-            if self.hook is not None:
-                self.hook.record(request, sample)
-            self.cache_hook.add_partial("generate_until", request.args, sample.text)
-            outputs[index] = sample.text
+            def finish(position: int, result: DecodeResult, group: list[tuple[int, PreparedRequest]] = group,
+                       recorded: set[int] = recorded) -> None:
+                index, prepared = group[position]
+                now, rows = time.perf_counter(), max(engine.counts.peak_rows, 1)
+                self.record(requests[index], SampleRecord(
+                    text=self.answers.text(self.tokenizer, result.tokens, prepared.until),
+                    prompt_tokens=len(prepared.prompt_ids), stats=result.stats, prompt_cut=prepared.cut,
+                    batch_rows=rows, wall_share=now - last[0] if rows > 1 else None))
+                outputs[index] = self.samples[-1].text
+                recorded.add(position)
+                last[0] = now
 
-        for index, prepared in pending:
-            engine.submit(self.request(prepared, functools.partial(finish, index, prepared)))
-        engine.run()
+            generators = [torch.Generator(device=self._device).manual_seed(self.seed) for _ in group]
+            results = run_decoder(self.decoder, self.model, [prepared.prompt_ids for _, prepared in group],
+                                  group[0][1].config, mask_token_id=self.loaded.mask_token_id,
+                                  eos_token_id=self.end_ids, generator=generators, engine=engine, on_result=finish,
+                                  **self.variant)
+            for position, result in enumerate(results):  # a run_decoder that did not report them as they finished
+                if position not in recorded:
+                    finish(position, result)
         self.batch_notes.extend(engine.counts.notes)
 
-    def request(self, prepared: PreparedRequest, done: Callable[[Outcome], None]) -> Request:
-        """An engine request for ``prepared``, with a fresh generator seeded with ``seed``."""
-        return Request(self.decoder, torch.tensor(prepared.prompt_ids, dtype=torch.long, device=self._device),
-                       prepared.config, row_options(self.decoder, self.loaded.mask_token_id, self.end_ids, self.flags),
-                       done=done, generator=torch.Generator(device=self._device).manual_seed(self.seed))
+    def record(self, request: Instance, sample: SampleRecord) -> None:
+        """Keep a decoded request's sample: here, in the hook's journal, in lm-eval's cache."""
+        self.samples.append(sample)
+        if self.hook is not None:
+            self.hook.record(request, sample)
+        self.cache_hook.add_partial("generate_until", request.args, sample.text)
 
     def generate(self, context: str, gen_kwargs: dict[str, Any] | None = None) -> SampleRecord:
         """Decode one prompt string (already chat-templated if wanted) under lm-eval's generation keys."""

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from refusion_cli.harness import sandbox
-from refusion_cli.harness.sandbox_launch import BWRAP_ENV, JAIL_TMP_BYTES
+from refusion_cli.harness.sandbox_launch import BWRAP_ENV, JAIL_TMP_BYTES, _python_binds
 from tests.harness.helpers import run_cli
 from tests.harness.test_sandbox_packages import private_venv
 
@@ -183,7 +183,11 @@ def test_a_candidate_sees_no_file_of_the_machine_but_the_system_and_python():
     result = sandbox.run_candidate(program)
     top, tmp, cwd, uid = json.loads(result.stdout)
     assert result.passed and "home" not in top and "var" not in top and "etc" in top
-    assert tmp == ["candidate"] and cwd == "/tmp/candidate" and uid != os.geteuid()
+    # /tmp is the jail's own: its working folder, and the folders leading to the evaluator's Python where that
+    # lies under /tmp (a checkout in a mktemp -d folder, its venv bound read-only), nothing of the machine's /tmp
+    python_under_tmp = {Path(path).parts[2] for path in _python_binds() if path.startswith("/tmp/")}
+    assert sorted(tmp) == sorted({"candidate"} | python_under_tmp)
+    assert cwd == "/tmp/candidate" and uid != os.geteuid()
 
 
 def test_without_bwrap_a_run_refuses_unless_allowed_and_says_which_isolation(toolkit):
