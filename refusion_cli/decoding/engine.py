@@ -234,6 +234,7 @@ class Engine:
                 (lambda record: self._on_step(row, record)) if wants_steps else None, clock)
         except Exception as error:  # a row that cannot start fails its request only
             log.debug("request %d could not start", request.id, exc_info=True)
+            calls.close(request.id)  # whatever the opener had opened in the shared calls
             request.done(Failed(f"the decode could not start: {error}", error))
             return None
         self.running[request.id] = row
