@@ -70,12 +70,12 @@ def test_bench_batch_size_auto_runs_the_rows_the_budget_fits(standin, monkeypatc
     float rounding: bfloat16 on random weights holds near-ties, so the texts are not compared here)."""
     model = standin("llada-8b-instruct")
     loaded = load_model(str(model), device="cpu", dtype="bfloat16")
-    prompts = [user_prompt_ids(loaded.tokenizer, prompt.text) for prompt in load_prompts(limit=6)]
+    prompts = [user_prompt_ids(loaded.tokenizer, prompt.text) for prompt in load_prompts(limit=4)]
     config = build_config("llada", with_length("llada", {"gen_length": 32}))
     size = ModelSize.of(loaded.model)
     row = max(row_memory_bytes("llada", config, len(prompt), size) for prompt in prompts)
     budget = 64 * 2**20 + size.weights + int(3.5 * row)  # the reserve, the weights and 3.5 rows: 3 rows fit
-    code, _, err = run_bench_cli(["--decoder", "llada", "--model", str(model), "--gen-length", "32", "--limit", "6",
+    code, _, err = run_bench_cli(["--decoder", "llada", "--model", str(model), "--gen-length", "32", "--limit", "4",
                                   "--batch-size", "1,auto", "--max-memory", str(budget), "--dtype", "bfloat16",
                                   "--device", "cpu", "--warmup", "0", "--output", str(tmp_path)], monkeypatch, capsys)
     assert code == 0, err
@@ -83,8 +83,8 @@ def test_bench_batch_size_auto_runs_the_rows_the_budget_fits(standin, monkeypatc
     assert rows["llada (batch auto)"]["batch_size"] == "3"
     samples = read_csv(tmp_path / "samples.csv")
     counts = {(s["decoder"], s["prompt"]): (s["tokens"], s["forwards"]) for s in samples}
-    assert sorted(counts) == sorted((decoder, str(i)) for decoder in ("llada", "llada (batch auto)") for i in range(6))
-    assert all(counts["llada (batch auto)", str(i)] == counts["llada", str(i)] for i in range(6))
+    assert sorted(counts) == sorted((decoder, str(i)) for decoder in ("llada", "llada (batch auto)") for i in range(4))
+    assert all(counts["llada (batch auto)", str(i)] == counts["llada", str(i)] for i in range(4))
 
 
 def test_serve_max_memory_runs_the_rows_the_budget_fits(standin):
