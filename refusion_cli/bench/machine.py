@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from refusion_cli.decoding.stats import synchronize
+from refusion_cli.models.devices import default_dtype, parse_device, parse_dtype
 
 PROC_STATUS = Path("/proc/self/status")
 PROC_CLEAR_REFS = Path("/proc/self/clear_refs")
@@ -136,3 +137,11 @@ def _max_rss_bytes() -> int:
 
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, kB elsewhere
+
+
+def bench_machine(device: str | None, dtype: str | None) -> Machine:
+    """The machine a benchmark runs on (``--device``, ``--dtype``), described before any model loads."""
+    where = parse_device(device)
+    if where.type == "cuda" and where.index is None:
+        where = torch.device("cuda", torch.cuda.current_device())  # where load_model's model.to("cuda") puts it
+    return describe_machine(where, parse_dtype(dtype) if dtype is not None else default_dtype(where))

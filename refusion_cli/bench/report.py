@@ -172,7 +172,7 @@ def row_from_record(record: dict[str, str]) -> BenchRow:
     values: dict[str, Any] = {}
     for name, hint in get_type_hints(BenchRow).items():
         kinds = getattr(hint, "__args__", (hint,))  # float | None -> (float, NoneType); float -> (float,)
-        text = record[name]
+        text = record.get(name, "")  # a column an earlier bench.csv lacks reads as not measured
         if text == "" and types.NoneType in kinds:
             values[name] = None  # csv_value wrote None as ""
         else:
@@ -197,13 +197,15 @@ def percent(value: float | None) -> str:
 
 
 TABLE_HEADER = ["decoder", "model", "gen length", "batch", "TPS", "throughput", "speed-up vs AR", "tokens/forward",
-                "forwards", "tokens", "p50 ms", "p95 ms", "peak MiB", "MiB per row", "accuracy"]
+                "positions/token", "K/V bytes copied/token", "forwards", "tokens", "p50 ms", "p95 ms", "peak MiB",
+                "MiB per row", "accuracy"]
 
 
 def table_cells(row: BenchRow) -> list[str]:
     """One row of the Markdown table."""
     return [row.decoder, row.model, str(row.gen_length), str(row.batch_size), fmt(row.tps, 1), fmt(row.throughput, 1),
-            fmt(row.speedup_vs_ar, 2, "×"), fmt(row.tpf), fmt(row.forwards, 1), fmt(row.tokens, 1),
+            fmt(row.speedup_vs_ar, 2, "×"), fmt(row.tpf), fmt(row.positions_per_token, 2),
+            fmt(row.kv_copied_per_token, 0), fmt(row.forwards, 1), fmt(row.tokens, 1),
             fmt(row.latency_p50_ms, 1), fmt(row.latency_p95_ms, 1), fmt(row.peak_mem_mib, 1),
             fmt(row.mem_per_row_mib, 1), percent(row.accuracy)]
 

@@ -20,7 +20,7 @@ Contract:
   time (loaded once for the entries on it, with a mask token required when any of their decoders
   needs one, released when the next entry needs another).
   A resumed run passes the entries still to measure and AR's TPS from the rows measured before.
-- :func:`bench_machine` describes the machine before any model loads (the device and dtype
+- ``machine.bench_machine`` describes the machine before any model loads (the device and dtype
   resolved as ``load_model`` resolves them), so that ``--resume`` can compare it first.
 - A row: ``warmup`` decodes (prompts in order, not recorded), then every prompt ``repeats``
   times. Each decode is timed by the decoder itself (``DecodeStats.seconds``: the wall time of
@@ -43,8 +43,8 @@ from typing import Any
 
 import torch
 
-from refusion_cli.bench.figures import describe_config, mean, percentile
-from refusion_cli.bench.machine import Machine, PeakMemory, describe_machine
+from refusion_cli.bench.figures import CallTally, describe_config, mean, percentile
+from refusion_cli.bench.machine import PeakMemory
 from refusion_cli.bench.prompts import BenchPrompt
 from refusion_cli.bench.sweep import check_swept_overrides, setting_label, sweep_configs
 from refusion_cli.decoding.registry import BASELINE, EMBEDDED_DECODERS, decoder_spec, default_model
@@ -55,7 +55,7 @@ from refusion_cli.decoding.variants import asked_variants, first_option, variant
 from refusion_cli.errors import UserError
 from refusion_cli.models.chat import require_chat_template, user_prompt_ids
 from refusion_cli.models.checkpoint import Checkpoint, resolve_checkpoint
-from refusion_cli.models.devices import default_dtype, free_device_memory, parse_device, parse_dtype
+from refusion_cli.models.devices import free_device_memory, parse_device, parse_dtype
 from refusion_cli.models.loading import LoadedModel, check_model_fits, load_model
 from refusion_cli.tasks.synthetic import is_correct
 
@@ -188,6 +188,10 @@ class BenchRow:
     batch_size: int = 1  # prompts decoded together
     throughput: float = 0.0  # the row's tokens / the wall time of its timed calls (= tps at batch 1)
     mem_per_row_mib: float = 0.0  # peak_mem_mib / batch_size
+    # what a causal row's calls cost besides the model, per generated token (None: a masked-diffusion row, whose
+    # calls do not count them): positions the model computed, K/V bytes the cache copied (engine_counts: syncs)
+    positions_per_token: float | None = None
+    kv_copied_per_token: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -297,15 +301,6 @@ def budget_notes(entries: list[BenchEntry]) -> list[str]:
     return list(notes.values())
 
 
-def bench_machine(settings: BenchSettings) -> Machine:
-    """The machine the rows are measured on, described before any model loads."""
-    device = parse_device(settings.device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())  # where load_model's model.to("cuda") puts it
-    dtype = parse_dtype(settings.dtype) if settings.dtype is not None else default_dtype(device)
-    return describe_machine(device, dtype)
-
-
 # ---------------------------------------------------------------------------------------------
 # measuring
 
@@ -397,18 +392,23 @@ def measure_entry(
 ) -> BenchRow:
     """Warm up, then decode every prompt ``repeats`` times inside one peak-memory window."""
     device = next(loaded.model.parameters()).device
+    tally = CallTally()
 
-    def decode(index: int) -> DecodeResult:
+    def decode(index: int, timed: bool = True) -> DecodeResult:
         generator = torch.Generator(device=device).manual_seed(settings.seed + index)  # noise drawn where it is used
-        return run_decoder(entry.decoder, loaded.model, prompt_ids[index], entry.config,
-                           mask_token_id=loaded.mask_token_id, eos_token_id=loaded.stop_token_ids,
-                           generator=generator, kv_reuse=entry.kv_reuse, causal_fix=entry.causal_fix,
-                           causal_first=entry.causal_first, recheck=entry.recheck)
+        engine = Engine(loaded.model)
+        result = run_decoder(entry.decoder, loaded.model, prompt_ids[index], entry.config,
+                             mask_token_id=loaded.mask_token_id, eos_token_id=loaded.stop_token_ids,
+                             generator=generator, kv_reuse=entry.kv_reuse, causal_fix=entry.causal_fix,
+                             causal_first=entry.causal_first, recheck=entry.recheck, engine=engine)
+        if timed:
+            tally.add(engine)
+        return result
 
     if entry.batch_size > 1 or entry.auto:
         return measure_batched(entry, loaded, prompt_ids, prompts, settings, on_sample)
     for warm in range(settings.warmup):
-        decode(warm % len(prompt_ids))
+        decode(warm % len(prompt_ids), timed=False)
     samples: list[BenchSample] = []
     with PeakMemory(device) as memory:
         for index, prompt in enumerate(prompts):
@@ -417,7 +417,7 @@ def measure_entry(
                 samples.append(sample)
                 if on_sample is not None:
                     on_sample(sample)
-    return summarise(entry, samples, len(prompts), memory.delta_mib, ar_tps)
+    return summarise(entry, samples, len(prompts), memory.delta_mib, ar_tps, tally=tally)
 
 
 def measure_batched(
@@ -433,8 +433,9 @@ def measure_batched(
     tokens are those of its batch-1 decode. An auto row's batch is the most rows that ran at once."""
     device = next(loaded.model.parameters()).device
     peak = [entry.batch_size]
+    tally = CallTally()
 
-    def decode(indices: Sequence[int]) -> list[DecodeResult]:
+    def decode(indices: Sequence[int], timed: bool = True) -> list[DecodeResult]:
         generators = [torch.Generator(device=device).manual_seed(settings.seed + i) for i in indices]
         engine = (Engine(loaded.model, max_memory=settings.max_memory, budget_memory=True) if entry.auto
                   else Engine(loaded.model, max_rows=entry.batch_size))
@@ -443,10 +444,12 @@ def measure_batched(
                               generator=generators, kv_reuse=entry.kv_reuse, causal_fix=entry.causal_fix,
                               causal_first=entry.causal_first, recheck=entry.recheck, engine=engine)
         peak[0] = max(peak[0], engine.counts.peak_rows)
+        if timed:
+            tally.add(engine)
         return results
 
     if settings.warmup:
-        decode([i % len(prompt_ids) for i in range(max(entry.batch_size, 2 if entry.auto else 1))])
+        decode([i % len(prompt_ids) for i in range(max(entry.batch_size, 2 if entry.auto else 1))], timed=False)
     samples: list[BenchSample] = []
     wall = 0.0
     with PeakMemory(device) as memory:
@@ -460,7 +463,7 @@ def measure_batched(
                     on_sample(sample)
     if entry.auto:
         entry = dataclasses.replace(entry, batch_size=peak[0])
-    return summarise(entry, samples, len(prompts), memory.delta_mib, None, wall_seconds=wall)
+    return summarise(entry, samples, len(prompts), memory.delta_mib, None, wall_seconds=wall, tally=tally)
 
 
 def bench_sample(entry: BenchEntry, loaded: LoadedModel, prompt: BenchPrompt, index: int, repeat: int,
@@ -473,8 +476,9 @@ def bench_sample(entry: BenchEntry, loaded: LoadedModel, prompt: BenchPrompt, in
 
 
 def summarise(entry: BenchEntry, samples: Sequence[BenchSample], n_prompts: int, peak_mem_mib: float,
-              ar_tps: float | None, wall_seconds: float | None = None) -> BenchRow:
-    """The row of ``samples``; ``wall_seconds``: the wall time of a batched row's timed calls (throughput)."""
+              ar_tps: float | None, wall_seconds: float | None = None, tally: CallTally | None = None) -> BenchRow:
+    """The row of ``samples``; ``wall_seconds``: the wall time of a batched row's timed calls (throughput);
+    ``tally``: what its calls computed and copied."""
     scored = [sample.correct for sample in samples if sample.correct is not None]
     tokens, seconds = [sample.tokens for sample in samples], [sample.seconds for sample in samples]
     tps = run_tps(tokens, seconds)
@@ -490,4 +494,6 @@ def summarise(entry: BenchEntry, samples: Sequence[BenchSample], n_prompts: int,
         batch_size=entry.batch_size,
         throughput=tps if wall_seconds is None else run_tps(tokens, [wall_seconds]),
         mem_per_row_mib=peak_mem_mib / entry.batch_size,
+        **dict(zip(("positions_per_token", "kv_copied_per_token"),
+                   (tally or CallTally(None, None)).per_token(sum(tokens)))),
     )

@@ -56,6 +56,7 @@ from refusion_cli.bench.report import (
     write_markdown,
 )
 from refusion_cli.bench.resume import Earlier, load_earlier, run_record, write_record
+from refusion_cli.bench.machine import bench_machine
 from refusion_cli.bench.runner import (
     AUTO_BATCH,
     DEFAULT_DECODERS,
@@ -64,7 +65,6 @@ from refusion_cli.bench.runner import (
     BenchRow,
     BenchSample,
     BenchSettings,
-    bench_machine,
     budget_notes,
     plan_entries,
     resolve_models,
@@ -175,7 +175,7 @@ def bench(
     source = (f"{len(prompt_list)} prompts from {prompts}" if prompts is not None
               else f"the first {len(prompt_list)} problems of the synthetic task "
                    f"(evals/synthetic/{SYNTHETIC_TEST.name})")
-    machine = bench_machine(settings)
+    machine = bench_machine(settings.device, settings.dtype)
     record = run_record(settings, entries, prompt_list, source, limit=limit, threads=threads, machine=machine)
     earlier = load_earlier(output, record, entries) if resume else None
     notes = budget_notes(entries) if len(set(decoders)) > 1 else []
