@@ -172,13 +172,14 @@ def rows_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
     """Attention of a packed call ([1, heads, T, dim] queries) lane by lane: each lane's queries against its
     row of the store ([rows, kv heads, columns, dim]) only, so no lane computes another's or padding's scores.
     With the model's sdpa it is torch's, the K/V heads shared in place (``enable_gqa``), which computes what
-    transformers' sdpa call computes on the repeated heads; another attention runs as the model's own."""
+    transformers' sdpa call computes on the repeated heads; another attention (or a sliding window, a softcap)
+    runs as the model's own."""
     rows = lane_rows  # the call's layout; ``attention_mask`` is a placeholder that keeps transformers from making one
     outs = []
     for lane, ((first, count, columns), mask) in enumerate(zip(rows.spans, rows.masks)):
         queries = query[:, :, first: first + count]  # [1, heads, n, dim]
         keys, values = key[lane: lane + 1, :, :columns], value[lane: lane + 1, :, :columns]
-        if rows.implementation == "sdpa":
+        if rows.implementation == "sdpa" and kwargs.get("sliding_window") is None and not kwargs.get("softcap"):
             out = torch.nn.functional.scaled_dot_product_attention(
                 queries, keys, values, attn_mask=mask, scale=scaling,
                 enable_gqa=keys.shape[1] != queries.shape[1]).transpose(1, 2)
