@@ -136,7 +136,8 @@ def table(results: list[dict], before: str, after: str, command: str) -> str:
              "Per decoder and batch size: positions the model computed per generated token (padding included), "
              "K/V bytes the cache code copied per generated token, host syncs per model call (points where a GPU "
              "run waits for the device), and the model calls. Counted, not timed (tools/engine_counts.py "
-             "says how); the answers of both revisions are compared.", "",
+             "says how); the answers of both revisions are compared. The decoders run at their default settings "
+             "on the first held-out synthetic problems (the command says how many).", "",
              "| decoder | batch | positions / token, before → after | K/V bytes copied / token, before → after "
              "| host syncs / call, before → after | calls, before → after | same answers |",
              "|---|---|---|---|---|---|---|"]
