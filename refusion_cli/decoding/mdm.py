@@ -320,9 +320,8 @@ def attends_causally(model: torch.nn.Module) -> bool:
 
 def _layers_kv(cache: DynamicCache) -> RowKV:
     """Each layer's keys and values [B, H, n, D] in a call's cache, which the call filled (full attention layers)."""
-    # transformers types a layer as any kind a cache can hold (linear attention's lack K/V) and its K/V as None
-    # until the first update: a filled DynamicCache of full attention layers holds both
-    return [(layer.keys, layer.values) for layer in cache.layers]  # type: ignore[union-attr, misc]
+    # a filled DynamicCache of full attention layers holds both K and V in every layer
+    return [(layer.keys, layer.values) for layer in cache.layers]
 
 
 def _kv_length(kv: RowKV | None) -> int:

@@ -93,11 +93,11 @@ def test_serve_max_memory_runs_the_rows_the_budget_fits(standin):
     model = standin("llada-8b-instruct")
     loaded = load_model(str(model), device="cpu", dtype="bfloat16")
     questions = [prompt.text for prompt in load_prompts(limit=6)]
-    config = build_config("llada", with_length("llada", {"gen_length": 32}))
+    config = build_config("llada", with_length("llada", {"gen_length": 16}))
     size = ModelSize.of(loaded.model)
     row = max(row_memory_bytes("llada", config, len(user_prompt_ids(loaded.tokenizer, q)), size) for q in questions)
     budget = 64 * 2**20 + size.weights + int(3.5 * row)
-    body = lambda question: {"model": "llada", "max_tokens": 32,  # noqa: E731
+    body = lambda question: {"model": "llada", "max_tokens": 16,  # noqa: E731
                              "messages": [{"role": "user", "content": question}]}
     with running_server(loaded, served(["llada"]), max_batch=16, max_memory=budget) as (base, state):
         with ThreadPoolExecutor(6) as pool:
