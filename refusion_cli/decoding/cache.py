@@ -85,16 +85,13 @@ class _Lane:
     pending_ids: torch.Tensor  # [N] committed tokens without K/V in the store (fed at the front of the next call)
     pending_positions: torch.Tensor  # [N]
     length: int = 0  # committed tokens with K/V in the store: columns [0, length) of the lane's row
-    fed: int | None = None  # new tokens the last call wrote after them, until committed
-    fed_ids: torch.Tensor | None = None  # without reuse: those tokens and their positions, to commit as pending
-    fed_positions: torch.Tensor | None = None
+    fed: Feed | None = None  # the last call's new tokens (their K/V right after the committed ones), until committed
 
 
 @dataclass
 class CallCounts:
     """What the calls of a :class:`Lanes` cost besides the model: for ``refusion bench``'s counts."""
 
-    calls: int = 0
     positions: int = 0  # tokens the model computed (the packed call has no padding)
     kv_bytes_copied: int = 0  # K/V moved: a closed lane's row filled from the last one, the store grown
 
@@ -130,11 +127,9 @@ class RowStore:
 
     def _sized(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         keys, values = self.keys[layer], self.values[layer]
-        rows, columns = keys.shape[0], keys.shape[2]
-        if rows >= self._rows and columns >= self._columns:
+        rows, columns = _grown(keys.shape[0], self._rows), _grown(keys.shape[2], self._columns)
+        if (rows, columns) == (keys.shape[0], keys.shape[2]):
             return keys, values
-        rows, columns = max(rows, self._rows, 2 * rows if rows < self._rows else 0), max(
-            columns, self._columns, 2 * columns if columns < self._columns else 0)
         grown = []
         for old in (keys, values):
             new = old.new_zeros(rows, old.shape[1], columns, old.shape[3])
@@ -149,6 +144,11 @@ class RowStore:
         for states in (*self.keys, *self.values):
             states[target, :, :columns] = states[source, :, :columns]
             self.counts.kv_bytes_copied += states[source, :, :columns].numel() * states.element_size()
+
+
+def _grown(size: int, needed: int) -> int:
+    """A store dimension of ``size`` that must hold ``needed``: as it is, or doubled (at least ``needed``)."""
+    return size if size >= needed else max(needed, 2 * size)
 
 
 @dataclass
@@ -239,7 +239,8 @@ class Lanes:
         if row != last:
             moved = self.rows[last]
             state = self.lanes[moved]
-            written = (state.length + (state.fed or 0)) if self.reuse else 0  # committed, and fed until committed
+            fed = state.fed.ids.numel() if state.fed is not None else 0
+            written = state.length + fed if self.reuse else 0  # committed, and fed until committed
             if self.store.keys and written:
                 self.store.move(last, row, written)
             self.rows[row] = moved
@@ -257,13 +258,12 @@ class Lanes:
             if n:
                 raise RuntimeError("commit() without a preceding forward()")
             return
-        state.fed = None
+        fed, state.fed = state.fed, None
         if self.reuse:
             state.length += n
         else:
-            assert state.fed_ids is not None and state.fed_positions is not None
-            state.pending_ids = torch.cat([state.pending_ids, state.fed_ids[:n]])
-            state.pending_positions = torch.cat([state.pending_positions, state.fed_positions[:n]])
+            state.pending_ids = torch.cat([state.pending_ids, fed.ids[:n]])
+            state.pending_positions = torch.cat([state.pending_positions, fed.positions[:n]])
 
     def forward(self, feeds: dict[int, Feed]) -> dict[int, torch.Tensor]:
         """One model call, counted once for every lane: each open lane feeds its tokens after its committed ones.
@@ -285,12 +285,10 @@ class Lanes:
         lengths = [ids.numel() for ids, _, _ in inputs]
         starts = [state.length if self.reuse else 0 for state in states]
         reads = [feeds[lane].ids.numel() + feeds[lane].context_logits for lane in self.rows]
-        mask, write_rows, write_columns, read_columns = self._layout(inputs, lengths, starts, reads)
-        columns = max(span[2] for span in mask.spans)
-        self.store.prepare(len(states), columns, write_rows, write_columns)
         total = sum(lengths)
         with attending_by_rows(self.model) as implementation:
-            mask.implementation = implementation
+            mask, write_rows, write_columns, read_columns = self._layout(inputs, lengths, starts, reads, implementation)
+            self.store.prepare(len(states), max(span[2] for span in mask.spans), write_rows, write_columns)
             out, seconds = timed_call(
                 self.model,
                 input_ids=torch.cat([ids for ids, _, _ in inputs])[None],  # [1, T]
@@ -301,7 +299,6 @@ class Lanes:
                 cache=self.store,
                 **logits_at(self.model, read_columns, total),
             )
-        self.counts.calls += 1
         self.counts.positions += total
         logits = out.logits[0]
         if logits.shape[0] != read_columns.numel():
@@ -312,18 +309,17 @@ class Lanes:
             count_call(state.stats, n, seconds)
             results[lane] = float_logits(logits[offset: offset + read])
             offset += read
-            state.fed = feed.ids.numel()
-            if not self.reuse:
-                state.fed_ids, state.fed_positions = feed.ids, feed.positions
+            state.fed = feed
             if self.reuse:  # the pending tokens' K/V is in the store now, the fed tokens' right after
                 state.length += state.pending_ids.numel()
                 state.pending_ids, state.pending_positions = state.pending_ids[:0], state.pending_positions[:0]
         return results
 
     def _layout(self, inputs: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], lengths: list[int],
-                starts: list[int], reads: list[int]) -> tuple[RowsMask, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The packed call's per-lane attention, where its K/V goes ([T] store rows and columns), and the
-        packed columns whose logits are read."""
+                starts: list[int], reads: list[int],
+                implementation: str) -> tuple[RowsMask, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The packed call's per-lane attention (by the model's ``implementation`` otherwise), where its K/V goes
+        ([T] store rows and columns), and the packed columns whose logits are read."""
         device = self.device
         spans, masks, reading = [], [], []
         offset = 0
@@ -338,7 +334,7 @@ class Lanes:
         write_rows = torch.arange(len(inputs), device=device).repeat_interleave(length)  # [T]
         write_columns = torch.cat([torch.arange(start, start + n, device=device)
                                    for start, n in zip(starts, lengths)])  # [T]
-        return RowsMask(spans, masks, ""), write_rows, write_columns, torch.cat(reading)
+        return RowsMask(spans, masks, implementation), write_rows, write_columns, torch.cat(reading)
 
     def _row_input(self, state: _Lane, feed: Feed) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """A lane's pending + new tokens, their positions and what they see among themselves [Q, Q]."""

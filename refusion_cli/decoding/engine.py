@@ -111,10 +111,8 @@ class _Row:
 
 @dataclass
 class EngineCounts:
-    """What the engine did, for metrics: model calls by kind, rows per call, memory errors handled."""
+    """What the engine did: the most rows of a call, and the memory errors it handled."""
 
-    calls: int = 0
-    row_calls: int = 0  # rows summed over the calls
     peak_rows: int = 0  # the most rows of one call
     oom_requeues: int = 0  # model calls that ran out of memory and put their rows back in the queue
     notes: list[str] = field(default_factory=list)  # one line per memory event, in order
@@ -287,8 +285,6 @@ class Engine:
             for row in rows:
                 row.request.done(Failed(f"the model call failed: {error}", error))
             return
-        self.counts.calls += 1
-        self.counts.row_calls += len(rows)
         self.counts.peak_rows = max(self.counts.peak_rows, len(rows))
         if self.on_call is not None:
             self.on_call(len(rows))
