@@ -111,8 +111,7 @@ class Scheduler:
         self.engine.on_call = self.stats.model_call
         self.engine.on_requeue = self.stats.oom_requeue
         self.failure: str | None = None  # why the scheduler thread died (None: alive)
-        self._requests: dict[int, Request] = {}  # by job id, until the job's outcome
-        self._jobs: dict[int, Job] = {}
+        self._open: dict[int, tuple[Job, Request]] = {}  # by job id: each job given to the engine, until its outcome
         self._incoming: list[Job] = []
         self._wake = threading.Condition()
         self._draining = False
@@ -191,8 +190,8 @@ class Scheduler:
                 incoming, self._incoming = self._incoming, []
             for job in incoming:
                 self._enqueue(job)
-            for job_id, request in self._requests.items():
-                if not request.cancelled and self._job_cancelled(job_id):
+            for job, request in self._open.values():
+                if not request.cancelled and job.cancelled.is_set():
                     self.engine.cancel(request)
             self.engine.step()
             self.stats.queued(self.depth)
@@ -211,24 +210,18 @@ class Scheduler:
             on_step=(lambda record: sink(Commits(commits(record)))) if job.steps else None,
             stop=job.stop, id=job.id)
         request.cancelled = job.cancelled.is_set()
-        self._requests[job.id] = request
-        self._jobs[job.id] = job
+        self._open[job.id] = (job, request)
         self.engine.submit(request)
-
-    def _job_cancelled(self, job_id: int) -> bool:
-        return self._jobs[job_id].cancelled.is_set()
 
     def _forget_cancelled(self) -> None:
         """Requests the engine dropped unfinished (cancelled) have no outcome: forget them here."""
         live = {request.id for request in self.engine.waiting} | set(self.engine.running)
-        for job_id in [job_id for job_id, request in self._requests.items()
-                       if request.cancelled and job_id not in live]:
-            self._requests.pop(job_id)
-            self._jobs.pop(job_id)
+        dropped = [job_id for job_id, (_, request) in self._open.items() if request.cancelled and job_id not in live]
+        for job_id in dropped:
+            del self._open[job_id]
 
     def _done(self, job: Job, outcome: Outcome) -> None:
-        self._requests.pop(job.id, None)
-        self._jobs.pop(job.id, None)
+        self._open.pop(job.id, None)
         if isinstance(outcome, Finished):
             self.stats.finished(outcome.result)
         elif outcome.error is not None:
@@ -236,12 +229,9 @@ class Scheduler:
         job.sink(outcome)
 
     def _fail_all(self, message: str) -> None:
-        for job in list(self._jobs.values()):
+        for job in [job for job, _ in self._open.values()] + self._incoming:
             job.sink(Failed(message))
-        for job in self._incoming:
-            job.sink(Failed(message))
-        self._jobs.clear()
-        self._requests.clear()
+        self._open.clear()
         self._incoming.clear()
         self.stats.running(0)
         self.stats.queued(0)
