@@ -62,7 +62,7 @@ from refusion_cli.decoding.memory import parse_memory
 from refusion_cli.decoding.engine import Engine, run_decoder
 from refusion_cli.decoding.registry import DECODERS, DecoderSpec, decoder_spec, default_model
 from refusion_cli.decoding.spec import PRESET_DECODER
-from refusion_cli.decoding.stats import DecodeResult, batch_stats, float_logits
+from refusion_cli.decoding.stats import DecodeResult, float_logits
 from refusion_cli.decoding.variants import FLAGS, Variant, variant_options
 from refusion_cli.errors import UserError
 from refusion_cli.harness.answers import answer_rule
@@ -270,7 +270,7 @@ class DecoderLM(TemplateLM):
                 continue
             pending.append((index, self.prepare(*request.args)))
         if pending and not self.warmed_up:
-            self.decode([pending[0][1]])
+            self.decode(pending[0][1])
             self.warmed_up = True
         if pending:
             self.decode_all(requests, pending, outputs)
@@ -302,10 +302,7 @@ class DecoderLM(TemplateLM):
                        recorded: set[int] = recorded) -> None:
                 index, prepared = group[position]
                 now, rows = time.perf_counter(), max(engine.counts.peak_rows, 1)
-                self.record(requests[index], SampleRecord(
-                    text=self.answers.text(self.tokenizer, result.tokens, prepared.until),
-                    prompt_tokens=len(prepared.prompt_ids), stats=result.stats, prompt_cut=prepared.cut,
-                    batch_rows=rows, wall_share=now - last[0] if rows > 1 else None))
+                self.record(requests[index], self.sample(prepared, result, rows, now - last[0] if rows > 1 else None))
                 outputs[index] = self.samples[-1].text
                 recorded.add(position)
                 last[0] = now
@@ -329,7 +326,7 @@ class DecoderLM(TemplateLM):
 
     def generate(self, context: str, gen_kwargs: dict[str, Any] | None = None) -> SampleRecord:
         """Decode one prompt string (already chat-templated if wanted) under lm-eval's generation keys."""
-        return self.decode([self.prepare(context, gen_kwargs)])[0]
+        return self.decode(self.prepare(context, gen_kwargs))
 
     def prepare(self, context: str, gen_kwargs: dict[str, Any] | None = None) -> PreparedRequest:
         """A request's prompt ids and config under lm-eval's generation keys (checked here)."""
@@ -356,18 +353,20 @@ class DecoderLM(TemplateLM):
         cut = max(0, len(prompt_ids) - room)
         return PreparedRequest(prompt_ids[cut:], config, until, cut)  # keeps an over-long prompt's end, as lm-eval's HF
 
-    def decode(self, prepared: list[PreparedRequest]) -> list[SampleRecord]:
-        """Decode requests of one config together (each row as it decodes alone, with its own generator)."""
-        config = prepared[0].config
-        generators = [torch.Generator(device=self._device).manual_seed(self.seed) for _ in prepared]
-        prompts = [request.prompt_ids for request in prepared]
-        results = run_decoder(self.decoder, self.model, prompts, config, mask_token_id=self.loaded.mask_token_id,
-                              eos_token_id=self.end_ids, generator=generators, **self.variant)
-        share = batch_stats(results).seconds / len(results) if len(results) > 1 else None
-        return [SampleRecord(text=self.answers.text(self.tokenizer, result.tokens, request.until),
-                             prompt_tokens=len(request.prompt_ids), stats=result.stats, prompt_cut=request.cut,
-                             batch_rows=len(results), wall_share=share)
-                for request, result in zip(prepared, results)]
+    def decode(self, prepared: PreparedRequest) -> SampleRecord:
+        """Decode one request alone, with a generator seeded with ``seed``."""
+        (result,) = run_decoder(self.decoder, self.model, [prepared.prompt_ids], prepared.config,
+                                mask_token_id=self.loaded.mask_token_id, eos_token_id=self.end_ids,
+                                generator=[torch.Generator(device=self._device).manual_seed(self.seed)],
+                                **self.variant)  # a list of one, as every decode of this adapter
+        return self.sample(prepared, result)
+
+    def sample(self, prepared: PreparedRequest, result: DecodeResult, rows: int = 1,
+               wall_share: float | None = None) -> SampleRecord:
+        """What a decoded request gives back: its text by the answer rule, and its counts."""
+        return SampleRecord(text=self.answers.text(self.tokenizer, result.tokens, prepared.until),
+                            prompt_tokens=len(prepared.prompt_ids), stats=result.stats, prompt_cut=prepared.cut,
+                            batch_rows=rows, wall_share=wall_share)
 
     # --- likelihoods ------------------------------------------------------------------------
 
