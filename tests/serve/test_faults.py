@@ -11,7 +11,9 @@ import subprocess
 import sys
 import threading
 
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -145,19 +147,7 @@ def test_a_failing_decode_fails_its_request_only(refusion_tiny, monkeypatch, cap
 
 
 def test_sigterm_finishes_the_running_request_and_exits_0(tmp_path):
-    port = free_port()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    server = subprocess.Popen([sys.executable, "-m", "refusion_cli", "serve", "--port", str(port), "--decoder", "ar"],
-                              cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        def up() -> bool:
-            try:
-                return httpx.get(f"{base}/health").status_code == 200
-            except httpx.TransportError:
-                assert server.poll() is None, server.stdout.read()
-                return False
-        wait_for(up, timeout=60)
+    with serve_process(["-m", "refusion_cli"], "--decoder", "ar") as (server, base):
         chunks: list[str] = []
 
         def stream() -> None:
@@ -171,6 +161,26 @@ def test_sigterm_finishes_the_running_request_and_exits_0(tmp_path):
         reader.join(timeout=60)
         assert server.wait(timeout=60) == 0
         assert chunks[-1] == "data: [DONE]" and '"finish_reason": "' in chunks[-2]  # it finished, not cut
+
+
+@contextmanager
+def serve_process(launcher: list[str], *options: str) -> Iterator[tuple[subprocess.Popen, str]]:
+    """``refusion serve OPTIONS`` as a process of its own (``launcher``: how Python starts it) on a free port of
+    127.0.0.1, once its /health answers; the process and its base URL, killed on exit if still running."""
+    port = free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    server = subprocess.Popen([sys.executable, *launcher, "serve", "--port", str(port), *options], cwd=REPO, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        def up() -> bool:
+            try:
+                return httpx.get(f"{base}/health").status_code == 200
+            except httpx.TransportError:
+                assert server.poll() is None, server.stdout.read()
+                return False
+        wait_for(up, timeout=60)
+        yield server, base
     finally:
         if server.poll() is None:
             server.kill()
@@ -227,21 +237,8 @@ main()
 
 
 def test_a_dead_scheduler_makes_the_process_exit_non_zero():
-    port = free_port()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    server = subprocess.Popen([sys.executable, "-c", DYING_SERVER, "serve", "--port", str(port), "--decoder", "ar",
-                               "--model", "refusion-tiny",
-                               "--max-batch", "1"], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        def up() -> bool:
-            try:
-                return httpx.get(f"{base}/health").status_code == 200
-            except httpx.TransportError:
-                assert server.poll() is None, server.stdout.read()
-                return False
-        wait_for(up, timeout=60)
+    with serve_process(["-c", DYING_SERVER], "--decoder", "ar", "--model", "refusion-tiny",
+                       "--max-batch", "1") as (server, base):
         streamed: list[str] = []
         reader = threading.Thread(target=read_stream, args=(base, LONG, streamed))
         reader.start()
@@ -252,7 +249,3 @@ def test_a_dead_scheduler_makes_the_process_exit_non_zero():
         assert '"error"' in streamed[-2] and streamed[-1] == "data: [DONE]"
         assert server.wait(timeout=15) == 1
         assert "error: the scheduler stopped: RuntimeError" in server.stdout.read()
-    finally:
-        if server.poll() is None:
-            server.kill()
-            server.wait()

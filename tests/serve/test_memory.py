@@ -7,12 +7,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-import torch
 
 from refusion_cli.decoding.cache import Lanes
 from refusion_cli.harness.suite import EVALS_DIR
 from refusion_cli.models.loading import load_model
 from refusion_cli.tasks.synthetic import read_jsonl
+from tests.memory import out_of_memory_above
 from tests.serve.helpers import in_process, metric, running_server, served
 
 QUESTIONS = [problem["question"] for problem in read_jsonl(EVALS_DIR / "synthetic" / "test.jsonl")[:6]]
@@ -25,16 +25,7 @@ def refusion_tiny():
 
 def test_a_call_out_of_memory_requeues_its_rows_and_every_request_gets_its_batch_one_answer(refusion_tiny,
                                                                                              monkeypatch):
-    forward = Lanes.forward
-    failed = []
-
-    def small_memory(self, feeds):
-        if len(feeds) > 2:  # a call of more than two rows does not fit
-            failed.append(len(feeds))
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return forward(self, feeds)
-
-    monkeypatch.setattr(Lanes, "forward", small_memory)
+    failed = out_of_memory_above(monkeypatch, Lanes, 2)  # a call of more than two rows does not fit
     models = served(["refusion"])
     body = lambda question: {"model": "refusion", "max_tokens": 48,  # noqa: E731
                              "messages": [{"role": "user", "content": question}]}
