@@ -15,7 +15,7 @@ from typing import Any, Callable
 import torch
 
 from refusion_cli.decoding.cache import Lane, Lanes, LaneStep
-from refusion_cli.decoding.stats import BatchClock, DecodeResult, DecodeStats
+from refusion_cli.decoding.stats import RowClock, DecodeResult, DecodeStats
 
 
 @dataclass
@@ -28,7 +28,7 @@ class ARStep:
 
 
 def ar_row(lanes: Lanes, index: int, prompt: torch.Tensor, max_new_tokens: int, stops: set[int],
-           on_step: Callable[[ARStep], None] | None = None, clock: BatchClock | None = None) -> LaneStep[DecodeResult]:
+           on_step: Callable[[ARStep], None] | None = None, clock: RowClock | None = None) -> LaneStep[DecodeResult]:
     """Open lane ``index`` for ``prompt`` [P] and return its greedy program; ``on_step`` sees every token,
     its time kept out of the latency by ``clock``."""
     stats = DecodeStats()

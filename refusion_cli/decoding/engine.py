@@ -44,7 +44,7 @@ from refusion_cli.decoding.cache import SharedCalls
 from refusion_cli.decoding.memory import BatchChoice, ModelSize, fitting_batch, is_out_of_memory, memory_budget, reserve
 from refusion_cli.decoding.registry import calls_kind, decoder_spec, row_memory_bytes, row_options
 from refusion_cli.decoding.rows import RowOptions, RowProgram, commits, response_budget, shared_calls
-from refusion_cli.decoding.stats import BatchClock, DecodeResult, DecodeStats, EosIds
+from refusion_cli.decoding.stats import CallbackTime, DecodeResult, DecodeStats, EosIds, RowClock
 from refusion_cli.errors import UserError
 
 log = logging.getLogger("refusion.engine")
@@ -56,7 +56,7 @@ log = logging.getLogger("refusion.engine")
 
 @dataclass(frozen=True)
 class Finished:
-    result: DecodeResult  # tokens in position order, cut after the first EOS; stats.seconds: the row's latency
+    result: DecodeResult  # tokens in position order, cut after the first EOS; stats.seconds: admission to end
     stopped: bool = False  # ended by the request's ``stop`` (the tokens are what it kept)
 
 
@@ -87,7 +87,6 @@ class Request:
     kv_reuse: bool = True  # ReFusion's recompute ablation when False
     on_step: Callable[[Any], None] | None = None  # the decoder's step records, as they are committed
     stop: StopRule | None = None
-    clock: BatchClock | None = None  # None: a clock of its own, started when the row is admitted
     id: int = field(default_factory=itertools.count().__next__)
     cancelled: bool = False
     reported: int = 0  # step records delivered (a row restarted after a memory error does not repeat them)
@@ -98,7 +97,7 @@ class _Row:
     request: Request
     program: RowProgram
     calls: SharedCalls
-    clock: BatchClock
+    clock: RowClock
     nbytes: int  # what the memory model says the row holds at its largest call
     generator_state: torch.Tensor | None
     feed: Any = None
@@ -138,6 +137,7 @@ class Engine:
             self.budget, self.source = memory_budget(self.device, max_memory, self.size.weights)
             self.row_budget = self.budget - self.size.weights - reserve(self.budget)
         self.counts = EngineCounts()
+        self.callback_time = CallbackTime()  # the step callbacks' time, kept out of every row's latency
         self.on_call: Callable[[int], None] | None = None  # told the rows of every model call (metrics)
         self.on_requeue: Callable[[], None] | None = None  # told of every call that ran out of memory
         self.waiting: deque[Request] = deque()
@@ -223,7 +223,7 @@ class Engine:
         calls = self.calls[kind]
         generator = request.generator
         state = generator.get_state() if generator is not None else None
-        clock = request.clock or BatchClock(self.device)
+        clock = RowClock(self.device, self.callback_time)  # the row's latency runs from its admission
         row = _Row(request, iter(()), calls, clock, self.row_bytes(request), state)  # type: ignore[arg-type]
         wants_steps = request.on_step is not None or request.stop is not None
         try:
@@ -363,7 +363,7 @@ def run_decoder(
 
     The prompts go through one :class:`Engine`: at most ``batch_size`` rows (None: all) at once, and with
     ``max_memory`` (bytes) as many as its budget holds; a finished row's place goes to the next prompt.
-    A row's ``seconds`` is its latency from the start of the call. ``engine``: an engine of the caller's
+    A result's ``seconds`` is its row's latency, from its admission to its end. ``engine``: an engine of the caller's
     (its bounds, its counts), else a new one. ``on_result(index, result)`` sees each prompt's result as soon
     as it finishes (a caller that records samples as they come: nothing finished is lost to an interruption)."""
     spec = decoder_spec(decoder)
@@ -377,12 +377,11 @@ def run_decoder(
     options = row_options(decoder, mask_token_id, eos_token_id, (causal_fix, causal_first, recheck))
     if engine is None:
         engine = Engine(model, max_rows=batch_size, max_memory=max_memory)
-    clock = BatchClock(prompts[0].device)
     outcomes: list[Outcome | None] = [None] * len(prompts)
     for index, prompt in enumerate(prompts):
         engine.submit(Request(decoder, prompt, config, options, done=_keep(outcomes, index, on_result),
                               generator=generators[index], kv_reuse=kv_reuse,
-                              on_step=row_callback(on_step, index, batch), clock=clock))
+                              on_step=row_callback(on_step, index, batch)))
     engine.run()
     results = [_result(outcome) for outcome in outcomes]
     return results if batch else results[0]

@@ -48,7 +48,7 @@ import torch
 from transformers import DynamicCache, PreTrainedConfig
 
 from refusion_cli.decoding.cache import additive_mask, mask_argument
-from refusion_cli.decoding.stats import (BatchClock, DecodeResult, DecodeStats, EosIds, cache_argument, count_call,
+from refusion_cli.decoding.stats import (RowClock, DecodeResult, DecodeStats, EosIds, cache_argument, count_call,
                                          cut_after_eos, kept_logits, logits_at, timed_call)
 
 T = TypeVar("T")
@@ -477,7 +477,7 @@ class CanvasPasses:
 # one prompt's row
 
 
-def report_to(clock: BatchClock, callback: Callable[[MDMStep], None], stats: DecodeStats, record: MDMStep) -> None:
+def report_to(clock: RowClock, callback: Callable[[MDMStep], None], stats: DecodeStats, record: MDMStep) -> None:
     """Hand a row's step to the caller's callback through the batch's clock."""
     clock.report(stats, callback, record)
 
@@ -486,7 +486,7 @@ def canvas_row(prompt: torch.Tensor, gen_length: int,
                program: Callable[[Canvas, torch.Generator | None], CanvasStep[DecodeResult]], *,
                mask_token_id: int, eos_token_id: EosIds, generator: torch.Generator | None,
                on_step: Callable[[MDMStep], None] | None = None,
-               clock: BatchClock | None = None) -> CanvasStep[DecodeResult]:
+               clock: RowClock | None = None) -> CanvasStep[DecodeResult]:
     """``program`` on the canvas of ``prompt`` [P] with ``gen_length`` masks: one row of :class:`CanvasCalls`;
     ``on_step`` sees every step, its time kept out of every row's latency by ``clock``."""
     report = None if on_step is None or clock is None else functools.partial(report_to, clock, on_step)

@@ -67,7 +67,7 @@ import torch
 from refusion_cli.decoding.batching import gumbel_argmax, next_token_probs, token_probs
 from refusion_cli.decoding.cache import Lane, Lanes, LaneStep
 from refusion_cli.decoding.config import ReFusionConfig
-from refusion_cli.decoding.stats import BatchClock, DecodeResult, DecodeStats, EosIds, cut_after_eos, eos_ids, wide_float
+from refusion_cli.decoding.stats import RowClock, DecodeResult, DecodeStats, EosIds, cut_after_eos, eos_ids, wide_float
 
 
 @dataclass
@@ -200,7 +200,7 @@ def refusion_row(lanes: Lanes, index: int, prompt: torch.Tensor, config: ReFusio
                  eos_token_id: EosIds, generator: torch.Generator | None, causal_fix: bool = False,
                  causal_first: bool = False, recheck: bool = False,
                  on_step: Callable[[StepTrace], None] | None = None,
-                 clock: BatchClock | None = None) -> LaneStep[DecodeResult]:
+                 clock: RowClock | None = None) -> LaneStep[DecodeResult]:
     """Open lane ``index`` for ``prompt`` [P] and return its decode program (see engine.Engine); ``on_step``
     sees every iteration, its time kept out of the latency by ``clock``."""
     stats = DecodeStats()

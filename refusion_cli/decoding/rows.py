@@ -34,7 +34,7 @@ from refusion_cli.decoding.dream import dream_row
 from refusion_cli.decoding.llada import llada_row
 from refusion_cli.decoding.mdm import Canvas, CanvasCalls, CanvasStep, MDMStep, canvas_row
 from refusion_cli.decoding.refusion import StepTrace, refusion_row
-from refusion_cli.decoding.stats import BatchClock, DecodeResult, EosIds, eos_ids
+from refusion_cli.decoding.stats import RowClock, DecodeResult, EosIds, eos_ids
 from refusion_cli.decoding.variants import PAPER, Variant
 
 RowProgram = Generator[Any, Any, DecodeResult]
@@ -89,12 +89,12 @@ class RowOptions:
 # its program; ``on_step`` sees the decoder's step records, ``clock`` keeps that time out of the row's latency.
 # ``calls`` is the shared-calls object of the decoder's kind (``shared_calls``): an opener casts it to its class.
 RowOpener = Callable[[SharedCalls, int, torch.Tensor, Any, RowOptions, "torch.Generator | None",
-                      "Callable[[Any], None] | None", "BatchClock | None"], RowProgram]
+                      "Callable[[Any], None] | None", "RowClock | None"], RowProgram]
 
 
 def ar_rows(calls: SharedCalls, index: int, prompt: torch.Tensor, config: Any, options: RowOptions,
             generator: torch.Generator | None, on_step: Callable[[Any], None] | None,
-            clock: BatchClock | None) -> RowProgram:
+            clock: RowClock | None) -> RowProgram:
     """Greedy decoding (``ar.greedy_lane``); takes no generator."""
     return ar_row(cast(Lanes, calls), index, prompt, config.gen_length, set(eos_ids(options.eos_token_id)), on_step,
                   clock)
@@ -102,7 +102,7 @@ def ar_rows(calls: SharedCalls, index: int, prompt: torch.Tensor, config: Any, o
 
 def refusion_rows(calls: SharedCalls, index: int, prompt: torch.Tensor, config: Any, options: RowOptions,
                   generator: torch.Generator | None, on_step: Callable[[Any], None] | None,
-                  clock: BatchClock | None) -> RowProgram:
+                  clock: RowClock | None) -> RowProgram:
     """ReFusion (``refusion.decode_lane``), in the variant ``options`` names."""
     causal_fix, causal_first, recheck = options.variant
     return refusion_row(cast(Lanes, calls), index, prompt, config, mask_token_id=options.mask_id,
@@ -116,7 +116,7 @@ def canvas_rows(program: Callable[[Canvas, Any, RowOptions, torch.Generator | No
     generator)``."""
     def open_canvas_row(calls: SharedCalls, index: int, prompt: torch.Tensor, config: Any, options: RowOptions,
                         generator: torch.Generator | None, on_step: Callable[[Any], None] | None,
-                        clock: BatchClock | None) -> RowProgram:
+                        clock: RowClock | None) -> RowProgram:
         return canvas_row(prompt, response_budget(config),
                           lambda canvas, row_generator: program(canvas, config, options, row_generator),
                           mask_token_id=options.mask_id, eos_token_id=options.eos_token_id,

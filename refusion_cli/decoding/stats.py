@@ -9,8 +9,9 @@ and TPF = tokens / forwards.
 
 A batched decode (several prompts at once) keeps these counters per prompt: ``forwards`` counts the
 model calls that prompt's row took part in, ``positions`` the positions it fed, ``seconds`` is its
-latency (from the start of the batched call until the row finished, less all callback time so far).
-:func:`batch_stats` sums a batch up: its throughput is total tokens / wall seconds of the call.
+latency (from its admission until it finished, less the callback time meanwhile: :class:`RowClock`), so
+a request's TPS does not depend on how many requests came before it. A batch's throughput is its total
+tokens over the wall time of the whole run, which the caller measures.
 
 Over a run of many decodes (a benchmark in ``refusion eval``, a row of ``refusion bench``) the TPS is
 :func:`run_tps`: the decodes' tokens over their summed seconds, as the paper's ``eval.py`` counts it
@@ -108,52 +109,39 @@ def synchronize(device: torch.device) -> None:
         torch.mps.synchronize()
 
 
-class BatchClock:
-    """The wall clock of one batched decode call: each row's latency, less every callback's time.
+@dataclass
+class CallbackTime:
+    """Seconds spent in callers' step callbacks, summed over all rows of one engine (they run on the
+    thread that steps it, so every running row waits for them)."""
 
-    Started (device synchronised) on creation; :meth:`report` hands a record to the caller's
-    callback and keeps its time out of every later latency; :meth:`latency` is the time since the
-    start (device synchronised), less the callback time so far. With one row this is the rule of a
+    seconds: float = 0.0
+
+
+class RowClock:
+    """A row's wall clock: its latency from its admission to now, less the callback time meanwhile.
+
+    Started (device synchronised) on creation; :meth:`report` hands a record to the caller's callback
+    and adds its time to the shared :class:`CallbackTime`; :meth:`latency` is the time since the start
+    (device synchronised) less the callback time added since. Alone, a row's latency is the rule of a
     single decode: the wall time of the call, synchronised at both ends, less the callback time.
     """
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, callbacks: CallbackTime | None = None):
         self.device = device
-        self.callback_seconds = 0.0
+        self.callbacks = callbacks if callbacks is not None else CallbackTime()
         synchronize(device)
         self._start = time.perf_counter()
+        self._callbacks_at_start = self.callbacks.seconds
 
     def report(self, stats: DecodeStats, on_step: Callable[[Any], None] | None, record: Any) -> None:
-        """:func:`report_step`, with the callback's time also kept out of every row's latency."""
+        """:func:`report_step`, its time also kept out of every running row's latency."""
         before = stats.callback_seconds
         report_step(stats, on_step, record)
-        self.callback_seconds += stats.callback_seconds - before
+        self.callbacks.seconds += stats.callback_seconds - before
 
     def latency(self) -> float:
         synchronize(self.device)
-        return time.perf_counter() - self._start - self.callback_seconds
-
-
-@dataclass(frozen=True)
-class BatchStats:
-    """Totals of a batched decode: its throughput is ``tokens / seconds``."""
-
-    rows: int  # prompts decoded
-    tokens: int  # response tokens of all rows
-    seconds: float  # wall time of the batched call (the last row's latency)
-    forwards: int  # forwards summed over the rows (a model call shared by r rows counts r times)
-
-    @property
-    def tps(self) -> float:
-        """Tokens per second of the whole batch."""
-        return self.tokens / self.seconds if self.seconds > 0 else 0.0
-
-
-def batch_stats(results: Sequence["DecodeResult"]) -> BatchStats:
-    """Sum up the per-row results of one batched decode call (the call ends when its last row does)."""
-    return BatchStats(rows=len(results), tokens=sum(r.stats.tokens for r in results),
-                      seconds=max((r.stats.seconds for r in results), default=0.0),
-                      forwards=sum(r.stats.forwards for r in results))
+        return time.perf_counter() - self._start - (self.callbacks.seconds - self._callbacks_at_start)
 
 
 def report_step(stats: DecodeStats, on_step: Callable[[Any], None] | None, record: Any) -> None:

@@ -14,7 +14,6 @@ import torch
 
 from refusion_cli.decoding import ARConfig, DreamConfig, LLaDAConfig, ReFusionConfig, run_decoder
 from refusion_cli.decoding.engine import Engine
-from refusion_cli.decoding.stats import batch_stats
 from refusion_cli.errors import UserError
 from tests.decoding.conftest import greedy
 from tests.decoding.reference import CONFIGS, MODEL_SEEDS
@@ -151,19 +150,13 @@ def test_finished_rows_leave_the_batch_and_waiting_prompts_take_their_place(mode
         assert sum(call.shape[1] for call in calls) == sum(len(p) + len(r.tokens) - 1 for p, r in zip(prompts, alone))
 
 
-def test_batch_of_one_is_the_single_decode_and_batch_stats_sum_up(models):
+def test_batch_of_one_is_the_single_decode(models):
     model, prompts = models[1], prompts_for(1)
     config = ReFusionConfig(gen_length=16, slot_size=4, block_size=8, slot_threshold=0.3, token_threshold=0.3)
     single = run_decoder("refusion", model, prompts[1], config, mask_token_id=MASK_ID, eos_token_id=None)
     (row,) = run_decoder("refusion", model, [prompts[1]], config, mask_token_id=MASK_ID, eos_token_id=None)
     assert row.tokens == single.tokens and row.stats.forwards == single.stats.forwards
-    batched = run_decoder("refusion", model, prompts, config, mask_token_id=MASK_ID, eos_token_id=None, batch_size=2)
-    totals = batch_stats(batched)
-    assert totals.rows == len(prompts) and totals.tokens == sum(r.stats.tokens for r in batched)
-    assert totals.seconds == max(r.stats.seconds for r in batched) > 0
-    assert totals.tps == totals.tokens / totals.seconds
-    # rows 0 and 1 start first and finish before the last row, which waited for a free row
-    assert batched[-1].stats.seconds == totals.seconds
+    assert row.stats.seconds > 0
 
 
 def test_on_step_of_a_batch_names_the_prompt(models):
@@ -194,8 +187,7 @@ def test_run_decoder_takes_a_batch_for_every_decoder(models, bidirectional_model
         alone = [run_decoder(decoder, model, p, config, mask_token_id=MASK_ID, eos_token_id=None) for p in prompts]
         batched = run_decoder(decoder, model, prompts, config, mask_token_id=MASK_ID, eos_token_id=None, batch_size=2)
         same_as_alone(batched, alone)
-        latencies = [result.stats.seconds for result in batched]
-        assert batch_stats(batched).seconds == max(latencies) > 0, decoder
+        assert all(result.stats.seconds > 0 for result in batched), decoder
 
 
 # ---------------------------------------------------------------------------------------------
