@@ -8,14 +8,16 @@ import pytest
 import torch
 
 
-def out_of_memory_above(monkeypatch: pytest.MonkeyPatch, calls_class: Any, rows: int) -> list[int]:
+def out_of_memory_above(monkeypatch: pytest.MonkeyPatch, calls_class: Any, rows: int,
+                        times: int | None = None) -> list[int]:
     """Make every call of ``calls_class`` (``cache.Lanes``, ``mdm.CanvasCalls``) of more than ``rows`` rows raise
-    CUDA's out-of-memory error; returns the list that receives the rows of each call that did."""
+    CUDA's out-of-memory error (only the first ``times`` such calls, if given); returns the list that receives
+    the rows of each call that did."""
     forward = calls_class.forward
     failed: list[int] = []
 
     def small_memory(self: Any, feeds: dict[int, Any]) -> dict[int, Any]:
-        if len(feeds) > rows:
+        if len(feeds) > rows and (times is None or len(failed) < times):
             failed.append(len(feeds))
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return forward(self, feeds)

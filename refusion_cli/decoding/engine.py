@@ -17,7 +17,9 @@ ReFusion's variant) and returns at once; :meth:`Engine.step` makes one schedulin
 A model call that runs out of memory puts its rows back at the front of the queue (their programs
 restart, their generators from the state they were admitted with, their step records already
 delivered are not repeated), lowers the row cap to half of that call's rows (rounded up) and goes on: no request
-fails for a memory error that fewer rows avoid (``oom_requeues`` counts these events). Any other error
+fails for a memory error that fewer rows avoid (``oom_requeues`` counts these events). The cap holds while the
+requests of the calls that failed are served; once the last of them has left, it is ``max_rows`` again
+(``cap_restores``), so one long prompt does not halve a server's batch for good. Any other error
 in a shared call fails the rows of that call; one in a row's program fails that request only.
 
 A row decodes exactly the program the decoder runs for that prompt alone; a shared call differs from
@@ -114,6 +116,7 @@ class EngineCounts:
 
     peak_rows: int = 0  # the most rows of one call
     oom_requeues: int = 0  # model calls that ran out of memory and put their rows back in the queue
+    cap_restores: int = 0  # times the row cap came back to max_rows once the requeued requests were served
     notes: list[str] = field(default_factory=list)  # one line per memory event, in order
 
 
@@ -128,7 +131,8 @@ class Engine:
         self.model = model
         self.device = next(model.parameters()).device
         self.max_rows = max_rows
-        self.row_cap: int | None = max_rows  # lowered when a call runs out of memory
+        self.row_cap: int | None = max_rows  # lowered while the requests of a call that ran out of memory run
+        self.requeued: set[int] = set()  # those requests, by id, until each has left
         self.size: ModelSize | None = None
         self.row_budget: int | None = None  # bytes the rows may take (None: not bounded)
         self.budget, self.source = 0, ""
@@ -205,7 +209,7 @@ class Engine:
         while self.waiting:
             request = self.waiting[0]
             if request.cancelled:
-                self.waiting.popleft()
+                self._left(self.waiting.popleft())
                 continue
             if not self._fits(request, len(self.running), used):
                 break
@@ -233,6 +237,7 @@ class Engine:
         except Exception as error:  # a row that cannot start fails its request only
             log.debug("request %d could not start", request.id, exc_info=True)
             calls.close(request.id)  # whatever the opener had opened in the shared calls
+            self._left(request)
             request.done(Failed(f"the decode could not start: {error}", error))
             return None
         self.running[request.id] = row
@@ -283,6 +288,7 @@ class Engine:
                 return
             log.debug("a model call of %d rows failed", len(rows), exc_info=True)
             for row in rows:
+                self._left(row.request)
                 row.request.done(Failed(f"the model call failed: {error}", error))
             return
         self.counts.peak_rows = max(self.counts.peak_rows, len(rows))
@@ -295,6 +301,7 @@ class Engine:
     def _requeue(self, rows: list[_Row]) -> None:
         """Put the rows of a call that ran out of memory back at the front of the queue, in their order."""
         self.row_cap = max(1, (len(rows) + 1) // 2)
+        self.requeued.update(row.request.id for row in rows)
         self.counts.oom_requeues += 1
         note = f"out of memory in a call of {len(rows)} rows: requeued them, at most {self.row_cap} rows from now"
         self.counts.notes.append(note)
@@ -308,9 +315,21 @@ class Engine:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
+    def _left(self, request: Request) -> None:
+        """A request is done with the engine: once every requeued one is, the row cap is ``max_rows`` again."""
+        if request.id not in self.requeued:
+            return
+        self.requeued.discard(request.id)
+        if not self.requeued:
+            self.row_cap = self.max_rows
+            self.counts.cap_restores += 1
+            log.info("the requests of the calls that ran out of memory have left: at most %s rows again",
+                     self.max_rows or "any number of")
+
     def _retire(self, row: _Row, outcome: Outcome | None) -> None:
         self.running.pop(row.request.id, None)
         row.calls.close(row.request.id)
+        self._left(row.request)
         if outcome is not None:
             row.request.done(outcome)
 

@@ -58,3 +58,27 @@ def test_a_row_that_cannot_start_fails_its_request_alone():
         finished = outcomes[index]
         assert isinstance(finished, Finished) and finished.result.tokens == alone[index].tokens
     assert not engine.busy and engine.counts.peak_rows == 2
+
+
+def test_after_a_call_out_of_memory_the_engine_gets_its_full_row_cap_back(monkeypatch):
+    from refusion_cli.decoding.cache import Lanes
+    from tests.memory import out_of_memory_above
+
+    model = tiny_qwen3(4, init_std=0.5)
+    prompts = prompts_for(0) * 4  # 12 requests
+    config = ARConfig(gen_length=12)
+    alone = [run_decoder("ar", model, prompt, config, mask_token_id=None, eos_token_id=None) for prompt in prompts]
+    failed = out_of_memory_above(monkeypatch, Lanes, 2, times=1)  # one call of more than two rows runs out
+    engine, outcomes = Engine(model, max_rows=4), {}
+    rows: list[int] = []
+    engine.on_call = rows.append
+    for index, prompt in enumerate(prompts):
+        engine.submit(request("ar", prompt, config, outcomes, index))
+    engine.run()
+    assert failed == [4] and engine.counts.oom_requeues == 1 and engine.counts.cap_restores == 1
+    assert engine.row_cap == 4
+    back = rows.index(4)  # the requeued requests ran at most 2 rows a call; once they left, 4 rows again
+    assert back > 0 and max(rows[:back]) == 2
+    for index in range(len(prompts)):
+        outcome = outcomes[index]
+        assert isinstance(outcome, Finished) and outcome.result.tokens == alone[index].tokens
