@@ -196,18 +196,33 @@ def percent(value: float | None) -> str:
     return "–" if value is None else f"{value * 100:.1f}%"
 
 
-TABLE_HEADER = ["decoder", "model", "gen length", "batch", "TPS", "throughput", "speed-up vs AR", "tokens/forward",
-                "positions/token", "K/V bytes copied/token", "forwards", "tokens", "p50 ms", "p95 ms", "peak MiB",
-                "MiB per row", "accuracy"]
+TABLE_HEADER = ["decoder", "model", "gen length", "batch", "TPS", "TPS min / median / max", "throughput",
+                "speed-up vs AR", "tokens/forward", "positions/token", "K/V bytes copied/token", "forwards", "tokens",
+                "p50 ms", "p95 ms", "peak MiB", "MiB per row", "accuracy", "hit budget"]
 
 
 def table_cells(row: BenchRow) -> list[str]:
     """One row of the Markdown table."""
-    return [row.decoder, row.model, str(row.gen_length), str(row.batch_size), fmt(row.tps, 1), fmt(row.throughput, 1),
-            fmt(row.speedup_vs_ar, 2, "×"), fmt(row.tpf), fmt(row.positions_per_token, 2),
+    spread = " / ".join(fmt(tps, 1) for tps in (row.tps_min, row.tps_median, row.tps_max))
+    return [row.decoder, row.model, str(row.gen_length), str(row.batch_size), fmt(row.tps, 1), spread,
+            fmt(row.throughput, 1), fmt(row.speedup_vs_ar, 2, "×"), fmt(row.tpf), fmt(row.positions_per_token, 2),
             fmt(row.kv_copied_per_token, 0), fmt(row.forwards, 1), fmt(row.tokens, 1),
             fmt(row.latency_p50_ms, 1), fmt(row.latency_p95_ms, 1), fmt(row.peak_mem_mib, 1),
-            fmt(row.mem_per_row_mib, 1), percent(row.accuracy)]
+            fmt(row.mem_per_row_mib, 1), percent(row.accuracy), percent(row.budget_share)]
+
+
+BUDGET_WARNING_SHARE = 0.1  # rows with this share of decodes cut at the length budget, or more, are named
+
+
+def budget_warning(rows: Sequence[BenchRow]) -> str | None:
+    """The rows where many decodes ran to the length budget without an end token (their answers may be cut,
+    their accuracy low for it); None when there are none."""
+    cut = [f"{row.decoder} @ {row.gen_length} {row.budget_share * 100:.0f}%" for row in rows
+           if row.budget_share >= BUDGET_WARNING_SHARE]
+    if not cut:
+        return None
+    return (f"decodes that used the whole --gen-length without an end token: {', '.join(cut)}; their answers may "
+            "be cut short (and scored wrong): give a larger --gen-length")
 
 
 def machine_line(machine: Machine) -> str:
@@ -247,8 +262,11 @@ def write_markdown(path: Path, rows: Sequence[BenchRow], machine: Machine, *, pr
         f"- Counting rule: {COUNTING_RULE}",
         *([BATCH_RULE] if any(row.batch_size > 1 for row in rows) else []),
         "- Speed-up vs AR: the row's TPS ÷ AR's TPS at the same response length, in the same run",
+        "- TPS min / median / max: the row's TPS in each repeat (the repeat's tokens ÷ its seconds); hit budget: "
+        "the share of decodes that ran to the length budget without an end token",
         f"- Peak memory: {machine.memory_method}, over the row's measured decodes",
         *(f"- Note: {note}" for note in notes),
+        *(f"- **Warning**: {warning}" for warning in [budget_warning(rows)] if warning),
         "",
         "| " + " | ".join(TABLE_HEADER) + " |",
         "|" + "---|" * len(TABLE_HEADER),

@@ -5,7 +5,7 @@ Contract:
 - :class:`BenchSettings` holds what to run and checks the options on their own (decoder names,
   lengths, device, dtype); :func:`plan_entries` checks the rest (``--set`` options through
   ``build_config``, checkpoint paths) before any model loads,
-  and returns the rows to measure: one per decoder and response length, plus "refusion
+  and returns the rows to measure: one per decoder and response length, plus, with ``ablation``, "refusion
   (recompute)" (``kv_reuse=False``, the paper's ablation) after each ReFusion row, and "refusion
   (causal fix)" (``causal_fix=True``), "refusion (causal first)" (``causal_first=True``), "refusion
   (recheck)" (``recheck=True``) and, when asked for together, "refusion (causal fix + first)" and
@@ -43,21 +43,21 @@ from typing import Any
 
 import torch
 
-from refusion_cli.bench.figures import CallTally, describe_config, mean, percentile
+from refusion_cli.bench.figures import CallTally
 from refusion_cli.bench.machine import PeakMemory
 from refusion_cli.bench.prompts import BenchPrompt
+from refusion_cli.bench.summary import BenchRow, BenchSample, bench_sample, summarise
 from refusion_cli.bench.sweep import check_swept_overrides, setting_label, sweep_configs
 from refusion_cli.decoding.registry import BASELINE, EMBEDDED_DECODERS, decoder_spec, default_model
 from refusion_cli.decoding.engine import Engine, run_decoder
 from refusion_cli.decoding.spec import PRESET_DECODER, DecoderChoice, check_preset, require_refusion
-from refusion_cli.decoding.stats import DecodeResult, RowClock, mean_tps, run_tps
+from refusion_cli.decoding.stats import DecodeResult, RowClock
 from refusion_cli.decoding.variants import asked_variants, first_option, variant_label, variant_options
 from refusion_cli.errors import UserError
 from refusion_cli.models.chat import require_chat_template, user_prompt_ids
 from refusion_cli.models.checkpoint import Checkpoint, resolve_checkpoint
 from refusion_cli.models.devices import free_device_memory, parse_device, parse_dtype
 from refusion_cli.models.loading import LoadedModel, check_model_fits, load_model
-from refusion_cli.tasks.synthetic import is_correct
 
 DEFAULT_DECODERS = EMBEDDED_DECODERS  # every decoder with an embedded model
 AUTO_BATCH = "auto"  # --batch-size auto: as many rows as the memory model fits
@@ -74,7 +74,7 @@ class BenchSettings:
     models: dict[str, str] = field(default_factory=dict)  # decoder -> checkpoint (default: its embedded model)
     overrides: dict[str, dict[str, str]] = field(default_factory=dict)  # decoder -> {config option: value}
     preset: str | None = None  # a preset of the decoders that have it (registry), under the overrides
-    ablation: bool = True  # also time ReFusion with kv_reuse=False
+    ablation: bool = False  # also time ReFusion with kv_reuse=False (--ablation)
     causal_fix: bool = False  # also time ReFusion with causal_fix=True
     causal_first: bool = False  # also time ReFusion with causal_first=True (and both, with causal_fix)
     recheck: bool = False  # also time ReFusion with recheck=True (and all three, with causal_fix and causal_first)
@@ -144,57 +144,6 @@ class BenchEntry:
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)  # the config (a dataclass) as a dict of its fields
-
-
-@dataclass
-class BenchSample:
-    """One measured decode."""
-
-    decoder: str  # the entry's label
-    gen_length: int
-    prompt: int  # index into the prompts
-    repeat: int
-    tokens: int
-    forwards: int
-    seconds: float
-    tps: float
-    tpf: float
-    correct: bool | None  # None when the prompt has no target
-    output: str  # the decoded text (special tokens dropped)
-
-
-@dataclass
-class BenchRow:
-    """One decoder at one length: means over its measured decodes."""
-
-    decoder: str  # the entry's label
-    model: str
-    gen_length: int
-    prompts: int
-    decodes: int
-    tps: float  # the row's tokens / its decodes' summed seconds (decoding.stats.run_tps, as refusion eval): at
-    # batch 1 the paper's TPS; in a batch a decode's seconds are its latency, so this is the per-request rate
-    speedup_vs_ar: float | None  # tps / AR's tps at the same length (1 for AR; None without an AR row)
-    tpf: float  # mean tokens per forward
-    forwards: float  # mean model calls per decode
-    tokens: float  # mean response tokens (up to and including EOS) per decode
-    latency_p50_ms: float
-    latency_p95_ms: float
-    peak_mem_mib: float  # peak memory above the level before the row's decodes (method in the report)
-    accuracy: float | None  # share of scored decodes that are correct (None when no prompt has a target)
-    scored: int  # decodes with a target
-    config: str  # the decoder config, "name=value ..."
-    tps_sample_mean: float = 0.0  # the mean of the per-decode TPS, beside ``tps``
-    batch_size: int = 1  # prompts decoded together
-    throughput: float = 0.0  # the row's tokens / the wall time of its timed calls (= tps at batch 1)
-    mem_per_row_mib: float = 0.0  # peak_mem_mib / batch_size
-    # what a causal row's calls cost besides the model, per generated token (None: a masked-diffusion row, whose
-    # calls do not count them): positions the model computed, K/V bytes the cache copied (engine_counts: syncs)
-    positions_per_token: float | None = None
-    kv_copied_per_token: float | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -465,36 +414,3 @@ def measure_batched(
     if entry.auto:
         entry = dataclasses.replace(entry, batch_size=peak[0])
     return summarise(entry, samples, len(prompts), memory.delta_mib, None, wall_seconds=wall, tally=tally)
-
-
-def bench_sample(entry: BenchEntry, loaded: LoadedModel, prompt: BenchPrompt, index: int, repeat: int,
-                 result: DecodeResult) -> BenchSample:
-    """One measured decode of prompt ``index``: its counts, its text and whether it is correct."""
-    text = loaded.tokenizer.decode(result.tokens, skip_special_tokens=True)
-    stats = result.stats
-    return BenchSample(entry.label, entry.gen_length, index, repeat, stats.tokens, stats.forwards, stats.seconds,
-                       stats.tps, stats.tpf, None if prompt.target is None else is_correct(text, prompt.target), text)
-
-
-def summarise(entry: BenchEntry, samples: Sequence[BenchSample], n_prompts: int, peak_mem_mib: float,
-              ar_tps: float | None, wall_seconds: float | None = None, tally: CallTally | None = None) -> BenchRow:
-    """The row of ``samples``; ``wall_seconds``: the wall time of a batched row's timed calls (throughput);
-    ``tally``: what its calls computed and copied."""
-    scored = [sample.correct for sample in samples if sample.correct is not None]
-    tokens, seconds = [sample.tokens for sample in samples], [sample.seconds for sample in samples]
-    tps = run_tps(tokens, seconds)
-    latencies_ms = [sample.seconds * 1000 for sample in samples]
-    return BenchRow(
-        decoder=entry.label, model=entry.model, gen_length=entry.gen_length, prompts=n_prompts,
-        decodes=len(samples), tps=tps, speedup_vs_ar=tps / ar_tps if ar_tps else None,
-        tpf=mean([sample.tpf for sample in samples]), forwards=mean([sample.forwards for sample in samples]),
-        tokens=mean([sample.tokens for sample in samples]),
-        latency_p50_ms=percentile(latencies_ms, 50), latency_p95_ms=percentile(latencies_ms, 95),
-        peak_mem_mib=peak_mem_mib, accuracy=mean(scored) if scored else None, scored=len(scored),
-        config=describe_config(entry.config), tps_sample_mean=mean_tps(tokens, seconds),
-        batch_size=entry.batch_size,
-        throughput=tps if wall_seconds is None else run_tps(tokens, [wall_seconds]),
-        mem_per_row_mib=peak_mem_mib / entry.batch_size,
-        **dict(zip(("positions_per_token", "kv_copied_per_token"),
-                   (tally or CallTally(None, None)).per_token(sum(tokens)))),
-    )

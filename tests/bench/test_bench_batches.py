@@ -10,7 +10,8 @@ from refusion_cli.errors import UserError
 
 
 def test_batch_sizes_add_rows_after_each_batch_1_row():
-    settings = BenchSettings(decoders=("refusion", "ar"), gen_lengths=(32,), batch_sizes=(1, 4, 4, 2), device="cpu")
+    settings = BenchSettings(decoders=("refusion", "ar"), gen_lengths=(32,), batch_sizes=(1, 4, 4, 2), device="cpu",
+                             ablation=True)
     assert [(e.label, e.batch_size) for e in plan_entries(settings)] == [
         ("ar", 1), ("ar (batch 4)", 4), ("ar (batch 2)", 2),
         ("refusion", 1), ("refusion (batch 4)", 4), ("refusion (batch 2)", 2), ("refusion (recompute)", 1)]
