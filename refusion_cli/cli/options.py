@@ -1,16 +1,19 @@
-"""The options the commands share, each declared once as a typed ``Annotated`` alias, and the value parsers
-behind them (typer ``parser=``): a bad value is click's one-line usage error."""
+"""The options the commands share, each declared once as a typed ``Annotated`` alias, the value parsers
+behind them (typer ``parser=``: a bad value is click's one-line usage error), and the one grammar of options
+with several values (:func:`spread_values`).
+
+Light on purpose: ``refusion --help`` and a command's ``--help`` import this module and never torch."""
 
 from __future__ import annotations
 
 from copy import copy
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Annotated, Any, get_args
 
 import typer
 
-from refusion_cli.decoding.registry import DECODERS
 from refusion_cli.errors import UserError
 
 
@@ -68,8 +71,10 @@ def seed_value(value: str | int) -> int:
 # after ``=``, the help panel and anything else that differs from one command to the next (see :func:`panel_option`)
 # where it is used.
 
-LIST_HELP = "; several: repeat the option, separate with commas, or list them after it"
-DECODER_NAMES = ", ".join(DECODERS)  # the registry's decoders, the one list of them
+LIST_HELP = "; several: separated by spaces or commas"
+# the registry's decoders (tests/cli/test_help.py checks they are the same): the registry imports torch, which
+# the help must not wait for
+DECODER_NAMES = "refusion, ar, llada, dream, llada-fast-dllm, dream-fast-dllm, llada-d2f, dream-d2f"
 
 DecoderOpt = Annotated[str, typer.Option("--decoder", "-d", help=DECODER_NAMES)]  # one decoder (chat)
 DecodersOpt = Annotated[list[str] | None, typer.Option("--decoder", "-d", help=DECODER_NAMES + LIST_HELP)]
@@ -113,8 +118,38 @@ def panel_option(alias: Any, panel: str, *more_names: str, help: str | None = No
 
 
 # --- options with several values ----------------------------------------------------------------
-# ``--decoder refusion ar``, ``--set slot_size=16 token_threshold=0.4``: click gives an option one value, so the
-# values after it arrive as stray arguments; :func:`route_stray_values` gives each back to its option.
+# One rule for every command: the values of an option that takes several are separated by spaces or commas
+# (``--gen-length 64 128 --batch-size 1,8``), or the option is repeated. :func:`spread_values` rewrites the
+# arguments into one occurrence per value before click parses them, so a command reads a plain list.
+
+
+def spread_values(args: list[str], params: Sequence[Any]) -> list[str]:
+    """``args`` with each value of a multi-value option among the command's ``params`` (click's) as an
+    occurrence of its own: the words after the option up to the next one starting with '-' (or ``--``), each
+    split at commas. A value with nothing in it (``--decoder ""``) is kept, for the option to refuse."""
+    names = {name for param in params if param.param_type_name == "option" and param.multiple
+             and not param.is_flag for name in param.opts}
+    spread: list[str] = []
+    option: str | None = None  # the multi-value option the words now belong to
+    named = False  # whether the next value of ``option`` needs its name before it (the last one has its value)
+    for index, arg in enumerate(args):
+        if arg == "--":
+            return spread + args[index:]
+        if arg.startswith("-") and len(arg) > 1:
+            name, equals, value = arg.partition("=") if arg.startswith("--") else (arg, "", "")
+            option = name if name in names else None
+            if option is None or not equals:
+                spread.append(arg)
+                named = False
+                continue
+            arg, named = value, True
+        elif option is None:
+            spread.append(arg)
+            continue
+        for part in [part.strip() for part in arg.split(",") if part.strip()] or [arg]:
+            spread += [option, part] if named else [part]
+            named = True
+    return spread
 
 
 @dataclass
@@ -130,12 +165,13 @@ class MultiValues:
 
 
 def split_commas(values: list[str] | None) -> list[str]:
+    """The values of a multi-value option called directly (the command line has them spread already)."""
     return [part.strip() for value in values or [] for part in value.split(",") if part.strip()]
 
 
 def option_values(values: list[str] | None, option: str) -> list[str]:
-    """The comma-separated values of a repeatable option; given with nothing in it (``--decoder ""``) is an
-    error, not the default."""
+    """The values of a multi-value option; given with nothing in it (``--decoder ""``) is an error, not the
+    default."""
     parts = split_commas(values)
     if values and not parts:
         raise UserError(f"{option} is empty", hint=f"leave {option} out for the default")
@@ -143,12 +179,15 @@ def option_values(values: list[str] | None, option: str) -> list[str]:
 
 
 def route_stray_values(stray: list[str], values: MultiValues, command: str) -> MultiValues:
-    """Give each stray argument to the multi-value option its shape belongs to, if that option was used.
+    """Give each stray argument (one before any option: ``refusion eval gsm8k --task math``) to the multi-value
+    option its shape belongs to, if that option was used.
 
     ``DECODER=CHECKPOINT`` -> --model; any other ``KEY=VALUE`` -> --set (or --model when only --model was
     used: a checkpoint path with '=' in it); a whole number -> --gen-length; a task name -> --task; any
     other word -> --decoder. A value whose option was not given is an error.
     """
+    from refusion_cli.decoding.registry import DECODERS  # torch: only once a command runs
+
     for value in split_commas(stray):
         key, equals, _ = value.partition("=")
         if equals and key in DECODERS and values.models:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from refusion_cli.bench.plots import FRONTIER_FILE, LENGTH_FILE
-from refusion_cli.cli.bench import BenchRun
+from refusion_cli.cli.bench_run import BenchRun
 
 PREVIOUS_RUN = {"bench.csv": "old rows\n", "samples.csv": "old samples\n", "bench.md": "# old report\n",
                 "machine.json": "{}\n", FRONTIER_FILE: "old plot", LENGTH_FILE: "old plot"}

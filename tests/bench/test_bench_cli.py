@@ -46,7 +46,7 @@ def bench_run(causal_checkpoint, bidirectional_checkpoint, tmp_path_factory):
     out = refusion("bench", "--tps", "--decoder", "refusion", "ar", "llada",
                    *model_args(causal_checkpoint, bidirectional_checkpoint),
                    "--limit", str(N_PROMPTS), "--gen-length", *map(str, LENGTHS), "--warmup", "1",
-                   "--repeats", str(REPEATS), "--output", str(output))
+                   "--repeats", str(REPEATS), "--ablation", "--output", str(output))
     assert out.returncode == 0, out.stderr
     return out, output
 
@@ -58,7 +58,8 @@ def test_writes_csv_markdown_plots_and_the_machine(bench_run):
     for plot in ("frontier.png", "tps_vs_gen_length.png"):
         assert (output / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     report = (output / "bench.md").read_text()
-    assert "| decoder | model | gen length | batch | TPS | throughput | speed-up vs AR |" in report
+    assert ("| decoder | model | gen length | batch | TPS | TPS min / median / max | throughput | speed-up vs AR |"
+            in report)
     assert "torch " in report and "threads" in report and "dtype float32" in report
     assert "peak resident set size" in report or "ru_maxrss" in report  # the memory method is stated
     assert "KV reuse vs recompute" in report
@@ -191,7 +192,7 @@ def test_an_interrupted_bench_keeps_its_finished_rows(causal_checkpoint, tmp_pat
 @pytest.mark.slow  # `make test-all`; test_bench_sweep.py checks the variants' rows in-process by default
 def test_causal_fix_adds_its_own_row_after_each_refusion_row(causal_checkpoint, tmp_path):
     out = refusion("bench", "--tps", "--decoder", "refusion", "ar", "--model", f"refusion={causal_checkpoint}",
-                   f"ar={causal_checkpoint}", "--no-ablation", "--causal-fix", "--limit", "1", "--gen-length", "16",
+                   f"ar={causal_checkpoint}", "--causal-fix", "--limit", "1", "--gen-length", "16",
                    "--warmup", "0", "--output", str(tmp_path))
     assert out.returncode == 0, out.stderr
     rows = read_csv(tmp_path / "bench.csv")

@@ -30,8 +30,8 @@ PER_ROW = N_PROMPTS * REPEATS  # samples of one row
 
 def bench_args(checkpoint: Path, output: Path, *more: str) -> list[str]:
     return ["--decoder", "ar", "refusion", "--model", f"ar={checkpoint}", f"refusion={checkpoint}", "--limit",
-            str(N_PROMPTS), "--gen-length", "16", "--warmup", "0", "--repeats", str(REPEATS), "-o", str(output),
-            *more]
+            str(N_PROMPTS), "--gen-length", "16", "--warmup", "0", "--repeats", str(REPEATS), "--ablation", "-o",
+            str(output), *more]
 
 
 def interrupted_run(folder: Path, checkpoint: Path, hook: str, count: int) -> tuple[Path, str, str]:

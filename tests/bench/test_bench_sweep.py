@@ -21,7 +21,7 @@ from refusion_cli.decoding.dream import DreamConfig
 from tests.bench.helpers import bench, error_line, read_csv, run_bench_cli, watch
 
 LENGTH = 32
-COMMON = ["--limit", "2", "--gen-length", str(LENGTH), "--warmup", "0", "--no-ablation", "--device", "cpu"]
+COMMON = ["--limit", "2", "--gen-length", str(LENGTH), "--warmup", "0", "--device", "cpu"]
 # two grid points, as --set gives them to a run without --sweep
 REFUSION_POINT = ["refusion.slot_size=4", "refusion.block_size=16", "refusion.slot_threshold=0.6",
                   "refusion.token_threshold=0.2"]
@@ -71,7 +71,7 @@ def dominated(point: tuple[float, float], others: list[tuple[float, float]]) -> 
 def test_frontier_csv_flags_each_decoders_pareto_front(sweep_run):
     points = read_csv(sweep_run / "frontier.csv")
     rows = read_csv(sweep_run / "bench.csv")
-    assert [p["label"] for p in points] == [r["decoder"] for r in rows]  # --no-ablation: every row is a point
+    assert [p["label"] for p in points] == [r["decoder"] for r in rows]  # no ablation row: every row is a point
     assert [p["setting"] for p in points if p["decoder"] == "ar"] == ["greedy"]
     # each variant (causal_fix, recheck) is a group of its own: its row at the usual setting, then the same grid
     grid = [p["setting"] for p in points if p["decoder"] == "refusion"]

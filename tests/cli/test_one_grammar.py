@@ -112,3 +112,53 @@ def test_several_values_after_one_option_are_read_alike_by_every_command():
     assert dict(spaced.overrides) == {"slot_size": "8", "token_threshold": "0.5"}
     with pytest.raises(UserError, match="unexpected argument 'extra'"):
         chat_choice("refusion", None, [], None, ["extra"])
+
+
+def parsed(command: str, *args: str) -> dict:
+    """The values ``refusion COMMAND ARGS`` hands its function, read through the app's one list grammar."""
+    import typer
+
+    from refusion_cli.cli.app import app
+
+    group = typer.main.get_command(app)
+    ctx = group.make_context("refusion", [command, *args])
+    name, loaded, rest = group.resolve_command(ctx, [command, *args])
+    return loaded.make_context(name, rest, parent=ctx).params
+
+
+def test_every_multi_value_option_takes_spaces_commas_or_repeats_in_any_mix():
+    from refusion_cli.cli.bench import parse_batch_sizes
+
+    spaced = parsed("bench", "--gen-length", "64", "128", "--batch-size", "1,8", "--decoder", "ar", "refusion")
+    assert (spaced["gen_length"], spaced["batch_size"], spaced["decoder"]) == (["64", "128"], ["1", "8"],
+                                                                             ["ar", "refusion"])
+    for mix in (["--gen-length", "64,128", "--batch-size", "1", "8", "--decoder", "ar,refusion"],
+                ["--gen-length", "64", "--gen-length", "128", "--batch-size=1,8", "-d", "ar", "-d", "refusion"]):
+        assert {key: parsed("bench", *mix)[key] for key in ("gen_length", "batch_size", "decoder")} == {
+            key: spaced[key] for key in ("gen_length", "batch_size", "decoder")}
+    settings = bench_settings(MultiValues(spaced["decoder"], [], [], gen_lengths=spaced["gen_length"]), None,
+                              device="cpu", batch_sizes=tuple(parse_batch_sizes(spaced["batch_size"])))
+    assert (settings.gen_lengths, settings.batch_sizes, settings.decoders) == ((64, 128), (1, 8), ("ar", "refusion"))
+    # the same rule for eval and chat
+    evaluated = parsed("eval", "--task", "synthetic", "gsm8k", "--decoder", "refusion,ar", "--set", "slot_size=8",
+                       "token_threshold=0.5", "--limit", "2")
+    assert (evaluated["task"], evaluated["decoder"], evaluated["set_"], evaluated["limit"]) == (
+        ["synthetic", "gsm8k"], ["refusion", "ar"], ["slot_size=8", "token_threshold=0.5"], 2)
+    assert parsed("chat", "--set", "slot_size=8", "token_threshold=0.5")["set_options"] == [
+        "slot_size=8", "token_threshold=0.5"]
+
+
+def test_the_spread_stops_at_the_next_option_and_after_a_double_dash():
+    from refusion_cli.cli.app import load_command
+    from refusion_cli.cli.options import spread_values
+
+    bench_params = load_command("bench").params
+    assert spread_values(["--gen-length", "64", "--tps", "--seed", "3"], bench_params) == [
+        "--gen-length", "64", "--tps", "--seed", "3"]
+    assert spread_values(["--decoder", "", "--gen-length="], bench_params) == ["--decoder", "", "--gen-length", ""]
+    assert spread_values(["--", "--decoder", "a", "b"], bench_params) == ["--", "--decoder", "a", "b"]
+
+
+def test_bench_ablation_is_off_unless_asked_for():
+    assert parsed("bench")["ablation"] is False
+    assert parsed("bench", "--ablation")["ablation"] is True
