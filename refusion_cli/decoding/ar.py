@@ -1,4 +1,5 @@
-"""Greedy autoregressive decoding with a KV cache: one token per forward (the AR baseline).
+"""Autoregressive decoding with a KV cache: one token per forward (the AR baseline), greedy at temperature 0,
+else drawn from the top-p nucleus of softmax(logits / temperature) with the row's own generator.
 
 :func:`ar_row` is one prompt's program on a lane of :class:`~refusion_cli.decoding.cache.Lanes` (its
 own rows of the shared KV cache); ``engine.run_decoder("ar", ...)`` runs one per prompt and every
@@ -15,37 +16,53 @@ from typing import Any, Callable
 import torch
 
 from refusion_cli.decoding.cache import Lane, Lanes, LaneStep
+from refusion_cli.decoding.config import ARConfig
+from refusion_cli.decoding.dream import filter_logits
+from refusion_cli.decoding.mdm_sampling import sample
 from refusion_cli.decoding.stats import RowClock, DecodeResult, DecodeStats
 
 
 @dataclass
 class ARStep:
-    """One greedy step (what ``on_step`` sees of AR): the one token it committed, with its response offset,
+    """One step (what ``on_step`` sees of AR): the one token it committed, with its response offset,
     in the fields the other decoders' records have."""
 
     offsets: list[int]
     tokens: list[int]
 
 
-def ar_row(lanes: Lanes, index: int, prompt: torch.Tensor, max_new_tokens: int, stops: set[int],
-           on_step: Callable[[ARStep], None] | None = None, clock: RowClock | None = None) -> LaneStep[DecodeResult]:
-    """Open lane ``index`` for ``prompt`` [P] and return its greedy program; ``on_step`` sees every token,
-    its time kept out of the latency by ``clock``."""
+def ar_row(lanes: Lanes, index: int, prompt: torch.Tensor, config: ARConfig, stops: set[int],
+           on_step: Callable[[ARStep], None] | None = None, clock: RowClock | None = None,
+           generator: torch.Generator | None = None) -> LaneStep[DecodeResult]:
+    """Open lane ``index`` for ``prompt`` [P] and return its program; ``on_step`` sees every token, its time
+    kept out of the latency by ``clock``; ``generator`` draws the tokens when ``config.temperature`` > 0."""
     stats = DecodeStats()
     report = None if on_step is None or clock is None else functools.partial(clock.report, stats, on_step)
+    pick = functools.partial(next_token, config=config, generator=generator)
     # the prompt but its last token is committed; the last one is fed, its logits give the first token
-    return greedy_lane(lanes.open(index, stats, prompt[:-1]), stats, prompt[-1:], max_new_tokens, stops, report)
+    return ar_lane(lanes.open(index, stats, prompt[:-1]), stats, prompt[-1:], config.gen_length, stops, pick,
+                   report)
 
 
-def greedy_lane(ctx: Lane, stats: DecodeStats, last: torch.Tensor, max_new_tokens: int,
-                stops: set[int], report: Callable[[Any], None] | None = None) -> LaneStep[DecodeResult]:
-    """One prompt's greedy decode as a lane program: feed the last token, commit it, take the argmax."""
+def next_token(logits: torch.Tensor, config: ARConfig, generator: torch.Generator | None) -> int:
+    """The token after ``logits`` [V]: the argmax at temperature 0, else a draw from the top-p nucleus."""
+    if config.temperature == 0:
+        return int(logits.argmax())
+    scaled = logits.float()[None] / config.temperature  # [1, V]
+    weights = filter_logits(scaled, config.top_p, None).softmax(-1)
+    return int(sample(weights, 1, generator))
+
+
+def ar_lane(ctx: Lane, stats: DecodeStats, last: torch.Tensor, max_new_tokens: int, stops: set[int],
+            pick: Callable[[torch.Tensor], int], report: Callable[[Any], None] | None = None
+            ) -> LaneStep[DecodeResult]:
+    """One prompt's decode as a lane program: feed the last token, commit it, ``pick`` the next from its logits."""
     tokens: list[int] = []
     position = torch.tensor([ctx.length], device=last.device)  # [1]
     for _ in range(max_new_tokens):
         logits = yield from ctx.forward(last, position)  # [1, V]
         ctx.commit(1)
-        token = int(logits[-1].argmax())
+        token = pick(logits[-1])
         tokens.append(token)
         if report is not None:
             report(ARStep([len(tokens) - 1], [token]))
@@ -56,4 +73,4 @@ def greedy_lane(ctx: Lane, stats: DecodeStats, last: torch.Tensor, max_new_token
     return DecodeResult(tokens=tokens, stats=stats)
 
 
-__all__ = ["ARStep", "ar_row", "greedy_lane"]
+__all__ = ["ARStep", "ar_lane", "ar_row", "next_token"]

@@ -75,10 +75,16 @@ class ReFusionConfig:
 
 @dataclass(frozen=True)
 class ARConfig:
-    gen_length: int = 512  # max new tokens (greedy, one token per forward)
+    gen_length: int = 512  # max new tokens (one token per forward)
+    temperature: float = 0.0  # 0: argmax (greedy); > 0: draw from softmax(logits / temperature)
+    top_p: float = 1.0  # with temperature > 0: draw within the smallest set of tokens holding top_p (1 = all)
 
     def __post_init__(self) -> None:
         check_positive("gen_length", self.gen_length)
+        check_non_negative("temperature", self.temperature)
+        check_probability("top_p", self.top_p)
+        if self.top_p == 0:
+            raise ConfigError("top_p must be > 0 (1 for no filtering)")
 
 
 # The paper's per-benchmark settings (zero-shot, gen_length 512): k, b, τ_slot, τ_token.

@@ -95,9 +95,9 @@ RowOpener = Callable[[SharedCalls, int, torch.Tensor, Any, RowOptions, "torch.Ge
 def ar_rows(calls: SharedCalls, index: int, prompt: torch.Tensor, config: Any, options: RowOptions,
             generator: torch.Generator | None, on_step: Callable[[Any], None] | None,
             clock: RowClock | None) -> RowProgram:
-    """Greedy decoding (``ar.greedy_lane``); takes no generator."""
-    return ar_row(cast(Lanes, calls), index, prompt, config.gen_length, set(eos_ids(options.eos_token_id)), on_step,
-                  clock)
+    """Autoregressive decoding (``ar.ar_lane``); ``generator`` draws its tokens at temperature > 0."""
+    return ar_row(cast(Lanes, calls), index, prompt, config, set(eos_ids(options.eos_token_id)), on_step, clock,
+                  generator)
 
 
 def refusion_rows(calls: SharedCalls, index: int, prompt: torch.Tensor, config: Any, options: RowOptions,
