@@ -80,9 +80,9 @@ def main() -> None:
     from refusion_cli.serve.protocol import ServedModel
 
     loaded = load_model("refusion-tiny", "cpu")
-    served = {name: ServedModel(name, DecoderChoice(name)) for name in ("refusion", "ar")}
+    served = {name: ServedModel(name, DecoderChoice(name, "refusion-tiny")) for name in ("refusion", "ar")}
     metrics = ServeMetrics()
-    state = ServerState(loaded, "refusion-tiny", served, Scheduler(loaded, stats=metrics), metrics)
+    state = ServerState(served, {"refusion-tiny": Scheduler(loaded, "refusion-tiny", stats=metrics)}, metrics)
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]

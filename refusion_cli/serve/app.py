@@ -54,10 +54,8 @@ T = TypeVar("T")
 
 @dataclass
 class ServerState:
-    loaded: LoadedModel
-    model_name: str  # the checkpoint as the user named it
-    served: dict[str, ServedModel]
-    scheduler: Scheduler
+    served: dict[str, ServedModel]  # by model id
+    schedulers: dict[str, Scheduler]  # by checkpoint, as the user named it: each owns its model
     metrics: ServeMetrics
     api_key: str | None = None
     seed: int = 0
@@ -65,13 +63,29 @@ class ServerState:
     executor: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="refusion-tokenizer"))
 
+    def __post_init__(self) -> None:
+        for entry in self.served.values():
+            self.metrics.serve(entry.checkpoint, entry.id)
+
+    @property
+    def models(self) -> dict[str, LoadedModel]:
+        """The loaded models by checkpoint."""
+        return {name: scheduler.loaded for name, scheduler in self.schedulers.items()}
+
+    @property
+    def failure(self) -> str | None:
+        """Why a scheduler died (None: all run)."""
+        return next((s.failure for s in self.schedulers.values() if s.failure is not None), None)
+
 
 def create_app(state: ServerState) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        state.scheduler.start()
+        for scheduler in state.schedulers.values():
+            scheduler.start()
         yield
-        finished = await asyncio.to_thread(state.scheduler.drain, state.shutdown_timeout)
+        finished = all(await asyncio.gather(*(asyncio.to_thread(scheduler.drain, state.shutdown_timeout)
+                                              for scheduler in state.schedulers.values())))
         log.info("shut down: %s", "every request finished" if finished else "unfinished requests ended with an error")
         state.executor.shutdown(wait=False, cancel_futures=True)
 
@@ -103,13 +117,15 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        """200 while the scheduler runs; 503 with the reason once it died (the process is about to exit)."""
-        scheduler = state.scheduler
-        if scheduler.failure is not None:
-            return JSONResponse({"status": "error", "reason": scheduler.failure, "model": state.model_name},
+        """200 while every scheduler runs; 503 with the reason once one died (the process is about to exit)."""
+        checkpoints = {model_id: entry.checkpoint for model_id, entry in state.served.items()}
+        if state.failure is not None:
+            return JSONResponse({"status": "error", "reason": state.failure, "checkpoints": checkpoints},
                                 status_code=503)
-        return JSONResponse({"status": "ok", "model": state.model_name, "models": list(state.served),
-                             "running_rows": scheduler.rows, "queue_depth": scheduler.depth})
+        schedulers = state.schedulers.values()
+        return JSONResponse({"status": "ok", "models": list(state.served), "checkpoints": checkpoints,
+                             "running_rows": sum(s.rows for s in schedulers),
+                             "queue_depth": sum(s.depth for s in schedulers)})
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -119,7 +135,7 @@ def create_app(state: ServerState) -> FastAPI:
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
         authorize(request, state.api_key)
-        return {"object": "list", "data": [model_card(entry, state.model_name) for entry in state.served.values()]}
+        return {"object": "list", "data": [model_card(entry) for entry in state.served.values()]}
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -134,8 +150,8 @@ def create_app(state: ServerState) -> FastAPI:
         """vLLM's ``/tokenize``: ``{prompt}`` or ``{messages}`` (the chat template), ``add_special_tokens``."""
         authorize(request, state.api_key)
         body = await read_json(request)
-        tokens = await off_loop(state, parse_tokenize, body, served=state.served, loaded=state.loaded)
-        limit = getattr(state.loaded.model.config, "max_position_embeddings", None)
+        tokens, loaded = await off_loop(state, parse_tokenize, body, served=state.served, models=state.models)
+        limit = getattr(loaded.model.config, "max_position_embeddings", None)
         return {"count": len(tokens), "max_model_len": limit, "tokens": tokens, "token_strs": None}
 
     return app
@@ -152,9 +168,9 @@ def authorize(request: Request, api_key: str | None) -> None:
                        kind="authentication_error")
 
 
-def model_card(entry: ServedModel, model_name: str) -> dict[str, Any]:
+def model_card(entry: ServedModel) -> dict[str, Any]:
     return {"id": entry.id, "object": "model", "created": 0, "owned_by": "refusion",
-            "decoder": entry.decoder, "checkpoint": model_name}
+            "decoder": entry.decoder, "checkpoint": entry.checkpoint}
 
 
 async def read_json(request: Request) -> Any:
@@ -175,7 +191,7 @@ async def generate(request: Request, state: ServerState, *, chat: bool) -> Respo
     received = time.perf_counter()
     authorize(request, state.api_key)
     body = await read_json(request)
-    generation = await off_loop(state, parse_generation, body, chat=chat, served=state.served, loaded=state.loaded,
+    generation = await off_loop(state, parse_generation, body, chat=chat, served=state.served, models=state.models,
                                 default_seed=state.seed)
     run = Run(generation, state, received)
     run.submit()
@@ -230,13 +246,16 @@ class Run:
     def __init__(self, generation: Generation, state: ServerState, received: float):
         self.generation = generation
         self.state = state
+        self.scheduler = state.schedulers[generation.served.checkpoint]
+        self.tokenizer = self.scheduler.loaded.tokenizer
+        self.labels = (generation.served.checkpoint, generation.served.id)  # the metrics' model and decoder
         self.received = received
         self.id = ("chatcmpl-" if generation.chat else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
         self.events: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
         loop = asyncio.get_running_loop()
         rules = generation.rules
-        tokenizer = state.loaded.tokenizer
+        tokenizer = self.tokenizer
         eos = () if rules.ignore_eos or rules.min_tokens else None  # (): the stop rule ends at the end ids
 
         def sink_of(index: int) -> Callable[[Event], None]:
@@ -259,14 +278,14 @@ class Run:
         submitted: list[Job] = []
         try:
             for choice in self.choices.values():
-                self.state.scheduler.submit(choice.job)
+                self.scheduler.submit(choice.job)
                 submitted.append(choice.job)
         except (QueueFull, Draining, Dead) as refusal:
             for job in submitted:
-                self.state.scheduler.cancel(job)
-            self.state.metrics.requests.labels("error").inc()
+                self.scheduler.cancel(job)
+            self.state.metrics.requests.labels("error", *self.labels).inc()
             if isinstance(refusal, QueueFull):
-                raise ApiError(429, f"the queue is full ({self.state.scheduler.max_queue} requests wait); retry "
+                raise ApiError(429, f"the queue is full ({self.scheduler.max_queue} requests wait); retry "
                                     "later", code="queue_full", kind="rate_limit_error") from None
             if isinstance(refusal, Dead):
                 raise ApiError(503, f"{refusal}; the server is about to exit", kind="server_error") from None
@@ -287,8 +306,8 @@ class Run:
         scheduler died (a balancer may retry elsewhere), else 500; the cause is in the log, by request id."""
         self.done("error")
         for choice in self.choices.values():
-            self.state.scheduler.cancel(choice.job)
-        if self.state.scheduler.failure is not None:
+            self.scheduler.cancel(choice.job)
+        if self.scheduler.failure is not None:
             return ApiError(503, f"{event.message} (request id {self.id})", kind="server_error",
                             code="scheduler_stopped", request_id=self.id)
         if event.error is not None:
@@ -312,7 +331,7 @@ class Run:
                 waiting.discard(index)
         self.mark_first_byte()
         self.done("ok")
-        tokenizer = self.state.loaded.tokenizer
+        tokenizer = self.tokenizer
         texts = await off_loop(self.state, lambda: [answer_text(tokenizer, choice.tokens, rules)
                                                     for choice in self.choices.values()])
         choices = []
@@ -370,17 +389,19 @@ class Run:
                 self.cancel()
 
     def failure_message(self, event: Failed) -> str:
-        if self.state.scheduler.failure is not None or event.error is None:
+        if self.scheduler.failure is not None or event.error is None:
             return f"{event.message} (request id {self.id})"
         return f"internal error while decoding (request id {self.id}; the server log has the cause)"
 
     def commits_chunk(self, choice: Choice, commits: list[Commit]) -> dict[str, Any]:
+        limit = self.generation.rules.max_tokens
+        commits = [c for c in commits if limit is None or c.offset < limit]  # a slot past max_tokens is cut
         delta = choice.text.add(commits)
         choice.committed += len(commits)
         choice.chunks += 1
-        self.state.metrics.stream_chunks.inc()
+        self.state.metrics.stream_chunks.labels(*self.labels).inc()
         chunk = self.chunk(choice, delta, None)
-        tokenizer = self.state.loaded.tokenizer
+        tokenizer = self.tokenizer
         chunk["commits"] = [{"offset": c.offset, "token": c.token, "kind": c.kind,
                              "text": tokenizer.decode([c.token], skip_special_tokens=False)} for c in commits]
         return chunk
@@ -389,7 +410,7 @@ class Run:
         """The chunk with the rest of the answer and its ``finish_reason``."""
         rules = self.generation.rules
         choice.settle(event, rules)
-        answer = await off_loop(self.state, answer_text, self.state.loaded.tokenizer, choice.tokens, rules)
+        answer = await off_loop(self.state, answer_text, self.tokenizer, choice.tokens, rules)
         rest = choice.text.finish(answer)
         if choice.text.sent != answer:
             log.warning("request %s: the streamed text is not the answer's", self.id)
@@ -440,16 +461,22 @@ class Run:
     def mark_first_byte(self) -> None:
         if self.first_byte is None:
             self.first_byte = time.perf_counter()
-            self.state.metrics.ttfb.observe(self.first_byte - self.received)
+            self.state.metrics.ttfb.labels(*self.labels).observe(self.first_byte - self.received)
 
     def done(self, outcome: str) -> None:
-        self.state.metrics.requests.labels(outcome).inc()
-        self.state.metrics.latency.observe(time.perf_counter() - self.received)
+        metrics = self.state.metrics
+        metrics.requests.labels(outcome, *self.labels).inc()
+        metrics.latency.labels(*self.labels).observe(time.perf_counter() - self.received)
+        if outcome == "ok":
+            choices = self.choices.values()
+            metrics.tokens.labels(*self.labels).inc(sum(choice.completion_tokens for choice in choices))
+            metrics.forwards.labels(*self.labels).inc(sum(choice.outcome.result.stats.forwards for choice in choices
+                                                          if choice.outcome is not None))
 
     def cancel(self) -> None:
         for choice in self.choices.values():
-            self.state.scheduler.cancel(choice.job)
-        self.state.metrics.requests.labels("cancelled").inc()
+            self.scheduler.cancel(choice.job)
+        self.state.metrics.requests.labels("cancelled", *self.labels).inc()
 
 
 def sse(payload: dict[str, Any]) -> str:

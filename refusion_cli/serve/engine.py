@@ -24,6 +24,7 @@ Nothing here knows of HTTP or text: token ids in, token ids and counters out.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import threading
@@ -37,7 +38,7 @@ import torch
 from refusion_cli.decoding.engine import Engine, Failed, Finished, Outcome, Request, StopRule
 from refusion_cli.decoding.registry import row_options
 from refusion_cli.decoding.rows import Commit, commits
-from refusion_cli.decoding.stats import DecodeResult, EosIds
+from refusion_cli.decoding.stats import EosIds
 from refusion_cli.decoding.variants import PAPER, Variant
 from refusion_cli.models.loading import LoadedModel
 
@@ -82,34 +83,35 @@ class Job:
 
 
 class EngineStats:
-    """What the scheduler reports as it runs (the metrics read it); every hook is a no-op here."""
+    """What a scheduler reports as it runs, under its model's name (the metrics read it); every hook is a no-op
+    here."""
 
-    def queued(self, depth: int) -> None: ...
+    def queued(self, model: str, depth: int) -> None: ...
 
-    def running(self, rows: int) -> None: ...
+    def running(self, model: str, rows: int) -> None: ...
 
-    def model_call(self, rows: int) -> None: ...
+    def model_call(self, model: str, rows: int) -> None: ...
 
-    def finished(self, result: DecodeResult) -> None: ...
-
-    def oom_requeue(self) -> None: ...
+    def oom_requeue(self, model: str) -> None: ...
 
 
 class Scheduler:
-    def __init__(self, loaded: LoadedModel, *, max_batch: int = 16, max_queue: int = 256,
+    def __init__(self, loaded: LoadedModel, name: str, *, max_batch: int = 16, max_queue: int = 256,
                  max_memory: int | None = None, stats: EngineStats | None = None,
                  on_death: Callable[[str], None] | None = None):
-        """``max_batch``: the most rows at once; ``max_memory`` (bytes): admit rows while the memory
-        model's bytes fit it (None: rows are bounded by ``max_batch`` only)."""
+        """The scheduler of ``loaded`` (its checkpoint named ``name``). ``max_batch``: the most rows at once;
+        ``max_memory`` (bytes): admit rows while the memory model's bytes fit it (None: rows are bounded by
+        ``max_batch`` only)."""
         self.loaded = loaded
+        self.name = name
         self.max_batch = max_batch
         self.max_queue = max_queue
         self.stats = stats or EngineStats()
         self.on_death = on_death
         self.device = next(loaded.model.parameters()).device
         self.engine = Engine(loaded.model, max_rows=max_batch, max_memory=max_memory)
-        self.engine.on_call = self.stats.model_call
-        self.engine.on_requeue = self.stats.oom_requeue
+        self.engine.on_call = functools.partial(self.stats.model_call, name)
+        self.engine.on_requeue = functools.partial(self.stats.oom_requeue, name)
         self.failure: str | None = None  # why the scheduler thread died (None: alive)
         self._open: dict[int, tuple[Job, Request]] = {}  # by job id: each job given to the engine, until its outcome
         self._incoming: list[Job] = []
@@ -132,7 +134,7 @@ class Scheduler:
             if self.depth >= self.max_queue:
                 raise QueueFull()
             self._incoming.append(job)
-            self.stats.queued(self.depth)
+            self.stats.queued(self.name, self.depth)
             self._wake.notify()
 
     def cancel(self, job: Job) -> None:
@@ -194,8 +196,8 @@ class Scheduler:
                 if not request.cancelled and job.cancelled.is_set():
                     self.engine.cancel(request)
             self.engine.step()
-            self.stats.queued(self.depth)
-            self.stats.running(self.rows)
+            self.stats.queued(self.name, self.depth)
+            self.stats.running(self.name, self.rows)
             self._forget_cancelled()
 
     def _enqueue(self, job: Job) -> None:
@@ -222,9 +224,7 @@ class Scheduler:
 
     def _done(self, job: Job, outcome: Outcome) -> None:
         self._open.pop(job.id, None)
-        if isinstance(outcome, Finished):
-            self.stats.finished(outcome.result)
-        elif outcome.error is not None:
+        if isinstance(outcome, Failed) and outcome.error is not None:
             log.error("request %d failed: %s", job.id, outcome.message, exc_info=outcome.error)
         job.sink(outcome)
 
@@ -233,8 +233,8 @@ class Scheduler:
             job.sink(Failed(message))
         self._open.clear()
         self._incoming.clear()
-        self.stats.running(0)
-        self.stats.queued(0)
+        self.stats.running(self.name, 0)
+        self.stats.queued(self.name, 0)
 
     def _die(self, error: BaseException) -> None:
         reason = f"the scheduler stopped: {type(error).__name__}"

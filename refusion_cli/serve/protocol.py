@@ -6,9 +6,10 @@ Validation happens here, once: a field of the wrong type, a value out of range, 
 refuses: each is an :class:`ApiError` naming the field (``param``). Decoder settings travel in one
 extension object, ``decoder_options`` (the names and values of ``--set``), checked by the same config
 classes; ``max_tokens`` becomes the config's ``gen_length`` (the settings that follow it move with it,
-as in ``refusion eval``); ``temperature`` / ``top_p`` set the decoder's fields of those names where its
-config has them (a decoder without sampling takes only their greedy values); ``seed`` seeds the row's
-generator (default: the server's ``--seed``).
+as in ``refusion eval``), and a response never holds more than ``max_tokens`` tokens (ReFusion's budget,
+rounded up to whole slots, is cut there); ``temperature`` / ``top_p`` set the decoder's fields of those names
+where its config has them (a decoder without the field takes only its neutral value); ``seed`` seeds the
+row's generator (default: the server's ``--seed``).
 
 vLLM's extension fields, as its OpenAI server reads them: ``ignore_eos``, ``min_tokens``, ``stop_token_ids``,
 ``skip_special_tokens``, ``include_stop_str_in_output``, ``n`` (rows of their own, seeds ``seed + i``),
@@ -75,7 +76,8 @@ def error_body(message: str, kind: str = "invalid_request_error", param: str | N
 
 @dataclass(frozen=True)
 class ServedModel:
-    """One model id the server answers for: a decoder (and ReFusion variant) with its starting settings."""
+    """One model id the server answers for: a decoder (and ReFusion variant) on its checkpoint, with its starting
+    settings."""
 
     id: str
     choice: DecoderChoice  # the decoder, --preset and --set values it was served with
@@ -84,6 +86,10 @@ class ServedModel:
     @property
     def decoder(self) -> str:
         return self.choice.decoder
+
+    @property
+    def checkpoint(self) -> str:
+        return self.choice.checkpoint
 
     def config(self, max_tokens: int | None, options: dict[str, Any]) -> Any:
         """The validated config of one request: the served settings, then ``options``; ``max_tokens``
@@ -120,10 +126,11 @@ class Generation:
         return [(p * self.n + i, prompt, self.seed + i) for p, prompt in enumerate(self.prompts) for i in range(self.n)]
 
 
-def parse_generation(body: Any, *, chat: bool, served: dict[str, ServedModel], loaded: Any,
+def parse_generation(body: Any, *, chat: bool, served: dict[str, ServedModel], models: dict[str, Any],
                      default_seed: int) -> Generation:
-    """A request body of ``/v1/chat/completions`` (``chat``) or ``/v1/completions``, checked. Tokenizes and
-    renders the chat template: call it off the event loop."""
+    """A request body of ``/v1/chat/completions`` (``chat``) or ``/v1/completions``, checked against the served
+    model's checkpoint (``models``: the loaded models by checkpoint). Tokenizes and renders the chat template:
+    call it off the event loop."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
     allowed = CHAT_FIELDS if chat else COMPLETION_FIELDS
@@ -139,6 +146,7 @@ def parse_generation(body: Any, *, chat: bool, served: dict[str, ServedModel], l
         raise ApiError(404, f"the model '{model}' does not exist; served: {', '.join(served)}", param="model",
                        code="model_not_found")
     entry = served[model]
+    loaded = models[entry.checkpoint]
     max_tokens = _max_tokens(body, chat)
     options = _decoder_options(body, entry)
     config = _config(entry, max_tokens, options)
@@ -161,9 +169,10 @@ def parse_generation(body: Any, *, chat: bool, served: dict[str, ServedModel], l
                       include_usage, include_usage and continuous, chat)
 
 
-def parse_tokenize(body: Any, *, served: dict[str, ServedModel], loaded: Any) -> list[int]:
-    """vLLM's ``/tokenize`` body: ``prompt`` (a string) or ``messages`` (rendered with the chat template),
-    ``add_special_tokens`` (default: true for a prompt, as vLLM); the token ids."""
+def parse_tokenize(body: Any, *, served: dict[str, ServedModel], models: dict[str, Any]) -> tuple[list[int], Any]:
+    """vLLM's ``/tokenize`` body: ``model`` (needed when the served models are on several checkpoints),
+    ``prompt`` (a string) or ``messages`` (rendered with the chat template), ``add_special_tokens`` (default:
+    true for a prompt, as vLLM); the token ids and the loaded model that read them."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
     unknown = set(body) - {"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt"}
@@ -173,11 +182,16 @@ def parse_tokenize(body: Any, *, served: dict[str, ServedModel], loaded: Any) ->
     if model is not None and model not in served:
         raise ApiError(404, f"the model '{model}' does not exist; served: {', '.join(served)}", param="model",
                        code="model_not_found")
+    if model is None and len(models) > 1:
+        raise ApiError(400, f"'model' is required: the served models are on {len(models)} checkpoints "
+                            f"({', '.join(models)}), each with its tokenizer", param="model")
+    loaded = models[served[model].checkpoint] if model is not None else next(iter(models.values()))
     if "messages" in body:
-        return _messages_ids(body, loaded)
+        return _messages_ids(body, loaded), loaded
     prompt = _typed(body, "prompt", str, required=True)
     special = _typed(body, "add_special_tokens", bool)
-    return list(loaded.tokenizer(prompt, add_special_tokens=True if special is None else special)["input_ids"])
+    ids = loaded.tokenizer(prompt, add_special_tokens=True if special is None else special)["input_ids"]
+    return list(ids), loaded
 
 
 def _check_sampling_extensions(body: dict[str, Any]) -> None:
@@ -219,7 +233,7 @@ def _text_rules(body: dict[str, Any], loaded: Any, config: Any, max_tokens: int 
                      include_stop=_typed(body, "include_stop_str_in_output", bool) or False,
                      skip_special_tokens=True if skip_special is None else skip_special,
                      ignore_eos=ignore_eos, min_tokens=min_tokens, stop_token_ids=frozenset(stop_ids),
-                     max_tokens=length if ignore_eos and budget > length else None)
+                     max_tokens=length if budget > length else None)
 
 
 def _stream_options(body: dict[str, Any]) -> tuple[bool, bool]:
@@ -257,15 +271,17 @@ def _decoder_options(body: dict[str, Any], entry: ServedModel) -> dict[str, Any]
     """``decoder_options``, plus ``temperature`` / ``top_p`` where the decoder's config has them."""
     options = dict(_typed(body, "decoder_options", dict) or {})
     fields = config_fields(decoder_spec(entry.decoder).config_class)
-    for name, greedy in (("temperature", 0.0), ("top_p", 1.0)):
+    for name, neutral in (("temperature", 0.0), ("top_p", 1.0)):
         value = _typed(body, name, float)
         if value is None:
             continue
         if name in fields:
             options.setdefault(name, value)
-        elif value != greedy:
-            raise ApiError(400, f"the {entry.decoder} decoder has no '{name}': it decodes greedily "
-                                f"(send {name}={greedy:g} or leave it out)", param=name)
+        elif value != neutral:
+            why = ("it samples by Gumbel noise at 'temperature', which has no nucleus to cut" if "temperature" in fields
+                   else "it decodes greedily")
+            raise ApiError(400, f"the {entry.decoder} decoder has no '{name}': {why} (send {name}={neutral:g} or "
+                                "leave it out)", param=name)
     return options
 
 

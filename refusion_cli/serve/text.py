@@ -40,7 +40,7 @@ class TextRules:
     ignore_eos: bool = False  # the response runs to max_tokens; end ids are text like any token
     min_tokens: int = 0  # no end id, stop id or stop string ends the response before this many tokens
     stop_token_ids: frozenset[int] = frozenset()  # more ids that end the response (vLLM's stop_token_ids)
-    max_tokens: int | None = None  # cut the response here (a decoder whose budget is rounded up)
+    max_tokens: int | None = None  # cut the response here (a decoder whose budget is rounded up: ReFusion's slots)
 
     def ends(self, token: int, offset: int) -> bool:
         """Whether ``token`` at response ``offset`` ends the response."""
@@ -51,7 +51,8 @@ class TextRules:
     @property
     def needs_rule(self) -> bool:
         """Whether the scheduler must watch the committed prefix (else the decoder's own end is the end)."""
-        return bool(self.stops or self.min_tokens or self.stop_token_ids or self.ignore_eos)
+        return bool(self.stops or self.min_tokens or self.stop_token_ids or self.ignore_eos
+                    or self.max_tokens is not None)
 
     def stop_at(self, text: str, after: int = 0) -> tuple[int, int] | None:
         """The earliest stop string in ``text`` that ends past character ``after``: (its start, its end)."""

@@ -1,15 +1,19 @@
-"""An in-process ``refusion serve`` on 127.0.0.1 (uvicorn in a thread, a free port), and the answers the
-same decoders give in process, batch 1, for comparison."""
+"""An in-process ``refusion serve`` on 127.0.0.1 (uvicorn in a thread, a free port), ``refusion serve`` as a process
+of its own, and the answers the same decoders give in process, batch 1, for comparison."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -28,23 +32,30 @@ from refusion_cli.serve.metrics import ServeMetrics
 from refusion_cli.serve.protocol import ServedModel, served_id
 from tests.ports import free_port
 
+REPO = Path(__file__).resolve().parents[2]
+CHECKPOINT = "test-model"  # the checkpoint name of a server on one model
+
 
 def served(decoders: list[str], overrides: dict[str, Any] | None = None,
-           variants: list[Variant] = ()) -> dict[str, ServedModel]:
-    entries = [ServedModel(served_id(d, PAPER), DecoderChoice(d, None, None, dict(overrides or {}))) for d in decoders]
-    entries += [ServedModel(served_id("refusion", v), DecoderChoice("refusion", None, None, dict(overrides or {})), v)
-                for v in variants]
+           variants: list[Variant] = (), checkpoint: str = CHECKPOINT) -> dict[str, ServedModel]:
+    def choice(decoder: str) -> DecoderChoice:
+        return DecoderChoice(decoder, checkpoint, None, dict(overrides or {}))
+    entries = [ServedModel(served_id(d, PAPER), choice(d)) for d in decoders]
+    entries += [ServedModel(served_id("refusion", v), choice("refusion"), v) for v in variants]
     return {entry.id: entry for entry in entries}
 
 
 @contextmanager
-def running_server(loaded: LoadedModel, models: dict[str, ServedModel], *, max_batch: int = 16,
-                   max_queue: int = 64, api_key: str | None = None,
+def running_server(loaded: LoadedModel | dict[str, LoadedModel], models: dict[str, ServedModel], *,
+                   max_batch: int = 16, max_queue: int = 64, api_key: str | None = None,
                    max_memory: int | None = None) -> Iterator[tuple[str, ServerState]]:
-    """The base URL (``http://127.0.0.1:PORT``) of a server on ``loaded``, stopped on exit."""
+    """The base URL (``http://127.0.0.1:PORT``) of a server on ``loaded`` (one model, named ``CHECKPOINT``, or
+    several by checkpoint name), stopped on exit."""
     metrics = ServeMetrics()
-    scheduler = Scheduler(loaded, max_batch=max_batch, max_queue=max_queue, max_memory=max_memory, stats=metrics)
-    state = ServerState(loaded, "test-model", models, scheduler, metrics, api_key=api_key)
+    checkpoints = loaded if isinstance(loaded, dict) else {CHECKPOINT: loaded}
+    schedulers = {name: Scheduler(model, name, max_batch=max_batch, max_queue=max_queue, max_memory=max_memory,
+                                  stats=metrics) for name, model in checkpoints.items()}
+    state = ServerState(models, schedulers, metrics, api_key=api_key)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(state), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -58,6 +69,35 @@ def running_server(loaded: LoadedModel, models: dict[str, ServedModel], *, max_b
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+
+
+def scheduler(state: ServerState) -> Scheduler:
+    """The scheduler of a server on one model."""
+    return state.schedulers[CHECKPOINT]
+
+
+@contextmanager
+def serve_process(launcher: list[str], *options: str) -> Iterator[tuple[subprocess.Popen, str]]:
+    """``refusion serve OPTIONS`` as a process of its own (``launcher``: how Python starts it) on a free port of
+    127.0.0.1, once its /health answers; the process and its base URL, killed on exit if still running."""
+    port = free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    server = subprocess.Popen([sys.executable, *launcher, "serve", "--port", str(port), *options], cwd=REPO, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        def up() -> bool:
+            try:
+                return httpx.get(f"{base}/health").status_code == 200
+            except httpx.TransportError:
+                assert server.poll() is None, server.stdout.read()
+                return False
+        wait_for(up, timeout=60)
+        yield server, base
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
 
 
 def in_process(loaded: LoadedModel, entry: ServedModel, question: str, max_tokens: int, seed: int = 0,

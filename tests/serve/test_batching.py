@@ -12,7 +12,7 @@ import pytest
 from refusion_cli.models.loading import load_model
 from refusion_cli.tasks.synthetic import read_jsonl
 from refusion_cli.harness.suite import EVALS_DIR
-from tests.serve.helpers import in_process, metric, running_server, served
+from tests.serve.helpers import in_process, metric, running_server, scheduler, served
 
 QUESTIONS = [problem["question"] for problem in read_jsonl(EVALS_DIR / "synthetic" / "test.jsonl")[:16]]
 
@@ -62,9 +62,9 @@ def test_a_request_joining_while_another_runs_gets_its_batch_one_answer(refusion
         with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=120) as response:
             lines = response.iter_lines()  # kept: closing this iterator closes the connection
             first = next(lines)
-            assert state.scheduler.rows == 1  # the long one is decoding
+            assert scheduler(state).rows == 1  # the long one is decoding
             joined = chat(base, "refusion", joining_question, 64)
-            assert state.scheduler.rows == 1  # the joining one came and went while the long one ran
+            assert scheduler(state).rows == 1  # the joining one came and went while the long one ran
             rest = [line for line in lines if line.startswith("data: ")]
         calls_with_two = httpx.get(f"{base}/metrics").text
     streamed = "".join(json.loads(line[6:])["choices"][0]["text"]
@@ -89,5 +89,6 @@ def test_rows_wait_for_room_beyond_max_batch(refusion_tiny):
 def test_health_reports_the_served_models(refusion_tiny):
     with running_server(refusion_tiny, served(["refusion", "ar"])) as (base, _):
         health = httpx.get(f"{base}/health").json()
-    assert health == {"status": "ok", "model": "test-model", "models": ["refusion", "ar"], "running_rows": 0,
+    assert health == {"status": "ok", "models": ["refusion", "ar"],
+                      "checkpoints": {"refusion": "test-model", "ar": "test-model"}, "running_rows": 0,
                       "queue_depth": 0}

@@ -1,13 +1,20 @@
-"""``refusion serve``'s command line: a mistake is one ``error:`` line and exit code 2, before any model loads."""
+"""``refusion serve``'s command line: a mistake is one ``error:`` line and exit code 2, before any model loads;
+``--model`` as eval, bench and chat read it, and without it each decoder on its own embedded model."""
 
 from __future__ import annotations
 
 import socket
 import sys
 
+import httpx
 import pytest
 
 from refusion_cli.cli.app import main
+from tests.serve.helpers import serve_process
+
+# the question of the README's serve example: 12 + 7 - 5 + 9
+README_QUESTION = ("Mia has 12 apples. She buys 7 more apples. Then she gives 5 apples to Max. Then she finds 9 "
+                   "apples. How many apples does Mia have now?")
 
 BAD = [
     (["--decoder", "rnn"], "unknown decoder 'rnn'"),
@@ -20,6 +27,12 @@ BAD = [
     (["--api-key", " "], "--api-key is empty"),
     (["--max-memory", "lots"], "--max-memory: cannot read 'lots' as a memory size"),
     (["--model", "/no/such/folder"], "/no/such/folder"),
+    (["--decoder", "ar", "--model", "ar=mdm-tiny"], "the ar decoder needs a causal model"),
+    (["--decoder", "ar", "--model", "ar="], "no checkpoint after '='"),
+    (["--decoder", "ar", "--model", "llada=mdm-tiny"], "the llada decoder is not selected"),
+    (["--decoder", "ar", "--model", "rnn=ar-tiny"], "'rnn' is not a decoder"),
+    (["--decoder", "ar", "--model", "ar-tiny", "--model", "refusion-tiny"], "two checkpoints"),
+    (["--decoder", "dream"], "the dream decoder has no embedded model"),
 ]
 
 
@@ -44,3 +57,24 @@ def test_a_taken_port_is_one_error_line(capsys, monkeypatch):
         taken.listen()
         code, err = serve(capsys, monkeypatch, "--decoder", "ar", "--port", str(taken.getsockname()[1]))
     assert code == 2 and "cannot listen on" in err and "--port" in err, err
+
+
+def test_model_takes_decoder_equals_checkpoint(capsys, monkeypatch):
+    """``--model ar=ar-tiny`` is read, resolved and fit-checked: the first error is the taken port, checked last
+    before the models load."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        code, err = serve(capsys, monkeypatch, "--decoder", "refusion", "ar", "--model", "ar=ar-tiny", "--port",
+                          str(taken.getsockname()[1]))
+    assert code == 2 and "cannot listen on" in err, err
+
+
+def test_each_decoder_runs_on_its_embedded_model_and_answers_the_readme_question():
+    with serve_process(["-m", "refusion_cli"], "--decoder", "refusion", "ar") as (_, base):
+        cards = httpx.get(f"{base}/v1/models").json()["data"]
+        assert {card["id"]: card["checkpoint"] for card in cards} == {"refusion": "refusion-tiny", "ar": "ar-tiny"}
+        for model in ("refusion", "ar"):
+            reply = httpx.post(f"{base}/v1/chat/completions", timeout=60, json={
+                "model": model, "messages": [{"role": "user", "content": README_QUESTION}]}).json()
+            assert reply["choices"][0]["message"]["content"].endswith("#### 23"), (model, reply)

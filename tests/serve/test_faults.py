@@ -5,16 +5,10 @@ the running request finish and exits 0."""
 from __future__ import annotations
 
 import dataclasses
-import os
 import signal
-import subprocess
-import sys
 import threading
 
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
-from pathlib import Path
 
 import httpx
 import pytest
@@ -22,10 +16,8 @@ import pytest
 from refusion_cli.decoding import registry
 from refusion_cli.decoding.registry import decoder_spec
 from refusion_cli.models.loading import load_model
-from tests.ports import free_port
-from tests.serve.helpers import in_process, metric, running_server, served, wait_for
+from tests.serve.helpers import in_process, metric, running_server, scheduler, serve_process, served, wait_for
 
-REPO = Path(__file__).resolve().parents[2]
 QUESTION = "Tom has 3 apples and buys 4 more. How many apples does he have?"
 MESSAGES = [{"role": "user", "content": QUESTION}]
 LONG = {"model": "ar", "prompt": "hello hello hello", "max_tokens": 512, "stream": True}  # 512 tokens: no EOS comes
@@ -52,7 +44,7 @@ BAD_REQUESTS = [  # (body, status, param, words in the message)
     ({"model": "ar", "messages": MESSAGES, "max_tokens": "ten"}, 400, "max_tokens", "must be an integer"),
     ({"model": "ar", "messages": MESSAGES, "max_tokens": 0}, 400, "max_tokens", "at least 1"),
     ({"model": "ar", "messages": MESSAGES, "max_tokens": 5000}, 400, "max_tokens", "exceeds the model's context"),
-    ({"model": "ar", "messages": MESSAGES, "temperature": 0.7}, 400, "temperature", "decodes greedily"),
+    ({"model": "refusion", "messages": MESSAGES, "top_p": 0.9}, 400, "top_p", "Gumbel noise at 'temperature'"),
     ({"model": "ar", "messages": MESSAGES, "stream": "yes"}, 400, "stream", "true or false"),
     ({"model": "ar", "messages": MESSAGES, "n": 0}, 400, "n", "at least 1"),
     ({"model": "ar", "messages": MESSAGES, "best_of": 2}, 400, "best_of", "not supported"),
@@ -95,9 +87,9 @@ def test_a_full_queue_answers_429_with_retry_after(refusion_tiny):
         long = {"model": "refusion", "messages": MESSAGES, "max_tokens": 192}
         with ThreadPoolExecutor(2) as pool:
             running = pool.submit(post, base, long)
-            wait_for(lambda: state.scheduler.rows == 1)
+            wait_for(lambda: scheduler(state).rows == 1)
             waiting = pool.submit(post, base, long)
-            wait_for(lambda: state.scheduler.depth == 1)
+            wait_for(lambda: scheduler(state).depth == 1)
             refused = post(base, long)
             assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
             assert refused.json()["error"]["type"] == "rate_limit_error"
@@ -163,31 +155,6 @@ def test_sigterm_finishes_the_running_request_and_exits_0(tmp_path):
         assert chunks[-1] == "data: [DONE]" and '"finish_reason": "' in chunks[-2]  # it finished, not cut
 
 
-@contextmanager
-def serve_process(launcher: list[str], *options: str) -> Iterator[tuple[subprocess.Popen, str]]:
-    """``refusion serve OPTIONS`` as a process of its own (``launcher``: how Python starts it) on a free port of
-    127.0.0.1, once its /health answers; the process and its base URL, killed on exit if still running."""
-    port = free_port()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    server = subprocess.Popen([sys.executable, *launcher, "serve", "--port", str(port), *options], cwd=REPO, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        def up() -> bool:
-            try:
-                return httpx.get(f"{base}/health").status_code == 200
-            except httpx.TransportError:
-                assert server.poll() is None, server.stdout.read()
-                return False
-        wait_for(up, timeout=60)
-        yield server, base
-    finally:
-        if server.poll() is None:
-            server.kill()
-            server.wait()
-
-
-
 def read_stream(base: str, body: dict, lines: list[str]) -> None:
     """Append each ``data:`` line of a streamed request to ``lines`` as it comes."""
     with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=60) as response:
@@ -208,8 +175,8 @@ def test_a_dead_scheduler_fails_every_open_request_and_health_says_503(refusion_
         wait_for(lambda: len(streamed) > 0)  # running, its answer begun
         with ThreadPoolExecutor(1) as pool:
             waiting = pool.submit(post, base, {"model": "ar", "messages": MESSAGES, "max_tokens": 8})
-            wait_for(lambda: state.scheduler.depth == 1)
-            state.scheduler.engine.step = fail_engine_step.__get__(state.scheduler.engine)  # the thread dies
+            wait_for(lambda: scheduler(state).depth == 1)
+            scheduler(state).engine.step = fail_engine_step.__get__(scheduler(state).engine)  # the thread dies
             reader.join(timeout=30)
             assert not reader.is_alive()
             assert waiting.result().status_code == 503

@@ -14,7 +14,7 @@ from refusion_cli.harness.runner import EvalOptions, run_eval
 from refusion_cli.harness.suite import load_suite, render
 from refusion_cli.models.loading import load_model
 from refusion_cli.serve.protocol import ServedModel
-from tests.serve.helpers import running_server
+from tests.serve.helpers import CHECKPOINT, running_server
 
 LIMIT = 6
 
@@ -30,7 +30,7 @@ def test_lm_eval_through_the_server_gives_the_in_process_answers(tmp_path):
     rendered = render(benchmark, tmp_path / "tasks")
     rendered.write(tmp_path / "tasks")
     loaded = load_model("refusion-tiny", "cpu")
-    entry = ServedModel("refusion", DecoderChoice("refusion", None, benchmark.preset, {}))  # the suite's preset
+    entry = ServedModel("refusion", DecoderChoice("refusion", CHECKPOINT, benchmark.preset, {}))  # the suite's preset
     with running_server(loaded, {"refusion": entry}) as (base, _):
         results = lm_eval.simple_evaluate(
             model="local-chat-completions",

@@ -13,7 +13,7 @@ from refusion_cli.harness.suite import EVALS_DIR
 from refusion_cli.models.loading import load_model
 from refusion_cli.tasks.synthetic import read_jsonl
 from tests.memory import out_of_memory_above
-from tests.serve.helpers import in_process, metric, running_server, served
+from tests.serve.helpers import in_process, metric, running_server, scheduler, served
 
 QUESTIONS = [problem["question"] for problem in read_jsonl(EVALS_DIR / "synthetic" / "test.jsonl")[:6]]
 
@@ -34,7 +34,7 @@ def test_a_call_out_of_memory_requeues_its_rows_and_every_request_gets_its_batch
             replies = list(pool.map(lambda q: httpx.post(f"{base}/v1/chat/completions", json=body(q), timeout=120),
                                     QUESTIONS))
         requeues = metric(base, "refusion_oom_requeues_total")
-        peak = state.scheduler.engine.counts.peak_rows
+        peak = scheduler(state).engine.counts.peak_rows
     assert failed and requeues == len(failed)  # every call of more than two rows failed, and was counted
     assert peak == 2  # then the engine went on with the rows that fit
     for question, reply in zip(QUESTIONS, replies):

@@ -103,5 +103,5 @@ def test_serve_max_memory_runs_the_rows_the_budget_fits(standin):
         with ThreadPoolExecutor(6) as pool:
             replies = list(pool.map(lambda q: httpx.post(f"{base}/v1/chat/completions", json=body(q), timeout=300),
                                     questions))
-        assert state.scheduler.engine.counts.peak_rows == 3
+        assert state.schedulers["test-model"].engine.counts.peak_rows == 3
     assert all(reply.status_code == 200 for reply in replies), [reply.text for reply in replies]
