@@ -49,10 +49,11 @@ from refusion_cli.models.loading import LoadedModel
 SYSTEM_PROBE = "?"  # the user turn rendered after a new system message, to see that the template takes it
 
 
-def chat_config(decoder: str, overrides: Mapping[str, Any], preset: str | None = None) -> Any:
-    """The decoder config a chat starts with: the preset or the defaults, what follows --set gen_length,
-    then --set (:class:`~refusion_cli.decoding.spec.DecoderChoice`, as eval and bench build theirs)."""
-    return DecoderChoice(decoder, None, preset, dict(overrides)).config()
+def chat_config(decoder: str, overrides: Mapping[str, Any], preset: str | None = None, model: str | None = None) -> Any:
+    """The decoder config a chat starts with: the preset, else the model's own (ReFusion on refusion-tiny), else the
+    defaults, what follows --set gen_length, then --set (:class:`~refusion_cli.decoding.spec.DecoderChoice`, as
+    eval, bench and serve build theirs)."""
+    return DecoderChoice(decoder, model, preset, dict(overrides)).config()
 
 
 @dataclass
@@ -75,7 +76,7 @@ class ChatSession:
         self.label = variant_label(decoder, variant)  # "refusion", "refusion (recheck)", "ar", ...
         self.model_name = model_name or loaded.source
         self.explicit = set(overrides or {})  # settings the user gave; the others may follow gen_length
-        self.config = chat_config(decoder, overrides or {}, preset)
+        self.config = chat_config(decoder, overrides or {}, preset, self.model_name)
         self.system: str | None = None
         self.exchanges: list[tuple[str, ChatAnswer]] = []  # (question, answer) since the last reset, in order
         self.last: ChatAnswer | None = None

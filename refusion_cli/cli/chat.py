@@ -95,7 +95,7 @@ def chat(
         require_refusion(option, [choice.decoder])
     spec = decoder_spec(choice.decoder)
     overrides = dict(choice.overrides)
-    chat_config(decoder, overrides, preset)  # refuse bad settings before loading anything
+    chat_config(decoder, overrides, preset, choice.checkpoint)  # refuse bad settings before loading anything
     if prompt is not None and not prompt.strip():
         raise UserError("--prompt is empty")
     if system_file is not None:

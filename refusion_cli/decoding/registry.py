@@ -43,6 +43,8 @@ class DecoderSpec:
     # journaled samples of an earlier revision again instead of reusing them
     revision: int = 1
     presets: Mapping[str, Any] = field(default_factory=dict)  # named configs to start from (--preset)
+    # model name -> the preset the decoder starts from on that model when none is chosen (spec.default_config)
+    model_presets: Mapping[str, str] = field(default_factory=dict)
     shifted: bool | None = None  # a masked-diffusion decoder reading shifted logits (Dream) or not (LLaDA)
     base: Any = None  # the config it starts from when no preset is chosen (None: the config class's defaults)
     blocks_of: int | None = None  # block_length follows the response: this many tokens when it divides it, else one
@@ -59,7 +61,8 @@ LLADA_BLOCK_LENGTH = 32  # LLaDA's block when it divides the length (else one bl
 DECODERS: dict[str, DecoderSpec] = {
     "refusion": DecoderSpec("refusion", ReFusionConfig, "refusion-tiny", True, False,
                             "ReFusion: slot planning + causal verification, KV reuse", row_memory=refusion_memory, open_row=refusion_rows,
-                            presets=MappingProxyType({**PRESETS, **TOOLKIT_PRESETS})),
+                            presets=MappingProxyType({**PRESETS, **TOOLKIT_PRESETS}),
+                            model_presets=MappingProxyType({"refusion-tiny": "synthetic_tiny"})),
     "ar": DecoderSpec("ar", ARConfig, "ar-tiny", False, False, "greedy autoregressive decoding with a KV cache",
                       row_memory=ar_memory, open_row=ar_rows),
     # revision 2 of llada and dream: float64 confidence over the whole vocabulary, leftmost of equal confidences.

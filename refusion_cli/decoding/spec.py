@@ -11,8 +11,10 @@ read their decoder options here, as strings, the same way:
   DECODER.KEY=VALUE`` for one decoder (which wins over a plain ``KEY=``, whatever their order);
 - ``--preset NAME``: named settings from the registry, for every selected decoder that has a preset of
   that name (ReFusion's per-benchmark settings of the paper and the toolkit's own; the accelerated
-  baselines' settings), under the ``--set`` overrides; a benchmark's own preset name stands in where
-  none was chosen.
+  baselines' settings), under the ``--set`` overrides. Where none was chosen, the decoder starts from the
+  preset the registry names for its model (ReFusion on the embedded refusion-tiny: ``synthetic_tiny``),
+  else from a benchmark's own preset (``refusion eval``), else from its defaults: every command gets a
+  decoder's defaults from :func:`default_config`, the same way.
 
 A value given twice with two meanings (two values for one key, two checkpoints for every decoder) is
 an error, never "the last one wins"; ``DECODER=CHECKPOINT`` given with several checkpoints runs the
@@ -171,16 +173,38 @@ class DecoderChoice:
         return self.model
 
     def config(self, gen_length: int | None = None, preset: str | None = None) -> Any:
-        """The validated config: the preset (``preset`` stands in when none was chosen, e.g. a
-        benchmark's own), ``gen_length`` and what follows it (LLaDA's and Dream's steps), then the
+        """The validated config: the chosen preset, else the model's (:func:`model_preset`), else ``preset``
+        (a benchmark's own), then ``gen_length`` and what follows it (LLaDA's and Dream's steps), then the
         overrides, which win."""
         values = dict(self.overrides)
         if gen_length is not None:
             values = {"gen_length": gen_length, **values}
-        name = self.preset or preset
+        name = self.preset or model_preset(self.decoder, self.model) or preset
         presets = decoder_spec(self.decoder).presets
         base = presets[name] if name is not None and name in presets else None
         return build_config(self.decoder, with_length(self.decoder, values), base=base)
+
+
+def model_preset(decoder: str, model: str | None) -> str | None:
+    """The preset ``decoder`` starts from on ``model`` when none is chosen (the registry's ``model_presets``:
+    ReFusion on the embedded refusion-tiny, ``synthetic_tiny``); None for another or an unknown model."""
+    return None if model is None else decoder_spec(decoder).model_presets.get(model)
+
+
+def default_config(decoder: str, model: str | None, gen_length: int | None = None) -> Any:
+    """The config ``decoder`` runs with on ``model`` when no ``--preset`` or ``--set`` is given: what eval (before
+    a benchmark's own preset), bench, chat and serve start from."""
+    return DecoderChoice(decoder, model).config(gen_length)
+
+
+def settings_label(decoder: str, config: Any) -> str:
+    """A config's fields that differ from the decoder's plain defaults, ``name=value`` each (``gen_length=192
+    slot_size=4 block_size=32``), or ``defaults``: with the decoder's name, the whole config."""
+    spec = decoder_spec(decoder)
+    plain = spec.base if spec.base is not None else spec.config_class()
+    changed = [f"{name}={getattr(config, name)}" for name in config_fields(type(config))
+               if getattr(config, name) != getattr(plain, name)]
+    return " ".join(changed) or "defaults"
 
 
 def parse_decoder_options(decoders: Sequence[str], models: Sequence[str] = (), sets: Sequence[str] = (),
@@ -195,5 +219,6 @@ def parse_decoder_options(decoders: Sequence[str], models: Sequence[str] = (), s
             for name in chosen for checkpoint in checkpoints[name]]
 
 
-__all__ = ["DecoderChoice", "check_preset", "parse_assignments", "parse_decoder_options", "one_model_each",
-           "parse_models", "parse_overrides", "preset_config", "require_refusion", "select_decoders", "split_values"]
+__all__ = ["DecoderChoice", "check_preset", "default_config", "model_preset", "parse_assignments",
+           "parse_decoder_options", "one_model_each", "parse_models", "parse_overrides", "preset_config",
+           "require_refusion", "select_decoders", "settings_label", "split_values"]

@@ -230,14 +230,15 @@ def test_embedded_refusion_tiny_answers_a_file_of_questions_without_history(embe
 
 @pytest.mark.skipif(EMBEDDED_MISSING, reason=EMBEDDED_SKIP)
 def test_the_variant_flags_decode_with_the_toolkits_variants(tmp_path, monkeypatch, capsys):
-    """Held-out problem 4, which the paper's decoder gets wrong with chat's settings and the three variants
+    """Held-out problem 4, which the paper's decoder gets wrong with the paper's k and b and the three variants
     together get right (measured); the saved conversation says which variant answered."""
     problem = read_jsonl(REPO / "evals" / "synthetic" / "test.jsonl")[4]
     paper, variants = tmp_path / "paper.json", tmp_path / "variants.json"
-    code, out = run_main(monkeypatch, capsys, "--prompt", problem["question"], "--save", str(paper))
+    papers_k_b = ("--set", "slot_size=8", "--set", "block_size=none")  # not refusion-tiny's own k=4, b=32
+    code, out = run_main(monkeypatch, capsys, "--prompt", problem["question"], "--save", str(paper), *papers_k_b)
     assert code == 0 and not is_correct(out.out, problem["target"]), out.out
     code, out = run_main(monkeypatch, capsys, "--prompt", problem["question"], "--save", str(variants),
-                         "--causal-fix", "--causal-first", "--recheck")
+                         "--causal-fix", "--causal-first", "--recheck", *papers_k_b)
     assert code == 0 and is_correct(out.out, problem["target"]), out.out
     assert "variant" not in json.loads(paper.read_text(encoding="utf-8"))
     record = json.loads(variants.read_text(encoding="utf-8"))
@@ -369,7 +370,7 @@ def test_save_writes_two_piped_turns_of_the_embedded_model(embedded_problem, tmp
     assert record == {
         "model": "refusion-tiny",
         "decoder": "refusion",
-        "config": {"gen_length": 128, "slot_size": 8, "block_size": None, "slot_threshold": 0.8,
+        "config": {"gen_length": 128, "slot_size": 4, "block_size": 32, "slot_threshold": 0.8,  # synthetic_tiny's k, b
                    "token_threshold": 0.9, "temperature": 0.0},
         "seed": 0,
         "history": True,
