@@ -1,15 +1,28 @@
-"""Checks on paths a command will write to, made before anything is written, the one way a
-whole file is replaced (:func:`write_atomically`), and what identifies a folder's files
-(:func:`folder_fingerprint`)."""
+"""Checks on paths a command will write to, made before anything is written, where a run writes when no
+``--output`` is given (:func:`fresh_run_dir`), the one way a whole file is replaced (:func:`write_atomically`),
+and what identifies a folder's files (:func:`folder_fingerprint`)."""
 
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import hashlib
+import itertools
 import tempfile
 from pathlib import Path
 
 from refusion_cli.errors import UserError
+
+
+RUNS_DIR = Path("runs")  # under the working directory; ignored by git in the checkout (.gitignore)
+
+
+def fresh_run_dir(command: str, now: dt.datetime | None = None) -> Path:
+    """A folder no run has written yet, for a run without ``--output``: ``runs/<command>-YYYYMMDD-HHMMSS``
+    (``-2``, ``-3``, ... after it when a run of the same second has it), never a committed results folder."""
+    stem = f"{command}-{(now or dt.datetime.now()).strftime('%Y%m%d-%H%M%S')}"
+    candidates = (RUNS_DIR / (stem if n == 1 else f"{stem}-{n}") for n in itertools.count(1))
+    return next(path for path in candidates if not path.exists())
 
 
 def check_output_dir(path: Path, hint: str, option: str = "--output") -> None:

@@ -35,7 +35,7 @@ from refusion_cli.cli.options import (DECODER_NAMES, PATH_OPTION, CausalFirstOpt
                                       TrustRemoteCodeOpt, panel_option, option_values, route_stray_values, split_commas)
 from refusion_cli.cli.output import console
 from refusion_cli.errors import UserError
-from refusion_cli.paths import check_output_dir
+from refusion_cli.paths import check_output_dir, fresh_run_dir
 
 if TYPE_CHECKING:
     from refusion_cli.bench.runner import BenchSettings
@@ -84,9 +84,10 @@ def bench(
     repeats: Annotated[int, typer.Option("--repeats", help="timed decodes of every prompt",
                                          rich_help_panel=MEASURE)] = 1,
     seed: Annotated[int, panel_option(SeedOpt, MEASURE, help="seed of the sampling noise (prompt i uses seed + i)")] = 0,
-    output: Annotated[Path, typer.Option("--output", "-o", **PATH_OPTION, help="directory for bench.csv, "
-                                         "samples.csv, bench.md, run.json and the plots",
-                                         rich_help_panel=MEASURE)] = Path("results/bench"),
+    output: Annotated[Path | None, typer.Option("--output", "-o", **PATH_OPTION, help="directory for bench.csv, "
+                                                "samples.csv, bench.md, run.json and the plots (default: a new "
+                                                "runs/bench-<date>-<time>/ under the working directory)",
+                                                rich_help_panel=MEASURE)] = None,
     resume: Annotated[bool, typer.Option("--resume", help="continue the interrupted run in --output: keep its "
                                          "finished rows, measure the others (needs the same options and machine)",
                                          rich_help_panel=MEASURE)] = False,
@@ -135,6 +136,10 @@ def bench(
         if threads > cpus:  # torch.set_num_threads with far too many threads crashes the process
             raise UserError(f"--threads {threads} is more than this machine's {cpus} CPU threads")
         torch.set_num_threads(threads)
+    if output is None and resume:
+        raise UserError("--resume continues the run in --output; give its folder", hint="e.g. --output runs/bench-...")
+    fresh = output is None
+    output = output or fresh_run_dir("bench")
     check_output_dir(output, hint="give a directory for bench.csv, bench.md and the plots")
     source = (f"{len(prompt_list)} prompts from {prompts}" if prompts is not None
               else f"the first {len(prompt_list)} problems of the synthetic task "
@@ -151,6 +156,8 @@ def bench(
                       f"{', '.join(run.written)} from {ROWS_FILE}", highlight=False, soft_wrap=True)
         return
     quiet_library_output()
+    if fresh:
+        console.print(f"writing to {output}/", highlight=False, soft_wrap=True)
     for note in notes:
         console.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
     run.execute(prompt_list)

@@ -1,8 +1,9 @@
 """`refusion eval`: run benchmarks through lm-eval with one or more decoders; accuracy and TPS side by side.
 
 A thin wrapper over :func:`refusion_cli.harness.runner.run_eval`: parses options, shows a progress
-bar per benchmark and decoder, prints the summary tables. Library chatter (lm-eval, datasets,
-transformers progress bars and warnings) goes to ``<output>/eval.log``, not the terminal. ``--table1`` runs the
+bar per benchmark and decoder, prints the summary tables. Without ``--output`` a run writes a new
+``runs/eval-<date>-<time>/`` under the working directory, named before the run starts. Library chatter (lm-eval,
+datasets, transformers progress bars and warnings) goes to ``<output>/eval.log``, not the terminal. ``--table1`` runs the
 registry's Table 1 rows (``--rows``), each row's decoder on its checkpoint found under ``--checkpoints``. A run that
 fails before it journals a sample removes the output folder it created (a folder it did not create is
 kept: runs resume from the samples there). ``--download`` fetches missing benchmark files from the hub
@@ -88,8 +89,8 @@ def evaluate(
     dtype: Annotated[str | None, panel_option(DtypeOpt, HOW)] = None,
     trust_remote_code: Annotated[bool, panel_option(TrustRemoteCodeOpt, HOW)] = False,
     output: Annotated[Path | None, typer.Option("--output", "-o", **PATH_OPTION, help="run directory; rerunning "
-                                                "into it resumes (default: results/<date>-<task>/)",
-                                                rich_help_panel=WHERE)] = None,
+                                                "into it resumes (default: a new runs/eval-<date>-<time>/ under the "
+                                                "working directory)", rich_help_panel=WHERE)] = None,
     data_dir: Annotated[Path | None, typer.Option("--data-dir", **PATH_OPTION, help="folder of local benchmark "
                                                   "files, laid out as in evals/README.md (default: evals/data)",
                                                   rich_help_panel=WHERE)] = None,
@@ -127,7 +128,9 @@ def evaluate(
         os.environ[ALLOW_UNJAILED_ENV] = "1"
     from refusion_cli.harness.runner import EvalOptions, default_output, has_results, make_output, plan_eval, run_eval
 
-    run_dir = output or default_output(values.tasks or ["table1"])
+    if output is None and int(os.environ.get("WORLD_SIZE", "1")) > 1:  # each process would pick its own folder
+        raise UserError("under accelerate launch or torchrun, give --output: every process writes to that folder")
+    run_dir = output or default_output()
     options = EvalOptions(
         tasks=values.tasks or ["paper"], decoders=values.decoders, output=run_dir, models=values.models,
         overrides=values.overrides, table1=selection,
@@ -149,6 +152,8 @@ def evaluate(
                   "nothing was evaluated")
         return
     created = make_output(run_dir)
+    if output is None and main_process:
+        _note(f"writing to {run_dir}/")
     if plan.sandbox is not None and main_process:
         console.print(f"[dim]{plan.sandbox}[/]", highlight=False, soft_wrap=True)
     view = EvalView() if main_process else None
@@ -299,14 +304,14 @@ def summary_view(cells: list[RunResult]) -> tuple[list[Group], list[Text]]:
             numbers = not any(character.isalpha() for row in table.rows for character in row[index])
             view.add_column(header, justify="right" if numbers else "left", no_wrap=not numbers)
         for row in table.rows:
-            view.add_row(*row)
+            view.add_row(*(Text(cell) for cell in row))  # a model path with "[...]" in it is text, not markup
         views.append(Group(Text(table.title, style="bold"), view))
     return views, [Text(f"{number}. {note}") for number, note in enumerate(summary.notes, start=1)]
 
 
 def _print_summary(results: list[RunResult], run_dir: Path) -> None:
     """The folder's tables (this run's cells and those earlier runs left there): Table 1's rows in narrow tables
-    with numbered notes; summary.md and summary.csv hold every table complete."""
+    with numbered notes; summary.md holds every table complete, summary.csv a line per cell."""
     from refusion_cli.harness.report import CSV_FILE, MARKDOWN_FILE, METRICS_FILE, read_results
 
     cells = read_results(run_dir) or results

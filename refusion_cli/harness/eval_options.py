@@ -6,7 +6,7 @@ ReFusion variant), Table 1's checkpoint folders, and the checks of the paths giv
 
 from __future__ import annotations
 
-import datetime as dt
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,8 +19,9 @@ from refusion_cli.decoding.variants import PAPER, Variant, variant_label
 from refusion_cli.errors import UserError
 from refusion_cli.harness.manifest import EvalProtocol, Table1Row
 from refusion_cli.harness.model_args import AUTO, batch_size_value
-from refusion_cli.harness.report import METRICS_FILE
+from refusion_cli.harness.report import METRICS_FILE, read_results
 from refusion_cli.models.checkpoint import checkpoint_label
+from refusion_cli.paths import fresh_run_dir
 
 if TYPE_CHECKING:
     from refusion_cli.harness.suite import Benchmark, RenderedTask
@@ -97,9 +98,9 @@ class DecoderRun:
 # --- option parsing ----------------------------------------------------------------------------
 
 
-def default_output(tasks: list[str], today: dt.date | None = None) -> Path:
-    name = "+".join(tasks) if tasks else "eval"
-    return Path("results") / f"{(today or dt.date.today()).isoformat()}-{re.sub(r'[^A-Za-z0-9_.+-]', '_', name)}"
+def default_output() -> Path:
+    """Where a run without ``--output`` writes: a fresh ``runs/eval-<date>-<time>/`` (never ``results/``)."""
+    return fresh_run_dir("eval")
 
 
 def decoder_runs(choices: list[DecoderChoice], variants: list[Variant] | None = None) -> list[DecoderRun]:
@@ -114,6 +115,26 @@ def decoder_runs(choices: list[DecoderChoice], variants: list[Variant] | None = 
             runs.append(DecoderRun(choice.decoder, model, label,
                                    re.sub(r"[^A-Za-z0-9_.-]", "_", label.replace(":", "__")), choice, variant))
     return runs
+
+
+def check_same_settings(output: Path, runs: list[DecoderRun], benchmarks: dict[str, Benchmark], seed: int) -> None:
+    """A folder's row holds cells of one setting: every cell ``output`` already has under a label this run writes
+    must have the config this run gives that cell's benchmark, and its seed; else the rerun is refused (one line)
+    before anything is written, where it would replace some of the row's cells and leave the others."""
+    for cell in read_results(output):
+        run = next((run for run in runs if run.label == cell.label), None)
+        benchmark = benchmarks.get(cell.benchmark)
+        if run is None or benchmark is None:
+            continue
+        config = dataclasses.asdict(run.config(benchmark))
+        changed = [f"{key} {cell.config[key]} there, {value} here" for key, value in config.items()
+                   if key in cell.config and cell.config[key] != value]  # a field newer than the cell: its default
+        if cell.seed is not None and cell.seed != seed:
+            changed.append(f"seed {cell.seed} there, {seed} here")
+        if changed:
+            raise UserError(f"--output {output} holds {cell.label} on {cell.benchmark} with other settings "
+                            f"({'; '.join(changed)}); a folder keeps one setting per row",
+                            hint="give another --output (without it each run writes a new folder under runs/)")
 
 
 def table1_models(rows: list[Table1Row], checkpoints: Path | None) -> list[str]:

@@ -1,27 +1,31 @@
-"""Result files of a run: ``metrics.json`` and the paper's "accuracy / TPS" table as CSV and Markdown.
+"""Result files of a run: ``metrics.json``, ``summary.csv`` (one tidy table: a line per decoder x task, a column
+per measure, :data:`CSV_COLUMNS`) and ``summary.md`` (the paper's "accuracy / TPS" layout).
 
-Layout (paper Table 1): one row per decoder + model, one column per benchmark, each cell
+summary.md's layout (paper Table 1): one row per decoder + model, one column per benchmark, each cell
 ``accuracy / TPS`` (accuracy in %, TPS = the benchmark's generated tokens over its summed decode
 seconds, as the paper counts it), an ``avg`` column
 when there are several benchmarks; then the same rows and columns with TPF (tokens per forward);
-then, for cells run under the paper's protocol, each beside the paper's own Table 1 number for the
-row its decoder and checkpoint stand for (the registry's Table 1, :func:`table1_row`) and the
-difference; then the other scores of the same answers where a benchmark reports more than one
-(:attr:`RunResult.also`). A benchmark a row did not run is ``-``. :class:`RunResult` (one cell) lives
-here, so the result files need nothing of the run that writes them. Nothing here prints: the files
-hold :func:`summary_tables`, complete; the CLI renders :func:`console_summary`, the same cells in
-tables that a 100-column terminal shows unfolded, with numbered notes.
+then, for cells run under the paper's protocol on a row's own checkpoint, each beside the paper's own
+Table 1 number for that row (the registry's Table 1, :func:`table1_row`) and the difference; then the
+other scores of the same answers where a benchmark reports more than one (:attr:`RunResult.also`). A
+benchmark a row did not run is ``-``. A run of another model (the embedded ones among them) stays in its
+own row. :class:`RunResult` (one cell) lives here, so the result files need nothing of the run that writes
+them. Nothing here prints: the files hold :func:`summary_tables`, complete; the CLI renders
+:func:`console_summary`, the same cells in tables that a 100-column terminal shows unfolded, with
+numbered notes.
 """
 
 from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import json
 from pathlib import Path
 from typing import Any
 
 from refusion_cli.harness.manifest import EvalProtocol, Table1Row, hub_name, read_manifest, table1
+from refusion_cli.models.checkpoint import EMBEDDED, is_embedded
 from refusion_cli.paths import write_atomically
 
 METRICS_FILE = "metrics.json"
@@ -61,7 +65,8 @@ class RunResult:
     also: dict[str, float] = dataclasses.field(default_factory=dict)  # other scores of the same answers (lm-eval's, %)
     # a code benchmark: how its candidates ran (sandbox.Isolation.record: user, interpreter, packages, namespaces)
     sandbox: dict[str, Any] = dataclasses.field(default_factory=dict)
-
+    settings: str = ""  # the config's fields that differ from the decoder's defaults (spec.settings_label)
+    seed: int | None = None  # the run's --seed (None in a metrics.json written before this field)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,7 +77,7 @@ class Table:
 
 
 def summary_tables(results: list[RunResult]) -> list[Table]:
-    """The complete tables of summary.md and summary.csv: accuracy / TPS and TPF per decoder:model in the paper's
+    """The complete tables of summary.md: accuracy / TPS and TPF per decoder:model in the paper's
     layout, then the paper's Table 1 beside the paper-protocol cells, then the other scores of the same answers."""
     paper, other = table1_comparison(results), other_scores_table(results)
     return grid_tables(results) + [table for table in (paper, other) if table is not None]
@@ -120,15 +125,24 @@ def other_scores_table(results: list[RunResult]) -> Table | None:
 
 
 def table1_row(result: RunResult) -> Table1Row | None:
-    """The paper's Table 1 row ``result`` stands for: a row of its decoder whose checkpoint's (or adapter's) name is
-    the run's model folder (``Meta-Llama-3-8B-Instruct``), else the row marked as the decoder's ``fallback``
-    (``ar``: Qwen3-8B), else none; only a row with a number for its benchmark."""
+    """The paper's Table 1 row ``result`` stands for: the row of its decoder whose checkpoint's (or adapter's) name
+    is the run's model folder (``Meta-Llama-3-8B-Instruct``) and that has a number for its benchmark; None for a
+    run of any other model, which is a row of its own."""
     _, rows = table1()
-    own = [row for row in rows if row.decoder == result.decoder and result.benchmark in row.cells]
     model = hub_name(result.model).lower()
-    named = [row for row in own if model in {folder.lower() for folder in row.folders}]
-    fallback = [row for row in own if row.fallback]
-    return next(iter(named or fallback), None)
+    return next((row for row in rows if row.decoder == result.decoder and result.benchmark in row.cells
+                 and model in {folder.lower() for folder in row.folders}), None)
+
+
+def embedded_note(results: list[RunResult]) -> str | None:
+    """A note for cells of a paper benchmark decoded by an embedded model, which knows only the synthetic task."""
+    _, rows = table1()
+    cells = [r for r in results if is_embedded(r.model) and r.benchmark in rows[0].cells]
+    if not cells:
+        return None
+    models = ", ".join(dict.fromkeys(r.model for r in cells))
+    return (f"{models}: embedded model(s), trained on the synthetic task alone ({', '.join(EMBEDDED)}); their rows "
+            "on the paper's benchmarks check the pipeline, not the paper's numbers, and stand apart from Table 1.")
 
 
 def runs_by_row(results: list[RunResult]) -> dict[str, dict[str, dict[str, RunResult]]]:
@@ -173,7 +187,7 @@ def table1_comparison(results: list[RunResult]) -> Table | None:
 @dataclasses.dataclass(frozen=True)
 class ConsoleSummary:
     """What ``refusion eval`` prints: tables narrow enough that a 100-column terminal shows each row on one line,
-    and numbered notes below them. summary.md and summary.csv keep the complete tables (:func:`summary_tables`)."""
+    and numbered notes below them. summary.md keeps the complete tables (:func:`summary_tables`)."""
 
     tables: list[Table]
     notes: list[str]
@@ -189,8 +203,9 @@ def console_summary(results: list[RunResult]) -> ConsoleSummary:
     placed = {(cell.label, cell.benchmark) for by_label in runs.values() for cells in by_label.values()
               for cell in cells.values()}
     other = [table for table in [other_scores_table(results)] if table is not None]
+    embedded = [note for note in [embedded_note(results)] if note is not None]
     if not placed:
-        return ConsoleSummary(grid_tables(results) + other, [])
+        return ConsoleSummary(grid_tables(results) + other, embedded)
     benchmarks, titles = list(rows[0].cells), _titles()
     accuracy: list[list[str]] = []
     tps: list[list[str]] = []
@@ -221,14 +236,14 @@ def console_summary(results: list[RunResult]) -> ConsoleSummary:
               Table("Table 1, TPS (tokens per second): the paper's, then measured", headers, tps),
               Table("TPF (tokens per forward) of the runs of Table 1's rows", headers, tpf)]
     notes = [f"Each row of {name} as the paper prints it, then under it each run that stands for it ('-': not "
-             "measured). Every cell beside the paper's number with the difference: summary.md and summary.csv.",
+             "measured). Every cell beside the paper's number with the difference: summary.md.",
              "The runs of the rows: " + "; ".join(named) + "."]
     if differences:
         notes.append("Avg, measured minus the paper's (accuracy / TPS): " + "; ".join(differences) + ".")
     batched = sorted({cell.batch_size for cell in results if (cell.label, cell.benchmark) in placed} - {1})
     notes.append(_tps_note(rows, batched))
     rest = [result for result in results if (result.label, result.benchmark) not in placed]
-    return ConsoleSummary((grid_tables(rest) if rest else []) + tables + other, notes)
+    return ConsoleSummary((grid_tables(rest) if rest else []) + tables + other, notes + embedded)
 
 
 def _tps_note(rows: tuple[Table1Row, ...], batched: list[int]) -> str:
@@ -301,23 +316,38 @@ def merge_results(earlier: list[RunResult], results: list[RunResult]) -> list[Ru
     return merged + [r for r in results if (r.benchmark, r.label) in fresh]
 
 
+# summary.csv: a line per cell (decoder x model x task), a column per measure; numbers unformatted, '' for none
+CSV_COLUMNS = ["task", "protocol", "decoder", "model", "label", "settings", "seed", "samples", "accuracy", "lm_eval_accuracy",
+               "tps", "tps_sample_mean", "tpf", "tokens", "forwards", "seconds", "batch_size", "device", "dtype",
+               "config_hash", "paper_row", "paper_accuracy", "paper_tps"]
+
+
+def summary_rows(results: list[RunResult]) -> list[dict[str, Any]]:
+    """summary.csv's lines: each cell's measures, and the paper's numbers where the cell stands for a row of its
+    Table 1 (a paper-protocol run of the row's own checkpoint)."""
+    lines = []
+    for result in results:
+        row = table1_row(result) if result.protocol == EvalProtocol.PAPER else None
+        paper = row.cells[result.benchmark] if row is not None else (None, None)
+        values = {**dataclasses.asdict(result), "task": result.benchmark, "paper_row": row.name if row else None,
+                  "paper_accuracy": paper[0], "paper_tps": paper[1]}
+        lines.append({column: "" if values[column] is None else values[column] for column in CSV_COLUMNS})
+    return lines
+
+
 def write_reports(directory: Path, results: list[RunResult]) -> None:
-    """Rewrite metrics.json, summary.csv (both tables, one after the other) and summary.md."""
+    """Rewrite metrics.json, summary.csv (:func:`summary_rows`) and summary.md (:func:`summary_tables`)."""
     directory.mkdir(parents=True, exist_ok=True)
     payload = {"results": [dataclasses.asdict(result) for result in results]}
     write_atomically(directory / METRICS_FILE, json.dumps(payload, indent=2, ensure_ascii=False) + "\n")
-    tables = summary_tables(results)
-    csv_path = directory / CSV_FILE
-    with csv_path.with_suffix(".tmp").open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.writer(handle)
-        for index, table in enumerate(tables):
-            if index:
-                writer.writerow([])
-            writer.writerow([table.title])
-            writer.writerow(table.headers)
-            writer.writerows(table.rows)
-    csv_path.with_suffix(".tmp").replace(csv_path)
-    write_atomically(directory / MARKDOWN_FILE, markdown(tables) + batch_notes_section(results))
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, CSV_COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(summary_rows(results))
+    write_atomically(directory / CSV_FILE, text.getvalue())
+    notes = [note for note in [embedded_note(results)] if note is not None]
+    write_atomically(directory / MARKDOWN_FILE, markdown(summary_tables(results))
+                     + "".join(f"\n{note}\n" for note in notes) + batch_notes_section(results))
 
 
 def batch_notes_section(results: list[RunResult]) -> str:

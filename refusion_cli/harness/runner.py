@@ -4,8 +4,9 @@ Contract of :func:`run_eval`:
 
 1) plan      with ``table1``, the decoders and checkpoints are the registry's Table 1 rows
              (:func:`table1_models`: each row's folders under ``checkpoints``, every one there, or its
-             hub ids); every (benchmark, decoder) config is built first (``preset`` or the preset the suite
-             names for the benchmark, where the decoder has one; the benchmark's response budget;
+             hub ids); every (benchmark, decoder) config is built first (``preset``, else the model's preset,
+             else the one the suite names for the benchmark, where the decoder has it, as
+             ``decoding.spec.DecoderChoice.config`` orders them; the benchmark's response budget;
              then ``--set`` overrides, parsed and validated by ``decoding.spec``; with
              ``causal_fix`` / ``causal_first`` / ``recheck``, ReFusion's variants of
              ``decoding.variants`` are runs of their own after the paper's decoder); the benchmarks'
@@ -26,8 +27,10 @@ Contract of :func:`run_eval`:
              in the journal are not decoded again (resume).
 3) report    per (benchmark, decoder + model): accuracy (mean per-sample score, in %) next to
              lm-eval's own aggregate of the same metric, TPS (total tokens / total seconds, as the
-             paper) and mean per-sample TPF, totals;
-             ``metrics.json``, ``summary.csv`` and ``summary.md`` are rewritten after each one.
+             paper) and mean per-sample TPF, totals, the config's ``settings`` label and the seed;
+             ``metrics.json``, ``summary.csv`` and ``summary.md`` are rewritten after each one. A folder's
+             row keeps one setting: a cell it holds under a label this run writes, with another config or
+             seed, stops the run in step 1 (``check_same_settings``).
 
 Data parallel: under ``accelerate launch`` / ``torchrun`` every process runs this; lm-eval splits
 the documents by rank, each process journals its own samples, and rank 0 (the only one that writes
@@ -52,15 +55,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from refusion_cli.decoding.registry import decoder_spec
-from refusion_cli.decoding.spec import parse_decoder_options, require_refusion
+from refusion_cli.decoding.spec import parse_decoder_options, require_refusion, settings_label
 from refusion_cli.decoding.stats import mean_tps, run_tps
 from refusion_cli.decoding.variants import PAPER, Variant, asked_variants, first_option, variant_options
 from refusion_cli.errors import UserError
 from refusion_cli.harness.download import download_missing
 # the options and their checks live in eval_options; every name is importable from here too, as it was
 from refusion_cli.harness.eval_options import (DecoderRun, EvalOptions, Table1Selection, check_data_dir,
-                                               data_file_options, decoder_runs, default_output, has_results,
-                                               make_output, table1_models)
+                                               check_same_settings, data_file_options, decoder_runs, default_output,
+                                               has_results, make_output, table1_models)
 from refusion_cli.harness.journal import JournalObserver, SampleJournal, journal_files, read_records
 from refusion_cli.harness.report import RunResult, merge_results, read_results, write_reports
 from refusion_cli.harness.scoring import TaskScorer
@@ -204,6 +207,7 @@ def plan_eval(options: EvalOptions, suite: Suite | None = None,
         raise UserError("--download fetches the data in one process, not under accelerate launch or torchrun",
                         hint="fetch it first with the same refusion eval command and --download --limit 0, then launch")
     configs = {(b.name, run.label): run.config(b) for b in benchmarks for run in runs}
+    check_same_settings(options.output, runs, suite.benchmarks, options.seed)
     sandbox = None
     if any(b.code for b in benchmarks) and options.limit != 0:  # with --limit 0 no code runs
         from refusion_cli.harness.code_tasks import require_confirmation, sandbox_line
@@ -283,7 +287,7 @@ def run_eval(options: EvalOptions, observer: EvalObserver | None = None, suite: 
                 if rank != 0 or evaluation is None:
                     continue
                 result = summarize(benchmark, run, config, digest, evaluation, journal, where, options.batch_size,
-                                   adapter.batch_notes)
+                                   adapter.batch_notes, options.seed)
                 results.append(result)
                 write_reports(options.output, merge_results(earlier, results))
                 observer.on_run_end(result)
@@ -294,7 +298,7 @@ def run_eval(options: EvalOptions, observer: EvalObserver | None = None, suite: 
 
 def summarize(benchmark: Benchmark, run: DecoderRun, config: Any, digest: str, evaluation: dict[str, Any],
               journal: SampleJournal, where: tuple[str, str], batch_size: int | str = 1,
-              batch_notes: list[str] | None = None) -> RunResult:
+              batch_notes: list[str] | None = None, seed: int = 0) -> RunResult:
     """Step 3 for one (benchmark, decoder): the journal's records of the documents lm-eval scored;
     ``batch_notes``: what batch size auto chose and every halving (the adapter's); with auto the cell's
     batch size is the largest its samples were decoded in."""
@@ -316,7 +320,8 @@ def summarize(benchmark: Benchmark, run: DecoderRun, config: Any, digest: str, e
     lm_eval_value = top.get(benchmark.metric_key)
     return RunResult(
         benchmark=benchmark.name, title=benchmark.title, decoder=run.decoder, model=run.model, label=run.label,
-        config_hash=digest, config=dataclasses.asdict(config), samples=n,
+        config_hash=digest, config=dataclasses.asdict(config), settings=settings_label(run.decoder, config), seed=seed,
+        samples=n,
         accuracy=100.0 * sum(r["score"] for r in chosen) / n if n else 0.0,
         lm_eval_accuracy=None if lm_eval_value is None else 100.0 * float(lm_eval_value),
         # batch 1: each decode's own seconds; a batch: its share of the batched call's wall time (throughput)

@@ -18,6 +18,7 @@ import torch
 from refusion_cli.decoding.spec import preset_config
 from refusion_cli.decoding.registry import build_config
 from refusion_cli.decoding.engine import run_decoder
+from refusion_cli.errors import UserError
 from refusion_cli.harness.suite import EVALS_DIR, load_suite
 from refusion_cli.models.chat import user_prompt_ids
 from refusion_cli.models.loading import load_model
@@ -92,8 +93,9 @@ def test_synthetic_run_writes_every_file_and_matches_direct_decoding(causal_chec
         assert metric["tps_sample_mean"] == pytest.approx(sum(r["tps"] for r in lines) / 5, rel=1e-12)
     table = (run_dir / "summary.md").read_text()
     assert "| decoder:model | Synthetic |" in table and f"refusion:{causal_checkpoint.name}" in table
-    csv_text = (run_dir / "summary.csv").read_text()
-    assert f"ar:{causal_checkpoint.name}" in csv_text and " / " in csv_text
+    header, *lines = (run_dir / "summary.csv").read_text().splitlines()
+    assert header.startswith("task,protocol,decoder,model,label,settings,seed,samples,accuracy,")
+    assert [line.split(",")[:3] for line in lines] == [["synthetic", "", "refusion"], ["synthetic", "", "ar"]]
 
 
 class CountingObserver:
@@ -194,13 +196,13 @@ def test_a_run_interrupted_in_process_resumes_from_its_journal(causal_checkpoint
                                    overrides=["gen_length=32"], dtype="bfloat16"), other_dtype)
     assert (other_dtype.stored, other_dtype.decoded, other_dtype.other_settings) == (0, 5, 5)
     assert (result.device, result.dtype, bf16.device, bf16.dtype) == ("cpu", "float32", "cpu", "bfloat16")
-    changed = CountingObserver()  # another decoder setting is another run: nothing is reused
-    [replaced] = run_eval(eval_options(causal_checkpoint, tmp_path / "run", 5, decoders=["refusion"],
-                                       overrides=["gen_length=32", "slot_threshold=0.5"]), changed)
-    assert (changed.stored, changed.decoded, changed.other_settings) == (0, 5, 5)
-    assert len(records(one_journal(tmp_path / "run", "refusion"))) == 10  # the first setting's samples are kept
-    [cell] = json.loads((tmp_path / "run" / "metrics.json").read_text())["results"]  # and its cell is replaced
-    assert cell["config_hash"] == replaced.config_hash != result.config_hash and cell["config"]["slot_threshold"] == 0.5
+    changed = eval_options(causal_checkpoint, tmp_path / "run", 5, decoders=["refusion"],
+                           overrides=["gen_length=32", "slot_threshold=0.5"])
+    with pytest.raises(UserError, match="holds refusion:.* on synthetic with other settings .slot_threshold 0.9 "
+                                        "there, 0.5 here."):
+        run_eval(changed)  # another decoder setting in the same folder: refused, never mixed into the row
+    [cell] = json.loads((tmp_path / "run" / "metrics.json").read_text())["results"]
+    assert cell["config_hash"] == result.config_hash and len(records(one_journal(tmp_path / "run", "refusion"))) == 5
 
 
 def test_runs_into_one_folder_add_up_side_by_side(causal_checkpoint, tmp_path, capsys, monkeypatch):

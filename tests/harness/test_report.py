@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 
 import pytest
@@ -11,8 +12,12 @@ from refusion_cli.harness.report import RunResult, console_summary, read_results
 from refusion_cli.harness.suite import load_suite
 
 
+OWN = {"refusion": "ReFusion", "ar": "Qwen3-8B", "llada": "LLaDA-8B-Instruct"}  # a Table 1 row's checkpoint
+
+
 def result(benchmark: str, title: str, decoder: str, accuracy: float, tps: float, protocol: str = "paper",
-           model: str = "ckpt", **extra) -> RunResult:
+           model: str | None = None, **extra) -> RunResult:
+    model = model or OWN[decoder]
     return RunResult(benchmark=benchmark, title=title, decoder=decoder, model=model, label=f"{decoder}:{model}",
                      config_hash="abc", config={}, samples=10, accuracy=accuracy, lm_eval_accuracy=accuracy, tps=tps,
                      tpf=1.5, tokens=100, forwards=60, seconds=2.0, decoded=10, resumed=0, metric="m",
@@ -44,8 +49,7 @@ def test_the_paper_table_has_its_nine_rows_each_cell_beside_the_papers_number():
     assert table.title.startswith(f"the paper's Table 1 ({SOURCE.split(', ')[0]}), its nine rows: measured (paper, "
                                   "difference)")
     assert table.headers == ["paper row", "decoder:model", *TITLES, "Avg", "the paper's TPS count"]
-    ran = {row.name: f"{row.decoder}:ckpt" for row in ROWS  # the rows the decoders fall back to
-           if row.fallback and row.decoder in {"refusion", "ar", "llada"}}
+    ran = {"ReFusion": "refusion:ReFusion", "Qwen3-8B": "ar:Qwen3-8B", "LLaDA-8B-Instruct": "llada:LLaDA-8B-Instruct"}
     assert [row[:2] for row in table.rows] == [[row.name, ran.get(row.name, "-")] for row in ROWS]
     rows = {row[0]: row for row in table.rows}
     measured = {("gsm8k", 0): (80.0, 90.5), ("math", 0): (50.0, 70.0)}
@@ -69,13 +73,40 @@ def test_a_model_named_like_a_rows_checkpoint_stands_beside_that_row():
     llama = result("gsm8k", "GSM8K", "ar", 70.0, 40.0, model="/models/Meta-Llama-3-8B-Instruct/")
     qwen = result("gsm8k", "GSM8K", "ar", 80.0, 30.0, model="Qwen3-8B")
     other = result("gsm8k", "GSM8K", "ar", 10.0, 5.0, model="my-ar")
-    *_, table = summary_tables([llama, qwen, other])
+    grid, _, table = summary_tables([llama, qwen, other])
     lines = [(row[0], row[1], row[4]) for row in table.rows if row[1] != "-"]
     assert lines == [
         ("Llama-3-8B-Instruct", "ar:/models/Meta-Llama-3-8B-Instruct/",
          beside((70.0, 40.0), paper("Llama-3-8B-Instruct", "gsm8k"))),
-        ("Qwen3-8B", "ar:Qwen3-8B", beside((80.0, 30.0), paper("Qwen3-8B", "gsm8k"))),
-        ("Qwen3-8B", "ar:my-ar", beside((10.0, 5.0), paper("Qwen3-8B", "gsm8k")))]  # the decoder's fallback row
+        ("Qwen3-8B", "ar:Qwen3-8B", beside((80.0, 30.0), paper("Qwen3-8B", "gsm8k")))]
+    assert [row[0] for row in grid.rows] == ["ar:/models/Meta-Llama-3-8B-Instruct/", "ar:Qwen3-8B", "ar:my-ar"]
+
+
+def test_a_refusion_tiny_run_of_a_paper_benchmark_is_its_own_row_not_the_papers_refusion_row(tmp_path: Path):
+    tiny = result("gsm8k", "GSM8K", "refusion", 0.0, 1200.0, model="refusion-tiny")
+    assert [table.title for table in summary_tables([tiny])] == ["accuracy (%) / TPS", "TPF (tokens per forward)"]
+    summary = console_summary([tiny])
+    assert [row[0] for row in summary.tables[0].rows] == ["refusion:refusion-tiny"]
+    [note] = summary.notes
+    assert note.startswith("refusion-tiny: embedded model(s), trained on the synthetic task alone")
+    write_reports(tmp_path, [tiny])
+    assert "78.66" not in (tmp_path / "summary.md").read_text() and note in (tmp_path / "summary.md").read_text()
+    [line] = csv.DictReader((tmp_path / "summary.csv").open(encoding="utf-8"))
+    assert (line["label"], line["paper_row"], line["paper_accuracy"]) == ("refusion:refusion-tiny", "", "")
+
+
+def test_summary_csv_is_one_tidy_table_a_line_per_decoder_and_task(tmp_path: Path):
+    cells = [result("gsm8k", "GSM8K", "refusion", 80.0, 90.0, settings="slot_size=32 block_size=128", seed=0),
+             result("synthetic", "Synthetic", "ar", 50.0, 9.0, model="ar-tiny")]
+    write_reports(tmp_path, cells)
+    header, first, second = (tmp_path / "summary.csv").read_text(encoding="utf-8").splitlines()
+    assert header == ("task,protocol,decoder,model,label,settings,seed,samples,accuracy,lm_eval_accuracy,tps,"
+                      "tps_sample_mean,tpf,tokens,forwards,seconds,batch_size,device,dtype,config_hash,paper_row,"
+                      "paper_accuracy,paper_tps")
+    refusion = paper("ReFusion", "gsm8k")
+    assert first == (f"gsm8k,paper,refusion,ReFusion,refusion:ReFusion,slot_size=32 block_size=128,0,10,80.0,80.0,"
+                     f"90.0,,1.5,100,60,2.0,1,,,abc,ReFusion,{refusion[0]},{refusion[1]}")
+    assert second == "synthetic,paper,ar,ar-tiny,ar:ar-tiny,,,10,50.0,50.0,9.0,,1.5,100,60,2.0,1,,,abc,,,"
 
 
 def test_an_adapter_rows_run_is_matched_by_the_adapters_name():
@@ -93,8 +124,6 @@ def test_the_registrys_table1_has_nine_rows_whose_cells_average_to_the_papers_av
     for row in rows:
         assert set(row.cells) == paper_benchmarks, row.name
         assert row.average == pytest.approx(row.printed_average, abs=0.005), row.name  # a mistyped cell shows here
-    for decoder in {row.decoder for row in rows}:
-        assert sum(row.fallback for row in rows if row.decoder == decoder) == 1, decoder
 
 
 def test_no_paper_table_for_other_protocols_or_tasks_the_paper_did_not_run():
@@ -110,18 +139,20 @@ def test_metrics_json_keeps_the_protocol_and_the_other_scores(tmp_path: Path):
     summary = (tmp_path / "summary.md").read_text(encoding="utf-8")
     cells = [beside(None, paper("ReFusion", "mmlu_pro")), beside(None, paper("ReFusion", "arc_challenge")),
              beside((80.0, 90.0), paper("ReFusion", "gsm8k"))]
-    assert f"| ReFusion | refusion:ckpt | {' | '.join(cells)} |" in summary
-    assert "| refusion:ckpt | GSM8K | exact_match,strict-match 75.00 |" in summary
+    assert f"| ReFusion | refusion:ReFusion | {' | '.join(cells)} |" in summary
+    assert "| refusion:ReFusion | GSM8K | exact_match,strict-match 75.00 |" in summary
 
 
 def test_the_console_summary_is_table_1_with_each_run_under_its_row_and_numbered_notes():
     results = [result(key, title, "refusion", 60.0 + i, 70.0 + i) for i, (key, title) in enumerate(zip(KEYS, TITLES))]
     results += [result("gsm8k", "GSM8K", "ar", 80.0, 30.0, model="Qwen3-8B"),
-                result("gsm8k", "GSM8K", "ar", 10.0, 5.0, model="my-ar"),
-                result("synthetic", "Synthetic", "ar", 50.0, 9.0)]  # no row of Table 1: the grid
+                result("gsm8k", "GSM8K", "ar", 10.0, 5.0, model="/ckpts/Qwen3-8B"),
+                result("gsm8k", "GSM8K", "ar", 1.0, 2.0, model="my-ar"),  # no row's checkpoint: the grid
+                result("synthetic", "Synthetic", "ar", 50.0, 9.0, model="ar-tiny")]  # no row of Table 1: the grid
     summary = console_summary(results)
     grid, _, accuracy, tps, tpf = summary.tables  # the grid: accuracy / TPS, TPF
-    assert [row[0] for row in grid.rows] == ["ar:ckpt"] and grid.headers == ["decoder:model", "Synthetic"]
+    assert [row[0] for row in grid.rows] == ["ar:my-ar", "ar:ar-tiny"]
+    assert grid.headers == ["decoder:model", "GSM8K", "Synthetic", "avg"]
     assert accuracy.headers == tps.headers == tpf.headers == ["#", "row", *TITLES, "Avg"]
     refusion, qwen = ROW["ReFusion"], ROW["Qwen3-8B"]
     lines = {tuple(row[:2]): row[2:] for row in accuracy.rows}
@@ -136,8 +167,8 @@ def test_the_console_summary_is_table_1_with_each_run_under_its_row_and_numbered
     assert len(accuracy.rows) == len(ROWS) + 3 and [row[:2] for row in tpf.rows] == [
         [str(qwen.number), "Qwen3-8B (a)"], [str(qwen.number), "Qwen3-8B (b)"], [str(refusion.number), "ReFusion"]]
     runs, average, counts = summary.notes[1:]
-    assert runs == (f"The runs of the rows: {qwen.number} (a) = ar:Qwen3-8B; {qwen.number} (b) = ar:my-ar; "
-                    f"{refusion.number} = refusion:ckpt.")
+    assert runs == (f"The runs of the rows: {qwen.number} (a) = ar:Qwen3-8B; {qwen.number} (b) = ar:/ckpts/Qwen3-8B; "
+                    f"{refusion.number} = refusion:ReFusion.")
     assert average == (f"Avg, measured minus the paper's (accuracy / TPS): {refusion.number}: "
                        f"{63.0 - refusion.printed_average[0]:+.2f} / {73.0 - refusion.printed_average[1]:+.2f}.")
     assert f"row {refusion.number}: {refusion.tps_count}" in counts
