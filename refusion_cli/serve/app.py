@@ -38,6 +38,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from refusion_cli.decoding.engine import Request as EngineRequest
 from refusion_cli.decoding.rows import Commit
 from refusion_cli.models.loading import LoadedModel
 from refusion_cli.serve.engine import Commits, Dead, Draining, Event, Failed, Finished, Job, QueueFull, Scheduler
@@ -214,6 +215,7 @@ class Choice:
     job: Job
     watch: StopWatch | None  # the job's stop rule
     text: PrefixText  # the streamed text
+    request: EngineRequest | None = None  # the engine's handle of the job, once submitted
     committed: int = 0  # tokens committed so far (streamed)
     chunks: int = 0  # stream chunks that carried commits
     role_sent: bool = False
@@ -275,14 +277,11 @@ class Run:
         self.first_byte: float | None = None
 
     def submit(self) -> None:
-        submitted: list[Job] = []
         try:
             for choice in self.choices.values():
-                self.scheduler.submit(choice.job)
-                submitted.append(choice.job)
+                choice.request = self.scheduler.submit(choice.job)
         except (QueueFull, Draining, Dead) as refusal:
-            for job in submitted:
-                self.scheduler.cancel(job)
+            self.cancel_choices()
             self.state.metrics.requests.labels("error", *self.labels).inc()
             if isinstance(refusal, QueueFull):
                 raise ApiError(429, f"the queue is full ({self.scheduler.max_queue} requests wait); retry "
@@ -305,8 +304,7 @@ class Run:
         """The error a failed choice makes of the request (the other choices are cancelled): 503 when the
         scheduler died (a balancer may retry elsewhere), else 500; the cause is in the log, by request id."""
         self.done("error")
-        for choice in self.choices.values():
-            self.scheduler.cancel(choice.job)
+        self.cancel_choices()
         if self.scheduler.failure is not None:
             return ApiError(503, f"{event.message} (request id {self.id})", kind="server_error",
                             code="scheduler_stopped", request_id=self.id)
@@ -474,9 +472,13 @@ class Run:
                                                           if choice.outcome is not None))
 
     def cancel(self) -> None:
-        for choice in self.choices.values():
-            self.scheduler.cancel(choice.job)
+        self.cancel_choices()
         self.state.metrics.requests.labels("cancelled", *self.labels).inc()
+
+    def cancel_choices(self) -> None:
+        for choice in self.choices.values():
+            if choice.request is not None:
+                self.scheduler.cancel(choice.request)
 
 
 def sse(payload: dict[str, Any]) -> str:

@@ -3,9 +3,12 @@
 (step-level continuous batching) under a row cap and a memory budget.
 
 Contract. :meth:`Scheduler.submit` takes a :class:`Job` (prompt ids, a validated decoder config, a seed
-and a ``sink``) from any thread and returns at once; it raises :class:`QueueFull` when ``max_queue`` jobs
-already wait, :class:`Draining` once :meth:`Scheduler.drain` began and :class:`Dead` once the scheduler
-thread has died. Sinks get :class:`Commits` (what each decoder step committed; only when the job asks
+and a ``sink``) from any thread, hands the engine its :class:`~refusion_cli.decoding.engine.Request` and
+returns that request at once (the handle :meth:`Scheduler.cancel` takes); it raises :class:`QueueFull` when
+``max_queue`` requests already wait, :class:`Draining` once :meth:`Scheduler.drain` began and :class:`Dead`
+once the scheduler thread has died. The engine alone keeps the open requests (its ``waiting`` queue and
+``running`` rows): ``Engine.submit`` appends to a deque, which is safe from any thread, and only the
+scheduler thread steps the engine. Sinks get :class:`Commits` (what each decoder step committed; only when the job asks
 for ``steps``), then :class:`Finished` or :class:`Failed`; a sink must not block (the HTTP side puts
 events on a queue) and its time is kept out of the row's latency.
 
@@ -25,12 +28,11 @@ Nothing here knows of HTTP or text: token ids in, token ids and counters out.
 from __future__ import annotations
 
 import functools
-import itertools
 import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -78,8 +80,6 @@ class Job:
     steps: bool = True  # send Commits events (a streamed response); False: Finished or Failed only
     eos_token_ids: EosIds | None = None  # None: the model's end ids; (): none (the response runs to its budget)
     stop: StopRule | None = None  # ends the row early (engine.StopRule); its Finished is ``stopped``
-    cancelled: threading.Event = field(default_factory=threading.Event)
-    id: int = field(default_factory=itertools.count().__next__)
 
 
 class EngineStats:
@@ -113,8 +113,6 @@ class Scheduler:
         self.engine.on_call = functools.partial(self.stats.model_call, name)
         self.engine.on_requeue = functools.partial(self.stats.oom_requeue, name)
         self.failure: str | None = None  # why the scheduler thread died (None: alive)
-        self._open: dict[int, tuple[Job, Request]] = {}  # by job id: each job given to the engine, until its outcome
-        self._incoming: list[Job] = []
         self._wake = threading.Condition()
         self._draining = False
         self._stopped = False
@@ -125,7 +123,9 @@ class Scheduler:
     def start(self) -> None:
         self._thread.start()
 
-    def submit(self, job: Job) -> None:
+    def submit(self, job: Job) -> Request:
+        """Hand ``job`` to the engine; its request is the handle :meth:`cancel` takes."""
+        request = self._request(job)
         with self._wake:
             if self.failure is not None:
                 raise Dead(self.failure)
@@ -133,19 +133,20 @@ class Scheduler:
                 raise Draining()
             if self.depth >= self.max_queue:
                 raise QueueFull()
-            self._incoming.append(job)
+            self.engine.submit(request)
             self.stats.queued(self.name, self.depth)
             self._wake.notify()
+        return request
 
-    def cancel(self, job: Job) -> None:
-        """Drop ``job``: waiting, it never starts; running, its row leaves before the next model call."""
-        job.cancelled.set()
+    def cancel(self, request: Request) -> None:
+        """Drop ``request``: waiting, it never starts; running, its row leaves before the next model call."""
+        self.engine.cancel(request)
         with self._wake:
             self._wake.notify()
 
     @property
     def depth(self) -> int:
-        return len(self._incoming) + len(self.engine.waiting)
+        return len(self.engine.waiting)
 
     @property
     def rows(self) -> int:
@@ -185,54 +186,41 @@ class Scheduler:
     def _serve(self) -> None:
         while True:
             with self._wake:
-                while not (self._incoming or self.engine.busy or self._stopped):
+                while not (self.engine.busy or self._stopped):
                     self._wake.wait()
                 if self._stopped:
                     return
-                incoming, self._incoming = self._incoming, []
-            for job in incoming:
-                self._enqueue(job)
-            for job, request in self._open.values():
-                if not request.cancelled and job.cancelled.is_set():
-                    self.engine.cancel(request)
             self.engine.step()
             self.stats.queued(self.name, self.depth)
             self.stats.running(self.name, self.rows)
-            self._forget_cancelled()
 
-    def _enqueue(self, job: Job) -> None:
+    def _request(self, job: Job) -> Request:
         """The job as an engine request (its prompt on the device, its generator seeded)."""
         sink = job.sink
         eos = self.loaded.stop_token_ids if job.eos_token_ids is None else job.eos_token_ids
         request = Request(
             job.decoder, torch.tensor(job.prompt_ids, dtype=torch.long, device=self.device), job.config,
             row_options(job.decoder, self.loaded.mask_token_id, eos, job.variant),
-            done=lambda outcome: self._done(job, outcome),
+            done=lambda outcome: self._done(request, job, outcome),
             generator=torch.Generator(device=self.device).manual_seed(job.seed),
-            on_step=(lambda record: sink(Commits(commits(record)))) if job.steps else None,
-            stop=job.stop, id=job.id)
-        request.cancelled = job.cancelled.is_set()
-        self._open[job.id] = (job, request)
-        self.engine.submit(request)
+            on_step=(lambda record: sink(Commits(commits(record)))) if job.steps else None, stop=job.stop)
+        return request
 
-    def _forget_cancelled(self) -> None:
-        """Requests the engine dropped unfinished (cancelled) have no outcome: forget them here."""
-        live = {request.id for request in self.engine.waiting} | set(self.engine.running)
-        dropped = [job_id for job_id, (_, request) in self._open.items() if request.cancelled and job_id not in live]
-        for job_id in dropped:
-            del self._open[job_id]
-
-    def _done(self, job: Job, outcome: Outcome) -> None:
-        self._open.pop(job.id, None)
+    def _done(self, request: Request, job: Job, outcome: Outcome) -> None:
         if isinstance(outcome, Failed) and outcome.error is not None:
-            log.error("request %d failed: %s", job.id, outcome.message, exc_info=outcome.error)
+            log.error("request %d failed: %s", request.id, outcome.message, exc_info=outcome.error)
         job.sink(outcome)
 
     def _fail_all(self, message: str) -> None:
-        for job in [job for job, _ in self._open.values()] + self._incoming:
-            job.sink(Failed(message))
-        self._open.clear()
-        self._incoming.clear()
+        """Fail every request the engine holds (no submit comes in meanwhile: see :meth:`submit`)."""
+        with self._wake:
+            engine = self.engine
+            requests = [*engine.waiting, *(row.request for row in engine.running.values())]
+            engine.waiting.clear()
+            engine.running.clear()
+        for request in requests:
+            if not request.cancelled:
+                request.done(Failed(message))
         self.stats.running(self.name, 0)
         self.stats.queued(self.name, 0)
 

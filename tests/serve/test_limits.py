@@ -5,12 +5,14 @@ the answer; the series of ``/metrics`` carry the model and decoder of each reque
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import httpx
 import pytest
 
 from refusion_cli.decoding.registry import DECODERS
+from refusion_cli.models.chat import user_prompt_ids
 from refusion_cli.models.loading import load_model
 from tests.serve.helpers import ask, decode_alone, running_server, served
 
@@ -82,11 +84,7 @@ def test_temperature_samples_and_a_seed_reproduces_the_answer(server, decoder):
         answers[seed] = first.texts[0]
     assert len(set(answers.values())) > 1  # other seeds, other draws
     entry = models[decoder]
-    hot = entry.config(24, {"temperature": 0.7})
-    assert hot.temperature == 0.7
     model = loaded[checkpoint_of(decoder)]
-    from refusion_cli.models.chat import user_prompt_ids
-    import dataclasses
     tuned = dataclasses.replace(entry, choice=dataclasses.replace(entry.choice, overrides={"temperature": 0.7}))
     alone = decode_alone(model, tuned, user_prompt_ids(model.tokenizer, OPEN_PROMPT), 24, seed=2)
     assert answers[2] == model.tokenizer.decode(alone.tokens, skip_special_tokens=True)  # the decoder's own draw
