@@ -6,7 +6,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -25,10 +24,19 @@ from refusion_cli.paths import fresh_run_dir
 REPO = Path(__file__).resolve().parents[2]
 
 
-def git_status() -> set[str]:
-    out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=REPO, capture_output=True,
+@pytest.fixture(scope="module")
+def checkout(tmp_path_factory) -> Path:
+    """A clone of this repository's HEAD (its objects shared): a checkout where a user runs the commands, and
+    where nobody else edits files while a test looks at its git status."""
+    clone = tmp_path_factory.mktemp("checkout") / "refusion"
+    subprocess.run(["git", "clone", "-q", "--shared", str(REPO), str(clone)], check=True)
+    return clone
+
+
+def git_status(root: Path) -> list[str]:
+    out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=root, capture_output=True,
                          text=True, check=True)
-    return set(out.stdout.splitlines())
+    return out.stdout.splitlines()
 
 
 def refusion(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
@@ -47,17 +55,15 @@ def refusion(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
     ("eval", "--task", "synthetic", "--decoder", "refusion", "--limit", "2", "--set", "gen_length=32"),
     ("bench", "--decoder", "refusion", "--limit", "2", "--gen-length", "32"),
 ], ids=["eval", "bench"])
-def test_a_run_without_output_writes_a_new_folder_under_runs_and_no_tracked_file(args, monkeypatch, capsys):
-    monkeypatch.chdir(REPO)  # where a user runs it: the checkout
-    before = git_status()
+def test_a_run_without_output_writes_a_new_folder_under_runs_and_no_tracked_file(args, checkout, monkeypatch,
+                                                                                capsys):
+    monkeypatch.chdir(checkout)  # where a user runs it
+    assert git_status(checkout) == []
     code, out, err = refusion(monkeypatch, capsys, *args)
-    folder = REPO / re.search(r"writing to (runs/\S+)/", out).group(1)
-    try:
-        assert code == 0, err
-        assert folder.parent == REPO / "runs" and folder.name.startswith(f"{args[0]}-") and any(folder.iterdir())
-        assert git_status() == before  # nothing tracked changed, nothing untracked appeared (runs/ is ignored)
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    assert code == 0, err
+    folder = checkout / re.search(r"writing to (runs/\S+)/", out).group(1)
+    assert folder.parent == checkout / "runs" and folder.name.startswith(f"{args[0]}-") and any(folder.iterdir())
+    assert git_status(checkout) == []  # nothing tracked changed, nothing untracked appeared (runs/ is ignored)
 
 
 def test_each_run_without_output_gets_a_folder_of_its_own(tmp_path, monkeypatch):
