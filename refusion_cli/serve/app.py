@@ -6,9 +6,10 @@ scheduler thread to the route through an ``asyncio.Queue`` (``call_soon_threadsa
 client never holds the scheduler up. A streamed response whose client goes away cancels its job (its
 row leaves before the next model call); so does a non-streamed one, checked twice a second.
 
-Parsing (tokenization, the chat template) and the final detokenization run on one tokenizer thread, off
-the event loop. A streamed answer begins (status and headers) with the first decoder step, so until then
-a balancer may still send the request to another replica.
+A tokenizer is called from one thread only: the tokenizer thread (off the event loop) parses (tokenization,
+the chat template), makes the streamed deltas and the final text; the stop rules, which the scheduler thread
+runs, read a copy of their own (``ServerState.stop_tokenizers``). A streamed answer begins (status and
+headers) with the first decoder step, so until then a balancer may still send the request to another replica.
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (streamed or not), ``POST /tokenize``
 (vLLM's), ``GET /v1/models``, ``GET /health``, ``GET /metrics`` and the web view at ``/``. With an API key,
@@ -21,6 +22,7 @@ open request gets an error, and :class:`Lifeline` stops the server so that the p
 from __future__ import annotations
 
 import asyncio
+import copy
 import functools
 import hmac
 import json
@@ -63,10 +65,12 @@ class ServerState:
     shutdown_timeout: float = 30.0
     executor: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="refusion-tokenizer"))
+    stop_tokenizers: dict[str, Any] = field(init=False)  # by checkpoint: the one its scheduler's stop rules call
 
     def __post_init__(self) -> None:
         for entry in self.served.values():
             self.metrics.serve(entry.checkpoint, entry.id)
+        self.stop_tokenizers = {name: copy.deepcopy(s.loaded.tokenizer) for name, s in self.schedulers.items()}
 
     @property
     def models(self) -> dict[str, LoadedModel]:
@@ -183,7 +187,7 @@ async def read_json(request: Request) -> Any:
 
 
 async def off_loop(state: ServerState, function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """``function`` on the server's tokenizer thread (one thread: a tokenizer is not shared across threads)."""
+    """``function`` on the server's tokenizer thread, the one thread that calls the models' tokenizers."""
     return await asyncio.get_running_loop().run_in_executor(state.executor, functools.partial(function, *args,
                                                                                               **kwargs))
 
@@ -257,7 +261,7 @@ class Run:
         self.events: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
         loop = asyncio.get_running_loop()
         rules = generation.rules
-        tokenizer = self.tokenizer
+        checkpoint = generation.served.checkpoint
         eos = () if rules.ignore_eos or rules.min_tokens else None  # (): the stop rule ends at the end ids
 
         def sink_of(index: int) -> Callable[[Event], None]:
@@ -270,10 +274,10 @@ class Run:
 
         self.choices: dict[int, Choice] = {}
         for index, prompt_ids, seed in generation.choices:
-            watch = StopWatch(tokenizer, rules) if rules.needs_rule else None
+            watch = StopWatch(state.stop_tokenizers[checkpoint], rules) if rules.needs_rule else None
             job = Job(generation.served.decoder, prompt_ids, generation.config, sink_of(index), seed=seed,
                       variant=generation.served.variant, steps=generation.stream, eos_token_ids=eos, stop=watch)
-            self.choices[index] = Choice(index, prompt_ids, job, watch, PrefixText(tokenizer, rules))
+            self.choices[index] = Choice(index, prompt_ids, job, watch, PrefixText(self.tokenizer, rules))
         self.first_byte: float | None = None
 
     def submit(self) -> None:
@@ -363,7 +367,7 @@ class Run:
                         gathered.setdefault(index, []).extend(event.commits)
                         continue
                     if index in gathered:
-                        yield sse(self.commits_chunk(self.choices[index], gathered.pop(index)))
+                        yield sse(await self.commits_chunk(self.choices[index], gathered.pop(index)))
                     if isinstance(event, Failed):
                         self.failure(event)
                         finished = True
@@ -375,7 +379,7 @@ class Run:
                             yield sse(chunk)
                         open_choices.discard(index)
                 for index, commits in gathered.items():
-                    yield sse(self.commits_chunk(self.choices[index], commits))
+                    yield sse(await self.commits_chunk(self.choices[index], commits))
                 self.mark_first_byte()
             if self.generation.include_usage:
                 yield sse(self.usage_chunk())
@@ -391,17 +395,19 @@ class Run:
             return f"{event.message} (request id {self.id})"
         return f"internal error while decoding (request id {self.id}; the server log has the cause)"
 
-    def commits_chunk(self, choice: Choice, commits: list[Commit]) -> dict[str, Any]:
+    async def commits_chunk(self, choice: Choice, commits: list[Commit]) -> dict[str, Any]:
+        """The chunk of a step's commits (their text made on the tokenizer thread)."""
         limit = self.generation.rules.max_tokens
         commits = [c for c in commits if limit is None or c.offset < limit]  # a slot past max_tokens is cut
-        delta = choice.text.add(commits)
+        tokenizer = self.tokenizer
+        delta, texts = await off_loop(self.state, lambda: (choice.text.add(commits), [
+            tokenizer.decode([c.token], skip_special_tokens=False) for c in commits]))
         choice.committed += len(commits)
         choice.chunks += 1
         self.state.metrics.stream_chunks.labels(*self.labels).inc()
         chunk = self.chunk(choice, delta, None)
-        tokenizer = self.tokenizer
-        chunk["commits"] = [{"offset": c.offset, "token": c.token, "kind": c.kind,
-                             "text": tokenizer.decode([c.token], skip_special_tokens=False)} for c in commits]
+        chunk["commits"] = [{"offset": c.offset, "token": c.token, "kind": c.kind, "text": text}
+                            for c, text in zip(commits, texts)]
         return chunk
 
     async def final_chunks(self, choice: Choice, event: Finished) -> list[dict[str, Any]]:

@@ -12,6 +12,9 @@ to the first one still open) is text a client may show as final.
 - :class:`StopWatch`: the job's stop rule (``serve.engine.Job.stop``), run on the scheduler thread after
   each decoder step with the committed prefix: it ends the row at the token that completes a stop string
   or is an end id, so the compute is saved, not only the text cut.
+
+A tokenizer is called from one thread only: nothing here calls it when made, so the HTTP side makes these
+objects on its event loop and hands :class:`StopWatch` the scheduler's own copy of the tokenizer.
 - :class:`PrefixText`: the streamed deltas; what could still change is held back (a trailing incomplete
   UTF-8 character, a tail that may begin a stop string) and :meth:`PrefixText.finish` sends the rest of
   the final answer, so the deltas joined are the answer.
@@ -20,6 +23,7 @@ to the first one still open) is text a client may show as final.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -74,7 +78,6 @@ class Detokenizer:
     def __init__(self, tokenizer: Any, skip_special_tokens: bool = True):
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
-        self.special = frozenset(tokenizer.all_special_ids) if skip_special_tokens else frozenset()
         self.ids: list[int] = []  # the tokens that carry text (special ones dropped when skipped)
         self.prefix_offset = 0  # the window's start: tokens before it are text for good
         self.read_offset = 0  # tokens before it are in the text
@@ -84,6 +87,11 @@ class Detokenizer:
     @property
     def text(self) -> str:
         return "".join(self.pieces)
+
+    @functools.cached_property
+    def special(self) -> frozenset[int]:
+        """The ids that carry no text: read at the first token, on the thread that calls the tokenizer."""
+        return frozenset(self.tokenizer.all_special_ids) if self.skip_special_tokens else frozenset()
 
     def push(self, token: int) -> str:
         """Add one token; the text it completes (empty while a character is still cut)."""
