@@ -41,23 +41,23 @@ def chat(question: str = QUESTION, **fields) -> dict:
 
 @pytest.mark.parametrize("decoder", list(DECODERS))
 def test_no_answer_holds_more_than_max_tokens(server, decoder):
-    """At 1, 7 and 20 tokens (ReFusion's slots of 8 round 7 and 20 up), chat and completions, streamed or not: at
-    most max_tokens tokens, the stream's text and usage those of the whole answer. D2F's blocks of 32 do not fit
-    fewer tokens: it refuses them, naming block_size."""
+    """At 1, 7 and 20 tokens (slots of 4 or 8 round 7 and 20 up), chat (``max_completion_tokens``) and
+    completions (``max_tokens``), streamed or not: at most that many tokens, the stream's text and usage those of
+    the whole answer. D2F's blocks of 32 do not fit fewer tokens: it refuses them, naming block_size."""
     base, _, _ = server
     for max_tokens in (1, 7, 20):
-        for is_chat, body in ((True, chat(model=decoder)), (False, {"model": decoder, "prompt": QUESTION})):
-            for name in ("max_tokens", "max_completion_tokens") if is_chat else ("max_tokens",):
-                whole = ask(base, {**body, name: max_tokens}, chat=is_chat, stream=False)
-                streamed = ask(base, {**body, name: max_tokens}, chat=is_chat, stream=True)
-                if decoder.endswith("-d2f"):
-                    assert whole.status == streamed.status == 400 and "block_size" in whole.error["message"]
-                    continue
-                assert whole.status == streamed.status == 200, (whole.error, streamed.error)
-                assert whole.usage["completion_tokens"] == streamed.usage["completion_tokens"] <= max_tokens
-                assert whole.texts == streamed.texts and whole.finish == streamed.finish
-                if whole.usage["completion_tokens"] < max_tokens:
-                    assert whole.finish == {0: "stop"}
+        for is_chat, body in ((True, chat(model=decoder, max_completion_tokens=max_tokens)),
+                              (False, {"model": decoder, "prompt": QUESTION, "max_tokens": max_tokens})):
+            whole = ask(base, body, chat=is_chat, stream=False)
+            streamed = ask(base, body, chat=is_chat, stream=True)
+            if decoder.endswith("-d2f"):
+                assert whole.status == streamed.status == 400 and "block_size" in whole.error["message"]
+                continue
+            assert whole.status == streamed.status == 200, (whole.error, streamed.error)
+            assert whole.usage["completion_tokens"] == streamed.usage["completion_tokens"] <= max_tokens
+            assert whole.texts == streamed.texts and whole.finish == streamed.finish
+            if whole.usage["completion_tokens"] < max_tokens:
+                assert whole.finish == {0: "stop"}
 
 
 def test_a_refusion_slot_past_max_tokens_is_cut_with_finish_reason_length(server):
