@@ -75,7 +75,7 @@ def evaluate(
                       "(default: the task's preset from evals/suite.yaml, where the decoder has it)")] = None,
     set_: Annotated[list[str] | None, panel_option(SetOpt, HOW)] = None,
     batch_size: Annotated[str, typer.Option("--batch-size", help="requests decoded together (answers: batch 1's "
-                                            "up to float rounding; above 1 the TPS column is throughput), or auto: "
+                                            "up to float rounding; above 1 a throughput table too), or auto: "
                                             "the largest batch that fits the memory (see --max-memory)",
                                             rich_help_panel=HOW)] = "1",
     max_memory: Annotated[str | None, typer.Option("--max-memory", help="with --batch-size auto: what the weights "

@@ -59,7 +59,8 @@ class RunResult:
     device: str = ""  # where it ran: "cpu", "cuda (<GPU name>)" (empty in a metrics.json written before this field)
     dtype: str = ""  # the model's weights, e.g. "bfloat16"
     tps_sample_mean: float | None = None  # the mean of per-sample TPS (None in a metrics.json written before it)
-    batch_size: int = 1  # requests decoded together; above 1, ``tps`` is the throughput of the batched calls
+    batch_size: int = 1  # requests decoded together (``tps`` is still per request: tokens over each one's latency)
+    throughput: float | None = None  # all tokens over the run's wall time (at batch 1: ``tps``; None: written before)
     batch_notes: list[str] = dataclasses.field(default_factory=list)  # --batch-size auto's choice and why; halvings
     protocol: str = ""  # whose task definitions ("paper", "lm-eval"; empty: the same under both, or written before)
     also: dict[str, float] = dataclasses.field(default_factory=dict)  # other scores of the same answers (lm-eval's, %)
@@ -96,7 +97,7 @@ def grid_tables(results: list[RunResult]) -> list[Table]:
         cells[(result.label, result.benchmark)] = result
     with_avg = len(columns) > 1
     headers = ["decoder:model", *(title for _, title in columns)] + (["avg"] if with_avg else [])
-    accuracy_rows, tpf_rows = [], []
+    accuracy_rows, tpf_rows, throughput_rows = [], [], []
     for label in labels:
         row = [cells.get((label, name)) for name, _ in columns]
         done = [r for r in row if r is not None]
@@ -109,10 +110,15 @@ def grid_tables(results: list[RunResult]) -> list[Table]:
             tpf.append(f"{_mean([r.tpf for r in done]):.2f}" if complete else "-")
         accuracy_rows.append(accuracy)
         tpf_rows.append(tpf)
+        throughput_rows.append([label, *(_number(r.throughput) if r else "-" for r in row)]
+                               + (["-"] if with_avg else []))
+    tables = [Table("accuracy (%) / TPS (each request's tokens over its own latency)", headers, accuracy_rows),
+              Table("TPF (tokens per forward)", headers, tpf_rows)]
     batched = sorted({r.batch_size for r in results if r.batch_size > 1})
-    title = ("accuracy (%) / TPS" if not batched else  # a batch's TPS is its throughput, not the paper's batch-1 rule
-             f"accuracy (%) / TPS (batch {', '.join(map(str, batched))}: throughput, tokens over batched wall time)")
-    return [Table(title, headers, accuracy_rows), Table("TPF (tokens per forward)", headers, tpf_rows)]
+    if batched:  # a batch's own measure: the requests' tokens over the run's wall time
+        tables.append(Table(f"throughput (tokens/s over the run's wall time; batch {', '.join(map(str, batched))})",
+                            headers, throughput_rows))
+    return tables
 
 
 def other_scores_table(results: list[RunResult]) -> Table | None:
@@ -254,8 +260,8 @@ def _tps_note(rows: tuple[Table1Row, ...], batched: list[int]) -> str:
     paper = "; ".join(f"{'rows' if len(numbers) > 1 else 'row'} {', '.join(numbers)}: {count}"
                       for count, numbers in counts.items())
     here = ("measured here for every row as the response's tokens up to its end token over the decode seconds"
-            if not batched else f"measured here at batch {', '.join(map(str, batched))}: throughput, the tokens over "
-            "the batched calls' wall time")
+            if not batched else f"measured here at batch {', '.join(map(str, batched))}: each request's tokens over its "
+            "latency among the batch's rows (the throughput is in its own table)")
     return f"TPS {here}; the paper's count: {paper}."
 
 
@@ -317,9 +323,9 @@ def merge_results(earlier: list[RunResult], results: list[RunResult]) -> list[Ru
 
 
 # summary.csv: a line per cell (decoder x model x task), a column per measure; numbers unformatted, '' for none
-CSV_COLUMNS = ["task", "protocol", "decoder", "model", "label", "settings", "seed", "samples", "accuracy", "lm_eval_accuracy",
-               "tps", "tps_sample_mean", "tpf", "tokens", "forwards", "seconds", "batch_size", "device", "dtype",
-               "config_hash", "paper_row", "paper_accuracy", "paper_tps"]
+CSV_COLUMNS = ["task", "protocol", "decoder", "model", "label", "settings", "seed", "samples", "accuracy",
+               "lm_eval_accuracy", "tps", "tps_sample_mean", "throughput", "tpf", "tokens", "forwards", "seconds",
+               "batch_size", "device", "dtype", "config_hash", "paper_row", "paper_accuracy", "paper_tps"]
 
 
 def summary_rows(results: list[RunResult]) -> list[dict[str, Any]]:

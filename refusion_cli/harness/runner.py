@@ -324,8 +324,8 @@ def summarize(benchmark: Benchmark, run: DecoderRun, config: Any, digest: str, e
         samples=n,
         accuracy=100.0 * sum(r["score"] for r in chosen) / n if n else 0.0,
         lm_eval_accuracy=None if lm_eval_value is None else 100.0 * float(lm_eval_value),
-        # batch 1: each decode's own seconds; a batch: its share of the batched call's wall time (throughput)
-        tps=run_tps([r["tokens"] for r in chosen], [r.get("wall_share", r["seconds"]) for r in chosen]),
+        tps=run_tps([r["tokens"] for r in chosen], [r["seconds"] for r in chosen]),  # each decode's own latency
+        throughput=run_tps([r["tokens"] for r in chosen], [r.get("wall_share", r["seconds"]) for r in chosen]),
         tps_sample_mean=mean_tps([r["tokens"] for r in chosen], [r["seconds"] for r in chosen]),
         tpf=sum(r["tpf"] for r in chosen) / n if n else 0.0,
         tokens=sum(r["tokens"] for r in chosen), forwards=sum(r["forwards"] for r in chosen),

@@ -28,10 +28,15 @@ def test_a_batched_run_has_the_answers_of_batch_1_for_every_decoder(tmp_path):
             four.accuracy, four.tokens, four.forwards, 1, 4)
     records = [json.loads(line) for line in (tmp_path / "b4" / "samples" / "synthetic" / "ar__ar-tiny.jsonl").open()]
     assert {r["batch_rows"] for r in records} == {4}  # 6 requests, 4 rows at most: a finished row's place is refilled
-    # the TPS of a batched run is its throughput: tokens over the batched calls' wall time
-    assert batched[1].tps == pytest.approx(sum(r["tokens"] for r in records) / sum(r["wall_share"] for r in records))
+    # TPS is still per request (tokens over each one's latency); the throughput, tokens over the run's wall time,
+    # is a column of its own
+    assert batched[1].tps == pytest.approx(sum(r["tokens"] for r in records) / sum(r["seconds"] for r in records))
+    assert batched[1].throughput == pytest.approx(sum(r["tokens"] for r in records) /
+                                                  sum(r["wall_share"] for r in records))
+    assert alone[1].throughput == alone[1].tps
     summary = (tmp_path / "b4" / "summary.md").read_text()
-    assert "batch 4: throughput" in summary and "throughput" not in (tmp_path / "b1" / "summary.md").read_text()
+    assert "throughput (tokens/s over the run's wall time; batch 4)" in summary
+    assert "throughput (" not in (tmp_path / "b1" / "summary.md").read_text()
 
 
 @pytest.mark.parametrize("value, size", [(None, 1), ("1", 1), (16, 16), ("32", 32), ("auto", "auto"),

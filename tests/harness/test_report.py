@@ -84,7 +84,8 @@ def test_a_model_named_like_a_rows_checkpoint_stands_beside_that_row():
 
 def test_a_refusion_tiny_run_of_a_paper_benchmark_is_its_own_row_not_the_papers_refusion_row(tmp_path: Path):
     tiny = result("gsm8k", "GSM8K", "refusion", 0.0, 1200.0, model="refusion-tiny")
-    assert [table.title for table in summary_tables([tiny])] == ["accuracy (%) / TPS", "TPF (tokens per forward)"]
+    titles = [table.title for table in summary_tables([tiny])]
+    assert titles == ["accuracy (%) / TPS (each request's tokens over its own latency)", "TPF (tokens per forward)"]
     summary = console_summary([tiny])
     assert [row[0] for row in summary.tables[0].rows] == ["refusion:refusion-tiny"]
     [note] = summary.notes
@@ -101,12 +102,12 @@ def test_summary_csv_is_one_tidy_table_a_line_per_decoder_and_task(tmp_path: Pat
     write_reports(tmp_path, cells)
     header, first, second = (tmp_path / "summary.csv").read_text(encoding="utf-8").splitlines()
     assert header == ("task,protocol,decoder,model,label,settings,seed,samples,accuracy,lm_eval_accuracy,tps,"
-                      "tps_sample_mean,tpf,tokens,forwards,seconds,batch_size,device,dtype,config_hash,paper_row,"
+                      "tps_sample_mean,throughput,tpf,tokens,forwards,seconds,batch_size,device,dtype,config_hash,paper_row,"
                       "paper_accuracy,paper_tps")
     refusion = paper("ReFusion", "gsm8k")
     assert first == (f"gsm8k,paper,refusion,ReFusion,refusion:ReFusion,slot_size=32 block_size=128,0,10,80.0,80.0,"
-                     f"90.0,,1.5,100,60,2.0,1,,,abc,ReFusion,{refusion[0]},{refusion[1]}")
-    assert second == "synthetic,paper,ar,ar-tiny,ar:ar-tiny,,,10,50.0,50.0,9.0,,1.5,100,60,2.0,1,,,abc,,,"
+                     f"90.0,,,1.5,100,60,2.0,1,,,abc,ReFusion,{refusion[0]},{refusion[1]}")
+    assert second == "synthetic,paper,ar,ar-tiny,ar:ar-tiny,,,10,50.0,50.0,9.0,,,1.5,100,60,2.0,1,,,abc,,,"
 
 
 def test_an_adapter_rows_run_is_matched_by_the_adapters_name():
@@ -129,7 +130,8 @@ def test_the_registrys_table1_has_nine_rows_whose_cells_average_to_the_papers_av
 def test_no_paper_table_for_other_protocols_or_tasks_the_paper_did_not_run():
     results = [result("gsm8k", "GSM8K", "refusion", 80.0, 90.0, protocol=EvalProtocol.LM_EVAL),
                result("synthetic", "Synthetic", "refusion", 70.0, 50.0)]
-    assert [table.title for table in summary_tables(results)] == ["accuracy (%) / TPS", "TPF (tokens per forward)"]
+    assert [table.title for table in summary_tables(results)] == ["accuracy (%) / TPS (each request's tokens over its own latency)",
+                                                                  "TPF (tokens per forward)"]
 
 
 def test_metrics_json_keeps_the_protocol_and_the_other_scores(tmp_path: Path):
