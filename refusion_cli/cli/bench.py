@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 RUN = "What to run"
 MEASURE = "How to measure"
 MACHINE = "Machine"
+SERVED = "Served (--endpoint)"
 
 
 def bench(
@@ -96,6 +97,21 @@ def bench(
     threads: Annotated[int | None, typer.Option("--threads", help="torch CPU threads",
                                                 rich_help_panel=MACHINE)] = None,
     trust_remote_code: Annotated[bool, panel_option(TrustRemoteCodeOpt, MACHINE)] = False,
+    endpoint: Annotated[list[str] | None, typer.Option("--endpoint", metavar="URL[=NAME]", help="load an "
+                                                       "OpenAI-compatible server instead of decoding here "
+                                                       "(repeatable; NAME: the model id, default the one it "
+                                                       "serves); see docs/served.md", rich_help_panel=SERVED)] = None,
+    concurrency: Annotated[list[str] | None, typer.Option("--concurrency", help="with --endpoint: requests in "
+                                                          "flight, a level each (default 1,4,16,64)",
+                                                          rich_help_panel=SERVED)] = None,
+    tokenizer: Annotated[str | None, typer.Option("--tokenizer", help="with --endpoint: count answer tokens "
+                                                  "with this tokenizer (a local directory, embedded model or hub id) "
+                                                  "instead of the replies' usage", rich_help_panel=SERVED)] = None,
+    max_requests: Annotated[int | None, typer.Option("--max-requests", help="with --endpoint: requests per level "
+                                                     "(default: one per prompt)", rich_help_panel=SERVED)] = None,
+    max_seconds: Annotated[float | None, typer.Option("--max-seconds", help="with --endpoint: start no request "
+                                                      "after this many seconds of a level (default 600)",
+                                                      rich_help_panel=SERVED)] = None,
     stray: Annotated[list[str] | None, typer.Argument(
         hidden=True, show_default=False, metavar="VALUES",
         help="more values of --decoder, --gen-length, --model, --set")] = None,
@@ -108,10 +124,26 @@ def bench(
     from refusion_cli.bench.report import ROWS_FILE, budget_warning, machine_line
     from refusion_cli.bench.resume import load_earlier, run_record
     from refusion_cli.bench.runner import budget_notes, plan_entries, resolve_models
+    from refusion_cli.bench.served import check_load_options
     from refusion_cli.cli.bench_run import BenchRun, models_line, result_table
     from refusion_cli.cli.output import print_table, quiet_library_output
     from refusion_cli.decoding.memory import parse_memory
 
+    if endpoint:  # the served bench (refusion_cli.bench.served): the servers decode, this process loads them
+        from refusion_cli.bench.served import served_bench
+
+        served_bench(endpoint, stray or [], concurrency=concurrency, tokenizer=tokenizer, max_requests=max_requests,
+                     max_seconds=max_seconds, prompts=prompts, limit=limit, gen_length=gen_length, seed=seed,
+                     warmup=warmup, output=output, say=lambda line: console.print(line, highlight=False,
+                                                                                 soft_wrap=True),
+                     in_process={"--decoder": decoder, "--model": model, "--set": set_options, "--preset": preset,
+                                 "--batch-size": batch_size, "--max-memory": max_memory, "--sweep": sweep,
+                                 "--resume": resume, "--causal-fix": causal_fix, "--causal-first": causal_first,
+                                 "--recheck": recheck, "--repeats": None if repeats == 1 else repeats,
+                                 "--device": device, "--dtype": dtype, "--threads": threads})
+        return
+    check_load_options({"--concurrency": concurrency, "--tokenizer": tokenizer, "--max-requests": max_requests,
+                        "--max-seconds": max_seconds})
     # --tps names the measurement; it is the only one so far, so it is on whether given or not
     values = route_stray_values(stray or [], MultiValues(option_values(decoder, "--decoder"),
                                                          list(model or []), split_commas(set_options),
