@@ -10,6 +10,10 @@ import httpx
 import pytest
 
 from refusion_cli.cli.app import main
+from refusion_cli.cli.serve import memory_shares
+from refusion_cli.decoding.memory import ModelSize
+from refusion_cli.errors import UserError
+from refusion_cli.models.loading import load_model
 from tests.serve.helpers import serve_process
 
 # the question of the README's serve example: 12 + 7 - 5 + 9
@@ -78,3 +82,13 @@ def test_each_decoder_runs_on_its_embedded_model_and_answers_the_readme_question
             reply = httpx.post(f"{base}/v1/chat/completions", timeout=60, json={
                 "model": model, "messages": [{"role": "user", "content": README_QUESTION}]}).json()
             assert reply["choices"][0]["message"]["content"].endswith("#### 23"), (model, reply)
+
+
+def test_max_memory_gives_each_checkpoint_its_weights_and_an_even_share():
+    models = {name: load_model(name, "cpu") for name in ("ar-tiny", "mdm-tiny")}
+    weights = {name: ModelSize.of(loaded.model).weights for name, loaded in models.items()}
+    total = sum(weights.values()) + 2 * 2**20
+    assert memory_shares(models, total) == {name: weights[name] + 2**20 for name in models}
+    assert memory_shares({"ar-tiny": models["ar-tiny"]}, total) == {"ar-tiny": total}
+    with pytest.raises(UserError, match="does not hold the weights"):
+        memory_shares(models, sum(weights.values()))
