@@ -43,10 +43,9 @@ from typing import Any
 
 import torch
 
-from refusion_cli.bench.figures import CallTally
+from refusion_cli.bench.figures import BenchRow, BenchSample, CallTally, bench_sample, summarise
 from refusion_cli.bench.machine import PeakMemory
 from refusion_cli.bench.prompts import BenchPrompt
-from refusion_cli.bench.summary import BenchRow, BenchSample, bench_sample, summarise
 from refusion_cli.bench.sweep import check_swept_overrides, setting_label, sweep_configs
 from refusion_cli.decoding.registry import BASELINE, EMBEDDED_DECODERS, decoder_spec, default_model
 from refusion_cli.decoding.engine import Engine, run_decoder

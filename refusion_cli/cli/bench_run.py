@@ -71,9 +71,9 @@ class BenchRun:
         self.written: list[str] = []
         self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                                  TimeElapsedColumn(), console=console, transient=True,
-                                 disable=not console.is_terminal)  # off a terminal: the row lines only
+                                 disable=not console.is_terminal)  # off a terminal: RowDecodes lines instead
         self.task: TaskID | None = None
-        self.row_decodes = RowDecodes()  # the same count off a terminal, as lines on stderr
+        self.row_decodes = RowDecodes()  # the row's count off a terminal, as lines on stderr
 
     def execute(self, prompts: list[BenchPrompt]) -> None:
         """Measure the entries the run does not have yet."""
