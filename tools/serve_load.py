@@ -1,10 +1,11 @@
 """Load benchmark of ``refusion serve``: the same prompts sent by 1, 4 and 16 concurrent clients (streamed chat
-requests to 127.0.0.1), beside the decoders run offline in this process on the same prompts: batch 1 one after
-the other (what ``refusion chat`` does per question) and ``--batch-size 16`` (what ``refusion bench --batch-size
-16`` runs). Writes ``load.md`` and ``load.json`` to ``--output``.
+requests to 127.0.0.1, through ``refusion bench --endpoint``'s client, :mod:`refusion_cli.bench.endpoint`), beside
+the decoders run offline in this process on the same prompts: batch 1 one after the other (what ``refusion chat``
+does per question) and ``--batch-size 16`` (what ``refusion bench --batch-size 16`` runs). Writes ``load.md``
+and ``load.json`` to ``--output``.
 
-Beside throughput, latency and time to first byte, the streamed levels give ITL (the gap between two content
-chunks), TPOT (a request's time after its first chunk over its tokens after the first) and the decoders'
+Beside throughput, latency and time to the first chunk with text (TTFT), the served levels give ITL (the gap
+between two content chunks), TPOT (a request's time after its first chunk over its tokens after the first) and the decoders'
 figures from each answer's ``usage``: model calls per request, tokens committed per call and per chunk
 (a ReFusion step commits several tokens in one chunk, so its ITL is a step's time, not a token's).
 
@@ -27,17 +28,10 @@ import statistics
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import httpx
-
-REQUEST_TIMEOUT_S = 300
-# one client with a pool of kept-alive connections, as the openai client keeps: a new httpx client per request
-# would bill a TLS context and a TCP connection to every request
-CLIENT = httpx.Client(timeout=REQUEST_TIMEOUT_S, limits=httpx.Limits(max_connections=64, max_keepalive_connections=64))
-
 
 @dataclass
 class Level:
@@ -50,7 +44,7 @@ class Level:
     seconds: float  # wall time of the whole level
     latency_p50: float
     latency_p95: float
-    ttfb_p50: float | None  # time to the first streamed byte (None offline)
+    ttfb_p50: float | None  # time to the first chunk with text (None offline)
     ttfb_p95: float | None
     forwards_per_request: float = 0.0  # model calls per request (the toolkit's forwards)
     tokens_per_forward: float = 0.0
@@ -76,85 +70,68 @@ def level(name: str, clients: int, tokens: int, seconds: float, latencies: list[
                  tokens / forwards if forwards else 0.0)
 
 
-@dataclass
-class Answer:
-    """What a client measured of one request."""
-
-    latency: float
-    first: float  # time to the first byte
-    tokens: int
-    forwards: int
-    gaps: list[float]  # streamed: seconds between consecutive content chunks
-    chunks: int  # streamed: content chunks
+# --- the servers ------------------------------------------------------------------------------
 
 
-# --- the server -------------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def launch(command: list[str], env: dict[str, str], base: str, log: Path | None = None,
+           timeout: float = 300) -> subprocess.Popen:
+    """``command`` (a server) started with its output to ``log``, returned once ``base``/health answers 200; a
+    server that exits or is not up within ``timeout`` seconds is stopped and ends the script."""
+    out = subprocess.DEVNULL if log is None else log.open("w")
+    server = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + timeout
+    try:
+        while not up(base):
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"the server did not start: {shlex.join(command[:4])} ... (log: {log})")
+            time.sleep(0.2)
+    except BaseException:  # Ctrl-C too: no server is left behind
+        server.kill()
+        server.wait()
+        raise
+    return server
+
+
+def up(base: str) -> bool:
+    try:
+        return httpx.get(f"{base}/health").status_code == 200
+    except httpx.TransportError:
+        return False
 
 
 def start_server(model: str, decoders: list[str], max_batch: int, threads: int) -> tuple[subprocess.Popen, str]:
     """``refusion serve`` of ``decoders`` on ``model`` at a free port of 127.0.0.1, once it answers /health."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1"}
-    server = subprocess.Popen([sys.executable, "-m", "refusion_cli", "serve", "--model", model, "--decoder", *decoders,
-                               "--port", str(port), "--max-batch", str(max_batch)],
-                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            if httpx.get(f"{base}/health").status_code == 200:
-                return server, base
-        except httpx.TransportError:
-            pass
-        if server.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit("the server did not start")
-        time.sleep(0.1)
+    return launch([sys.executable, "-m", "refusion_cli", "serve", "--model", model, "--decoder", *decoders,
+                   "--port", str(port), "--max-batch", str(max_batch)], env, base), base
 
 
-def ask(base: str, decoder: str, question: str, max_tokens: int, stream: bool = True) -> Answer:
-    """One chat request, streamed or not, as its client measures it."""
-    body = {"model": decoder, "max_tokens": max_tokens, "messages": [{"role": "user", "content": question}]}
-    start = time.perf_counter()
-    if not stream:
-        response = CLIENT.post(f"{base}/v1/chat/completions", json=body)
-        response.raise_for_status()
-        latency = time.perf_counter() - start
-        usage = response.json()["usage"]
-        return Answer(latency, latency, usage["completion_tokens"], usage["forwards"], [], 0)
-    body |= {"stream": True, "stream_options": {"include_usage": True}}
-    first, usage, times = None, {}, []
-    with CLIENT.stream("POST", f"{base}/v1/chat/completions", json=body) as response:
-        response.raise_for_status()
-        for line in response.iter_lines():
-            if not line.startswith("data: {"):
-                continue
-            now = time.perf_counter() - start
-            first = now if first is None else first
-            chunk = json.loads(line[6:])
-            if chunk["choices"]:
-                times.append(now)
-            else:
-                usage = chunk["usage"]
-    gaps = [later - earlier for earlier, later in zip(times, times[1:])]
-    return Answer(time.perf_counter() - start, first or 0.0, usage["completion_tokens"], usage["forwards"], gaps,
-                  usage["stream_chunks"])
+def served_level(base: str, decoder: str, questions: list[str], max_tokens: int, clients: int) -> Level:
+    """``clients`` streamed requests in flight at a time through the bench's client
+    (:mod:`refusion_cli.bench.endpoint`), each question once."""
+    from refusion_cli.bench.endpoint import Endpoint, load_level
 
-
-def served_level(base: str, decoder: str, questions: list[str], max_tokens: int, clients: int, stream: bool) -> Level:
-    start = time.perf_counter()
-    with ThreadPoolExecutor(clients) as pool:
-        answers = list(pool.map(lambda q: ask(base, decoder, q, max_tokens, stream), questions))
-    seconds = time.perf_counter() - start
-    kind = "streamed" if stream else "not streamed"
-    result = level(f"serve, {clients} client{'s' if clients > 1 else ''}, {kind}", clients,
-                   sum(a.tokens for a in answers), seconds, [a.latency for a in answers], [a.first for a in answers],
-                   sum(a.forwards for a in answers))
-    if stream:
-        result.itl_p50 = statistics.median(gap for a in answers for gap in a.gaps)
-        result.tpot_p50 = statistics.median((a.latency - a.first) / (a.tokens - 1) for a in answers if a.tokens > 1)
-        result.tokens_per_chunk = result.tokens / sum(a.chunks for a in answers)
+    run = load_level(Endpoint(base, decoder, base), questions, clients, len(questions), None, max_tokens, 0)
+    replies = run.replies
+    usages = [reply.usage or {} for reply in replies]
+    result = level(f"serve, {clients} client{'s' if clients > 1 else ''}, streamed", clients,
+                   sum(usage.get("completion_tokens", 0) for usage in usages), run.seconds,
+                   [reply.latency for reply in replies], [reply.ttft for reply in replies],
+                   sum(usage.get("forwards", 0) for usage in usages))
+    gaps = [later - earlier for reply in replies for earlier, later in zip(reply.chunk_times, reply.chunk_times[1:])]
+    tpots = [(reply.latency - reply.ttft) / (usage["completion_tokens"] - 1)
+             for reply, usage in zip(replies, usages) if usage["completion_tokens"] > 1]
+    result.itl_p50 = statistics.median(gaps) if gaps else None  # None: one chunk per answer
+    result.tpot_p50 = statistics.median(tpots) if tpots else None
+    result.tokens_per_chunk = result.tokens / sum(len(reply.chunk_times) for reply in replies)
     return result
 
 
@@ -211,7 +188,7 @@ def report(levels: list[Level], args: argparse.Namespace, command: str) -> str:
         "",
         f"Command: `{command}`",
         "",
-        f"{args.prompts} synthetic questions (chat template), max_tokens {args.max_tokens}, chat requests (streamed and not), "
+        f"{args.prompts} synthetic questions (chat template), max_tokens {args.max_tokens}, streamed chat requests, "
         f"server `--max-batch {args.batch_size}`, {args.threads} torch thread(s); {platform.processor() or 'cpu'}, "
         f"{os.cpu_count()} cores. One run; the ratios compare levels of this run.",
         "",
@@ -241,8 +218,8 @@ def report(levels: list[Level], args: argparse.Namespace, command: str) -> str:
         "",
         "Latency is measured by the client (request sent to `[DONE]` read) for the server and around the render, "
         "decode and detokenize of each question in process. The offline batch's latency is each row's decode "
-        "latency from the start of the batch. TTFT is the time to the first byte: the first streamed chunk, or the "
-        "whole answer. ITL is the gap between two content chunks; a ReFusion chunk carries a step's commits "
+        "latency from the start of the batch. TTFT is the time to the first chunk with text. ITL is the gap "
+        "between two content chunks; a ReFusion chunk carries a step's commits "
         "(tokens / chunk), so ITL is a step's time and TPOT (time after the first chunk over the tokens after the "
         "first) the time per token.",
     ]
@@ -269,11 +246,12 @@ def main() -> None:
     levels = offline_levels(args.model, args.decoder, questions, args.max_tokens, args.batch_size, args.threads)
     server, base = start_server(args.model, [args.decoder], args.batch_size, args.threads)
     try:
-        ask(base, args.decoder, questions[0], args.max_tokens)  # warm-up
-        for stream in (False, True):
-            for clients in args.clients:
-                levels.append(served_level(base, args.decoder, questions, args.max_tokens, clients, stream))
-                print(levels[-1].name, f"{levels[-1].throughput:.1f} tokens/s", flush=True)
+        from refusion_cli.bench.endpoint import Endpoint, load_level
+
+        load_level(Endpoint(base, args.decoder, base), questions, 1, 1, None, args.max_tokens, 0)  # warm-up
+        for clients in args.clients:
+            levels.append(served_level(base, args.decoder, questions, args.max_tokens, clients))
+            print(levels[-1].name, f"{levels[-1].throughput:.1f} tokens/s", flush=True)
     finally:
         server.terminate()
         server.wait(timeout=60)
