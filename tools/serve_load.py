@@ -5,9 +5,9 @@ does per question) and ``--batch-size 16`` (what ``refusion bench --batch-size 1
 and ``load.json`` to ``--output``.
 
 Beside throughput, latency and time to the first chunk with text (TTFT), the served levels give ITL (the gap
-between two content chunks), TPOT (a request's time after its first chunk over its tokens after the first) and the decoders'
-figures from each answer's ``usage``: model calls per request, tokens committed per call and per chunk
-(a ReFusion step commits several tokens in one chunk, so its ITL is a step's time, not a token's).
+between two content chunks), TPOT (a request's time after its first chunk over its tokens after the first) and
+the decoders' figures from each answer's ``usage``: model calls per request, tokens committed per call and per
+chunk (a ReFusion step commits several tokens in one chunk, so its ITL is a step's time, not a token's).
 
     python -m tools.serve_load --output results/serve
 
