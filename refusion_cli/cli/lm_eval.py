@@ -47,8 +47,8 @@ def as_user_error(exc: Exception) -> UserError | None:
     task, and a data path left as a placeholder of the templates in evals/tasks."""
     if isinstance(exc, FileNotFoundError) and "${" in str(exc):
         return UserError("the task files in evals/tasks are templates whose data paths are filled in by refusion eval",
-                         hint="run refusion eval --task NAME once, then pass --include_path results/<run>/tasks/NAME")
+                         hint="run refusion eval --task NAME once, then pass --include_path runs/<run>/tasks/NAME (or the --output folder)")
     if isinstance(exc, ValueError) and str(exc).startswith(UNKNOWN_TASKS):
         return UserError(str(exc), hint="check --tasks; a task of this project's suite needs --include_path "
-                                        "results/<run>/tasks/<name>")
+                                        "runs/<run>/tasks/<name> (or the --output folder)")
     return None

@@ -63,7 +63,7 @@ DECODERS: dict[str, DecoderSpec] = {
                             "ReFusion: slot planning + causal verification, KV reuse", row_memory=refusion_memory, open_row=refusion_rows,
                             presets=MappingProxyType({**PRESETS, **TOOLKIT_PRESETS}),
                             model_presets=MappingProxyType({"refusion-tiny": "synthetic_tiny"})),
-    "ar": DecoderSpec("ar", ARConfig, "ar-tiny", False, False, "greedy autoregressive decoding with a KV cache",
+    "ar": DecoderSpec("ar", ARConfig, "ar-tiny", False, False, "autoregressive decoding with a KV cache (greedy, or sampled at a temperature)",
                       row_memory=ar_memory, open_row=ar_rows),
     # revision 2 of llada and dream: float64 confidence over the whole vocabulary, leftmost of equal confidences.
     # revision 3 of llada: with use_cache, a cached step always follows a block's full pass, also when that pass

@@ -151,7 +151,8 @@ class DecoderLM(TemplateLM):
         if config is not None and not isinstance(config, spec.config_class):
             raise ConfigError(f"the {self.decoder} adapter takes a {spec.config_class.__name__} as config")
         # the model_args options, kept to rebuild the config for each max_gen_toks (None: a config object was given)
-        self.choice = None if config is not None else decoder_choice(self.decoder, preset, decoder_options)
+        named = None if isinstance(pretrained, LoadedModel) else pretrained or default_model(self.decoder)
+        self.choice = None if config is not None else decoder_choice(self.decoder, preset, decoder_options, named)
         self.config: Any = config if self.choice is None else self.choice.config()  # the decoder's config class
         self.seed = int(seed)
         variant: Variant = (as_bool("causal_fix", causal_fix), as_bool("causal_first", causal_first),

@@ -127,7 +127,6 @@ class Table1Row:
     method: str = ""  # the acceleration on top of the decoder (Fast-dLLM, D2F), empty for none
     adapter: str = ""  # a PEFT adapter on the checkpoint, empty for none
     printed_average: tuple[float, float] = (0.0, 0.0)  # the paper's Avg column, as printed
-    fallback: bool = False  # the row of its decoder for a run whose model is no row's checkpoint
     tps_count: str = ""  # how the paper counted this row's TPS, beside the toolkit's one rule
 
     @property
@@ -150,7 +149,7 @@ def table1(path: Path = SUITE_FILE) -> tuple[str, tuple[Table1Row, ...]]:
                            cells={key: (float(cell[0]), float(cell[1])) for key, cell in row["cells"].items()},
                            method=row.get("method", ""), adapter=row.get("adapter", ""),
                            printed_average=(float(row["average"][0]), float(row["average"][1])),
-                           fallback=bool(row.get("fallback", False)), tps_count=row["tps_count"])
+                           tps_count=row["tps_count"])
                  for number, row in enumerate(entry["rows"], start=1))
     return entry["source"], rows
 

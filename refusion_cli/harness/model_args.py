@@ -67,12 +67,12 @@ def check_model_args(decoder: str, keys: set[str]) -> None:
         )
 
 
-def decoder_choice(decoder: str, preset: str | None, options: dict[str, Any]) -> DecoderChoice:
+def decoder_choice(decoder: str, preset: str | None, options: dict[str, Any], model: str | None = None) -> DecoderChoice:
     """The decoder options of ``model_args``: a preset of the decoder (ReFusion's: the paper's, or the
-    toolkit's such as ``synthetic_tiny``), then ``options`` (as refusion eval, bench and chat take theirs)."""
+    toolkit's such as ``synthetic_tiny``), else ``model``'s own (as every command), then ``options``."""
     if preset is not None:
         preset_config(preset, decoder)  # an unknown name is an error, not the defaults
-    return DecoderChoice(decoder, None, preset, options)
+    return DecoderChoice(decoder, model, preset, options)
 
 
 def decoder_config(decoder: str, preset: str | None, options: dict[str, Any]) -> Any:

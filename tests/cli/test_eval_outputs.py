@@ -106,5 +106,8 @@ def test_refusion_tiny_starts_from_its_own_preset_in_every_command(tmp_path):
     chat = chat_config("refusion", {"gen_length": 64}, None, chat_choice("refusion", None, [], None).checkpoint)
     [served] = parse_decoder_options(["refusion"], [], [])  # what refusion serve builds its configs from
     assert plan.configs[("synthetic", "refusion:refusion-tiny")] == bench == chat == served.config(64) == tiny
+    from refusion_cli.harness.model_args import decoder_choice  # refusion lm-eval's model_args, pretrained= or not
+
+    assert decoder_choice("refusion", None, {}, "refusion-tiny").config(64) == tiny
     other = default_config("refusion", "/models/ReFusion", 64)
     assert (other.slot_size, other.block_size) == (8, None)  # the paper's defaults
