@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from refusion_cli.bench.prompts import BenchPrompt
 from refusion_cli.decoding.engine import Engine
+from refusion_cli.decoding.spec import settings_label
 from refusion_cli.decoding.stats import DecodeResult, mean_tps, run_tps
 from refusion_cli.tasks.synthetic import is_correct
 
@@ -113,6 +114,7 @@ class BenchRow:
     tps_median: float = 0.0
     tps_max: float = 0.0
     budget_share: float = 0.0  # share of decodes that ran to the length budget without an end token
+    settings: str = ""  # the config's fields that differ from the decoder's defaults (spec.settings_label)
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -152,6 +154,7 @@ def summarise(entry: BenchEntry, samples: Sequence[BenchSample], n_prompts: int,
                    (tally or CallTally(None, None)).per_token(sum(tokens)))),
         tps_min=min(spread, default=0.0), tps_median=percentile(spread, 50), tps_max=max(spread, default=0.0),
         budget_share=mean([sample.hit_budget for sample in samples]),
+        settings=settings_label(entry.decoder, entry.config),
     )
 
 

@@ -196,7 +196,7 @@ def percent(value: float | None) -> str:
     return "–" if value is None else f"{value * 100:.1f}%"
 
 
-TABLE_HEADER = ["decoder", "model", "gen length", "batch", "TPS", "TPS min / median / max", "throughput",
+TABLE_HEADER = ["decoder", "model", "settings", "gen length", "batch", "TPS", "TPS min / median / max", "throughput",
                 "speed-up vs AR", "tokens/forward", "positions/token", "K/V bytes copied/token", "forwards", "tokens",
                 "p50 ms", "p95 ms", "peak MiB", "MiB per row", "accuracy", "hit budget"]
 
@@ -204,7 +204,7 @@ TABLE_HEADER = ["decoder", "model", "gen length", "batch", "TPS", "TPS min / med
 def table_cells(row: BenchRow) -> list[str]:
     """One row of the Markdown table."""
     spread = " / ".join(fmt(tps, 1) for tps in (row.tps_min, row.tps_median, row.tps_max))
-    return [row.decoder, row.model, str(row.gen_length), str(row.batch_size), fmt(row.tps, 1), spread,
+    return [row.decoder, row.model, row.settings, str(row.gen_length), str(row.batch_size), fmt(row.tps, 1), spread,
             fmt(row.throughput, 1), fmt(row.speedup_vs_ar, 2, "×"), fmt(row.tpf), fmt(row.positions_per_token, 2),
             fmt(row.kv_copied_per_token, 0), fmt(row.forwards, 1), fmt(row.tokens, 1),
             fmt(row.latency_p50_ms, 1), fmt(row.latency_p95_ms, 1), fmt(row.peak_mem_mib, 1),

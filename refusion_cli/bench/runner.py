@@ -150,14 +150,14 @@ class BenchEntry:
 
 
 def decoder_config(decoder: str, gen_length: int, overrides: dict[str, str] | None = None,
-                   preset: str | None = None) -> Any:
+                   preset: str | None = None, model: str | None = None) -> Any:
     """The config a decoder is benchmarked with at ``gen_length``: its defaults (LLaDA and Dream:
-    one token per step; LLaDA: blocks of 32 when 32 divides the length), its preset of that name, then
-    ``overrides`` (:class:`~refusion_cli.decoding.spec.DecoderChoice`, as eval and chat build theirs)."""
+    one token per step; LLaDA: blocks of 32 when 32 divides the length), its preset of that name, else
+    ``model``'s own, then ``overrides`` (:class:`~refusion_cli.decoding.spec.DecoderChoice`, as every command)."""
     overrides = dict(overrides or {})
     if "gen_length" in overrides:
         raise UserError(f"set the response length with --gen-length, not --set {decoder}.gen_length")
-    return DecoderChoice(decoder, None, preset, overrides).config(gen_length)
+    return DecoderChoice(decoder, model, preset, overrides).config(gen_length)
 
 
 def measuring_order(decoders: Sequence[str]) -> list[str]:
@@ -192,9 +192,10 @@ def plan_entries(settings: BenchSettings, checkpoints: Mapping[str, Checkpoint] 
     unless ``checkpoints`` holds the records :func:`resolve_models` checked)."""
     decoders = measuring_order(settings.decoders)
     lengths = measured_lengths(settings.gen_lengths)
-    configs = {(decoder, length): decoder_config(decoder, length, settings.overrides.get(decoder), settings.preset)
-               for decoder in decoders for length in lengths}
     models = bench_models(settings)
+    configs = {(decoder, length): decoder_config(decoder, length, settings.overrides.get(decoder), settings.preset,
+                                                 models[decoder])
+               for decoder in decoders for length in lengths}
     if checkpoints is None:
         resolve_models(settings)
     entries: list[BenchEntry] = []

@@ -209,14 +209,10 @@ def bench_settings(values: MultiValues, preset: str | None, **measuring: Any) ->
     """The run's settings from the options: the decoders, checkpoints, --set values and preset in the grammar
     eval and chat share (:func:`~refusion_cli.decoding.spec.parse_decoder_options`), the lengths, ``measuring``."""
     from refusion_cli.bench.runner import DEFAULT_DECODERS, DEFAULT_GEN_LENGTH, BenchSettings
-    from refusion_cli.decoding.spec import model_preset, one_model_each, parse_decoder_options
+    from refusion_cli.decoding.spec import one_model_each, parse_decoder_options
 
     choices = parse_decoder_options(values.decoders or DEFAULT_DECODERS, values.models, values.overrides, preset)
     one_model_each(choices, "refusion bench")
-    # the planner builds configs without the model: the models' own presets (spec.model_preset) come as --preset
-    model_presets = {name for choice in choices if (name := model_preset(choice.decoder, choice.model))}
-    if preset is None and len(model_presets) == 1:
-        preset = model_presets.pop()
     return BenchSettings(
         decoders=tuple(choice.decoder for choice in choices),
         gen_lengths=tuple(parse_lengths(values.gen_lengths) or (DEFAULT_GEN_LENGTH,)),

@@ -58,7 +58,7 @@ def test_writes_csv_markdown_plots_and_the_machine(bench_run):
     for plot in ("frontier.png", "tps_vs_gen_length.png"):
         assert (output / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     report = (output / "bench.md").read_text()
-    assert ("| decoder | model | gen length | batch | TPS | TPS min / median / max | throughput | speed-up vs AR |"
+    assert ("| decoder | model | settings | gen length | batch | TPS | TPS min / median / max | throughput | speed-up vs AR |"
             in report)
     assert "torch " in report and "threads" in report and "dtype float32" in report
     assert "peak resident set size" in report or "ru_maxrss" in report  # the memory method is stated

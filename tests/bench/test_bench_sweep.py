@@ -125,9 +125,10 @@ def test_the_plan_is_deterministic_with_unique_labels_and_the_fixed_settings_und
     assert {config.slot_size for config in refusion} == {4, 8, 16, 32}
     assert {(config.slot_threshold, config.token_threshold) for config in refusion} == {
         (0.9, 0.9), (0.8, 0.5), (0.6, 0.2)}
-    # at 64 the usual row is k=8 b=32 τ=0.9/0.9 (b: half the response), a grid point measured once, as "refusion"
-    assert len(refusion) == len(SWEEP_GRIDS[ReFusionConfig]) - 1
-    assert "refusion k=8 b=32 τ=0.9/0.9" not in [entry.label for entry in entries if entry.gen_length == 64]
+    # on refusion-tiny the usual row is its own preset's k=4 b=32 (synthetic_tiny), not a point of the grid
+    [usual] = [entry.config for entry in entries if entry.gen_length == 64 and entry.label == "refusion"]
+    assert (usual.slot_size, usual.block_size) == (4, 32)
+    assert len(refusion) == len(SWEEP_GRIDS[ReFusionConfig])
     dream = sweep_configs("dream", DreamConfig(gen_length=64, steps=64))
     assert [setting_label("dream", config) for config in dream] == [
         "steps=32", "steps=16", "steps=8", "τ=0.9 cache", "τ=0.7 cache", "τ=0.5 cache"]
