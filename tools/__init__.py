@@ -14,6 +14,8 @@ Run them from the repository root, e.g. ``python -m tools.build_models`` (what `
   and after a revision
 - ``memory_model``: the row memory ``--batch-size auto`` predicts for Table 1's rows beside the measured peaks
 - ``causal_ablations``: accuracy and tokens per forward of ReFusion and its causal ablations
+- ``served_compare``: vLLM serving the AR model beside ``refusion serve``, loaded by ``refusion bench --endpoint``;
+  vLLM's greedy answers against the ``ar`` decoder's
 - ``serve_load``: ``refusion serve`` under 1, 4 and 16 concurrent clients, beside the same prompts decoded offline
 - ``serve_clients``: the ecosystem's load tools (guidellm, ``vllm bench serve``) against ``refusion serve``, each
   in a venv of its own

@@ -9,6 +9,9 @@ report.py   the CSV rows (written as they are measured, read back to resume), th
 resume.py   run.json, and continuing an interrupted run (--resume) after checking it is the same run
 frontier.py a --sweep run's accuracy/speed frontier: its points, their Pareto fronts, frontier.csv
 plots.py    accuracy-vs-TPS frontier, TPS and latency against the response length
+endpoint.py --endpoint: the client that loads an OpenAI-compatible server at a concurrency and times each answer
+served.py   --endpoint: a served row's figures, its answers scored as in-process rows are, the crossover
+served_report.py  --endpoint: served.md and the plot of total against per-request tokens/s
 
 Nothing here prints; ``refusion_cli.cli.bench`` drives it and owns the terminal.
 """
