@@ -143,13 +143,13 @@ def offline_levels(model: str, decoder: str, questions: list[str], max_tokens: i
     import torch
 
     from refusion_cli.decoding.engine import run_decoder
-    from refusion_cli.decoding.spec import DecoderChoice
+    from refusion_cli.decoding.spec import default_config
     from refusion_cli.models.chat import user_prompt_ids
     from refusion_cli.models.loading import load_model
 
     torch.set_num_threads(threads)
     loaded = load_model(model, "cpu")
-    config = DecoderChoice(decoder).config(max_tokens)
+    config = default_config(decoder, model, max_tokens)  # what refusion serve and chat run on this model
     special = {"mask_token_id": loaded.mask_token_id, "eos_token_id": loaded.stop_token_ids}
     run_decoder(decoder, loaded.model, user_prompt_ids(loaded.tokenizer, questions[0]), config, **special)  # warm-up
     latencies, tokens, forwards = [], 0, 0
@@ -218,7 +218,7 @@ def report(levels: list[Level], args: argparse.Namespace, command: str) -> str:
         "",
         "Latency is measured by the client (request sent to `[DONE]` read) for the server and around the render, "
         "decode and detokenize of each question in process. The offline batch's latency is each row's decode "
-        "latency from the start of the batch. TTFT is the time to the first chunk with text. ITL is the gap "
+        "latency from its admission. TTFT is the time to the first chunk with text. ITL is the gap "
         "between two content chunks; a ReFusion chunk carries a step's commits "
         "(tokens / chunk), so ITL is a step's time and TPOT (time after the first chunk over the tokens after the "
         "first) the time per token.",
