@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import pytest
 
 from refusion_cli.bench.prompts import load_prompts
 from refusion_cli.decoding.memory import ModelSize
@@ -51,6 +52,8 @@ print(json.dumps({"rows": sorted({s.batch_rows for s in lm.samples}), "predicted
 """
 
 
+@pytest.mark.slow  # `make test-all` (~50 s of bfloat16 decoding): eval's memory admission is also checked by
+# tests/harness/test_batch_halving.py; the measured peak under the budget only here
 def test_batch_size_auto_picks_the_predicted_batch_and_its_peak_stays_under_the_budget(standin, tmp_path):
     model = standin("llada-8b-instruct")
     budget_mib = 64 + 8 + 3.5 * 47  # the reserve, the stand-in's weights and 3.5 rows of ~47 MiB: batch 3
@@ -64,6 +67,7 @@ def test_batch_size_auto_picks_the_predicted_batch_and_its_peak_stays_under_the_
     assert found["peak"] <= round(budget_mib) * 2**20, found  # the weights and two batches decoded
 
 
+@pytest.mark.slow  # `make test-all` (~45 s): the same admission rule runs by default through serve, below
 def test_bench_batch_size_auto_runs_the_rows_the_budget_fits(standin, monkeypatch, capsys, tmp_path):
     """``refusion bench --batch-size auto --max-memory`` on the LLaDA stand-in: the engine admits the rows the
     memory model fits (three here) and no more, and decodes every prompt once (its text is batch 1's up to
