@@ -12,13 +12,13 @@ to the first one still open) is text a client may show as final.
 - :class:`StopWatch`: the job's stop rule (``serve.engine.Job.stop``), run on the scheduler thread after
   each decoder step with the committed prefix: it ends the row at the token that completes a stop string
   or is an end id, so the compute is saved, not only the text cut.
-
-A tokenizer is called from one thread only: nothing here calls it when made, so the HTTP side makes these
-objects on its event loop and hands :class:`StopWatch` the scheduler's own copy of the tokenizer.
 - :class:`PrefixText`: the streamed deltas; what could still change is held back (a trailing incomplete
   UTF-8 character, a tail that may begin a stop string) and :meth:`PrefixText.finish` sends the rest of
   the final answer, so the deltas joined are the answer.
 - :func:`answer_text`: the answer of a finished response's tokens.
+
+A tokenizer is called from one thread only: nothing here calls it when made, so the HTTP side makes these
+objects on its event loop and hands :class:`StopWatch` the scheduler's own copy of the tokenizer.
 """
 
 from __future__ import annotations
