@@ -6,10 +6,10 @@ Light on purpose: ``refusion --help`` and a command's ``--help`` import this mod
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from copy import copy
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Sequence
 from typing import Annotated, Any, get_args
 
 import typer
@@ -146,7 +146,7 @@ def spread_values(args: list[str], params: Sequence[Any]) -> list[str]:
         elif option is None:
             spread.append(arg)
             continue
-        for part in [part.strip() for part in arg.split(",") if part.strip()] or [arg]:
+        for part in split_commas([arg]) or [arg]:
             spread += [option, part] if named else [part]
             named = True
     return spread
