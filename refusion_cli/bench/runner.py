@@ -50,7 +50,7 @@ from refusion_cli.bench.sweep import check_swept_overrides, setting_label, sweep
 from refusion_cli.decoding.registry import BASELINE, EMBEDDED_DECODERS, decoder_spec, default_model
 from refusion_cli.decoding.engine import Engine, run_decoder
 from refusion_cli.decoding.spec import PRESET_DECODER, DecoderChoice, check_preset, require_refusion
-from refusion_cli.decoding.stats import DecodeResult, RowClock
+from refusion_cli.decoding.stats import DecodeResult, RowClock, synchronize
 from refusion_cli.decoding.variants import asked_variants, first_option, variant_label, variant_options
 from refusion_cli.errors import UserError
 from refusion_cli.models.chat import require_chat_template, user_prompt_ids
@@ -403,8 +403,10 @@ def measure_batched(
     wall = 0.0
     with PeakMemory(device) as memory:
         for repeat in range(settings.repeats):
+            synchronize(device)
             clock = RowClock(device)
             results = decode(range(len(prompts)))
+            synchronize(device)
             wall += clock.latency()
             for index, (prompt, result) in enumerate(zip(prompts, results)):
                 sample = bench_sample(entry, loaded, prompt, index, repeat, result)

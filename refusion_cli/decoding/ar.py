@@ -19,6 +19,7 @@ from refusion_cli.decoding.cache import Lane, Lanes, LaneStep
 from refusion_cli.decoding.config import ARConfig
 from refusion_cli.decoding.dream import filter_logits
 from refusion_cli.decoding.mdm_sampling import sample
+from refusion_cli.decoding.readback import read
 from refusion_cli.decoding.stats import RowClock, DecodeResult, DecodeStats
 
 
@@ -44,31 +45,34 @@ def ar_row(lanes: Lanes, index: int, prompt: torch.Tensor, config: ARConfig, sto
                    report)
 
 
-def next_token(logits: torch.Tensor, config: ARConfig, generator: torch.Generator | None) -> int:
-    """The token after ``logits`` [V]: the argmax at temperature 0, else a draw from the top-p nucleus."""
+def next_token(logits: torch.Tensor, config: ARConfig, generator: torch.Generator | None) -> torch.Tensor:
+    """The token after ``logits`` [V], on the device ([1]): the argmax at temperature 0, else a draw from the
+    top-p nucleus."""
     if config.temperature == 0:
-        return int(logits.argmax())
+        return logits.argmax().view(1)
     scaled = logits.float()[None] / config.temperature  # [1, V]
     weights = filter_logits(scaled, config.top_p, None).softmax(-1)
-    return int(sample(weights, 1, generator))
+    return sample(weights, 1, generator).view(1)
 
 
 def ar_lane(ctx: Lane, stats: DecodeStats, last: torch.Tensor, max_new_tokens: int, stops: set[int],
-            pick: Callable[[torch.Tensor], int], report: Callable[[Any], None] | None = None
+            pick: Callable[[torch.Tensor], torch.Tensor], report: Callable[[Any], None] | None = None
             ) -> LaneStep[DecodeResult]:
-    """One prompt's decode as a lane program: feed the last token, commit it, ``pick`` the next from its logits."""
+    """One prompt's decode as a lane program: feed the last token, commit it, ``pick`` the next from its logits
+    (on the device: the next call feeds it from there; the host reads it with every other row's)."""
     tokens: list[int] = []
     position = torch.tensor([ctx.length], device=last.device)  # [1]
     for _ in range(max_new_tokens):
         logits = yield from ctx.forward(last, position)  # [1, V]
         ctx.commit(1)
-        token = pick(logits[-1])
+        last = pick(logits[-1])  # [1]
+        (token,), = yield from read(last)
         tokens.append(token)
         if report is not None:
             report(ARStep([len(tokens) - 1], [token]))
         if token in stops:
             break
-        last, position = torch.tensor([token], device=last.device), position + 1
+        position = position + 1
     stats.tokens = len(tokens)
     return DecodeResult(tokens=tokens, stats=stats)
 

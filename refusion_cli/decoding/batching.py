@@ -72,10 +72,10 @@ def batch_prompts(model: torch.nn.Module, prompt_ids: Prompt | Prompts, batch_si
     check_batch_size(batch_size)
     device = next(model.parameters()).device
     rows = cast("Sequence[Prompt]", prompt_ids if batch else [prompt_ids])  # is_batch tells one prompt from a batch
-    prompts = [prompt_tensor(p, device) for p in rows]
-    for prompt in prompts:
+    prompts = [prompt_tensor(p, torch.device("cpu")) for p in rows]
+    for prompt in prompts:  # checked on the host, before they go to the device
         check_ids(model, prompt, prompt.numel() + response_length, **special)
-    return batch, prompts
+    return batch, [prompt.to(device) for prompt in prompts]
 
 
 def row_callback(on_step: Callable[..., None] | None, index: int, batch: bool) -> Callable[[Any], None] | None:

@@ -31,6 +31,7 @@ call of one lane is that lane's plain call: the same query, K/V and mask as a ca
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass
 from typing import Any, Generator, Iterator, Protocol, TypeVar
 
@@ -39,6 +40,7 @@ from transformers import AttentionInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from refusion_cli.decoding.readback import Readback
 from refusion_cli.decoding.stats import DecodeStats, count_call, float_logits, logits_at, timed_call
 
 def group_causal(groups: torch.Tensor) -> torch.Tensor:
@@ -76,7 +78,8 @@ class Feed:
 
 
 T = TypeVar("T")
-LaneStep = Generator[Feed, torch.Tensor, T]  # a lane program's step: yields feeds, is sent their logits, returns T
+# a lane program's step: yields feeds (sent their logits) or readbacks (sent host values), returns T
+LaneStep = Generator["Feed | Readback", Any, T]
 
 
 @dataclass
@@ -152,12 +155,49 @@ def _grown(size: int, needed: int) -> int:
 
 
 @dataclass
+class PackedRows:
+    """The lanes of a call laid out as one batch for a single attention call per layer: queries gathered
+    [lanes, Q] from the packed sequence (padding repeats a lane's first query), against the store's first
+    ``lanes`` rows and ``columns`` columns under one mask."""
+
+    gather: torch.Tensor  # [lanes * Q]: the packed token of each (lane, query) place
+    scatter: torch.Tensor  # [T]: the (lane, query) place of each packed token
+    mask: torch.Tensor  # [lanes, 1, Q, columns] additive (a padding query sees its lane's first column)
+    lanes: int
+    queries: int
+    columns: int
+
+
+@dataclass
 class RowsMask:
     """What ``rows_attention`` needs to attend lane by lane in a packed call (passed as the model's mask)."""
 
     spans: list[tuple[int, int, int]]  # per lane: its first packed token, its token count, the store columns it sees
     masks: list[torch.Tensor]  # per lane: additive mask [1, 1, n, columns] (0 on its committed columns)
     implementation: str  # the attention the model runs otherwise (sdpa, eager)
+    packed: PackedRows | None = None  # set: one attention call for every lane (see Lanes' ``packed``)
+
+
+def packed_rows(alloweds: list[torch.Tensor], dtype: torch.dtype) -> PackedRows:
+    """The layout of one attention call for every row of a packed call whose row ``i`` feeds
+    ``alloweds[i].shape[0]`` tokens (in row order) that see columns ``alloweds[i]`` [n, c] of its store row."""
+    device = alloweds[0].device
+    lengths = [allowed.shape[0] for allowed in alloweds]
+    lanes, queries = len(lengths), max(lengths)
+    columns = max(allowed.shape[1] for allowed in alloweds)
+    allowed = torch.zeros(lanes, queries, columns, dtype=torch.bool, device=device)
+    allowed[:, :, 0] = True  # a padding query sees one column (its output is dropped), never none
+    gather: list[int] = []
+    scatter: list[int] = []
+    first = 0
+    for lane, (lane_allowed, n) in enumerate(zip(alloweds, lengths)):
+        allowed[lane, :n, : lane_allowed.shape[1]] = lane_allowed
+        gather.extend(range(first, first + n))
+        gather.extend([first] * (queries - n))
+        scatter.extend(range(lane * queries, lane * queries + n))
+        first += n
+    as_index = functools.partial(torch.tensor, dtype=torch.long, device=device)
+    return PackedRows(as_index(gather), as_index(scatter), additive_mask(allowed, dtype), lanes, queries, columns)
 
 
 ROWS_ATTENTION = "refusion_rows"
@@ -169,25 +209,40 @@ PLACEHOLDER_MASK = torch.zeros(1, 1, 0, 0)
 def rows_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                    attention_mask: Any, scaling: float | None = None, *, lane_rows: RowsMask,
                    **kwargs: Any) -> tuple[torch.Tensor, None]:
-    """Attention of a packed call ([1, heads, T, dim] queries) lane by lane: each lane's queries against its
-    row of the store ([rows, kv heads, columns, dim]) only, so no lane computes another's or padding's scores.
-    With the model's sdpa it is torch's, the K/V heads shared in place (``enable_gqa``), which computes what
-    transformers' sdpa call computes on the repeated heads; another attention (or a sliding window, a softcap)
-    runs as the model's own."""
+    """Attention of a packed call ([1, heads, T, dim] queries): each lane's queries against its row of the store
+    ([rows, kv heads, columns, dim]) only, so no lane sees another's K/V. Lane by lane (one kernel per lane), or
+    with ``lane_rows.packed`` in one call for every lane. With the model's sdpa it is torch's, the K/V heads
+    shared in place (``enable_gqa``), which computes what transformers' sdpa call computes on the repeated heads;
+    another attention (or a sliding window, a softcap) runs as the model's own."""
     rows = lane_rows  # the call's layout; ``attention_mask`` is a placeholder that keeps transformers from making one
+    own = rows.implementation != "sdpa" or kwargs.get("sliding_window") is not None or bool(kwargs.get("softcap"))
+    if rows.packed is not None:
+        packed = rows.packed
+        queries = query[0][:, packed.gather].view(query.shape[1], packed.lanes, packed.queries, query.shape[3])
+        queries = queries.transpose(0, 1)  # [lanes, heads, Q, dim]
+        keys, values = key[: packed.lanes, :, : packed.columns], value[: packed.lanes, :, : packed.columns]
+        out = _attend(module, queries, keys, values, packed.mask, scaling, rows.implementation, own, kwargs)
+        out = out.reshape(packed.lanes * packed.queries, *out.shape[2:])  # [lanes * Q, heads, dim]
+        return out[packed.scatter][None], None  # [1, T, heads, dim]
     outs = []
     for lane, ((first, count, columns), mask) in enumerate(zip(rows.spans, rows.masks)):
         queries = query[:, :, first: first + count]  # [1, heads, n, dim]
         keys, values = key[lane: lane + 1, :, :columns], value[lane: lane + 1, :, :columns]
-        if rows.implementation == "sdpa" and kwargs.get("sliding_window") is None and not kwargs.get("softcap"):
-            out = torch.nn.functional.scaled_dot_product_attention(
-                queries, keys, values, attn_mask=mask, scale=scaling,
-                enable_gqa=keys.shape[1] != queries.shape[1]).transpose(1, 2)
-        else:
-            inner = ALL_ATTENTION_FUNCTIONS.get_interface(rows.implementation, sdpa_attention_forward)
-            out, _ = inner(module, queries, keys, values, mask, scaling=scaling, **kwargs)
-        outs.append(out)  # [1, n, heads, dim]
+        outs.append(_attend(module, queries, keys, values, mask, scaling, rows.implementation, own, kwargs))
     return torch.cat(outs, 1), None  # [1, T, heads, dim]
+
+
+def _attend(module: torch.nn.Module, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+            mask: torch.Tensor, scaling: float | None, implementation: str, own: bool,
+            kwargs: dict[str, Any]) -> torch.Tensor:
+    """[B, n, heads, dim]: ``queries`` [B, heads, n, dim] against ``keys`` / ``values`` [B, kv heads, c, dim]."""
+    if not own:
+        return torch.nn.functional.scaled_dot_product_attention(
+            queries, keys, values, attn_mask=mask, scale=scaling,
+            enable_gqa=keys.shape[1] != queries.shape[1]).transpose(1, 2)
+    inner = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, sdpa_attention_forward)
+    out, _ = inner(module, queries, keys, values, mask, scaling=scaling, **kwargs)
+    return out
 
 
 AttentionInterface.register(ROWS_ATTENTION, rows_attention)
@@ -214,11 +269,14 @@ class Lanes:
     every committed token stays pending and is recomputed on every call.
     """
 
-    def __init__(self, model: torch.nn.Module, reuse: bool = True):
+    def __init__(self, model: torch.nn.Module, reuse: bool = True, packed: bool | None = None):
+        """``packed``: at more than one lane, one attention call per layer for every lane (None: on CUDA only,
+        where a kernel per lane would be a launch per lane and layer; on a CPU the loop is as fast)."""
         self.model = model
         self.reuse = reuse
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
+        self.packed = self.device.type == "cuda" if packed is None else packed
         self.counts = CallCounts()
         self.store = RowStore(self.counts)
         self.rows: list[int] = []  # the lane in each row of the store
@@ -297,7 +355,7 @@ class Lanes:
                 lane_rows=mask,
                 use_cache=True,
                 cache=self.store,
-                **logits_at(self.model, read_columns, total),
+                **logits_at(self.model, read_columns, total, last=len(states) == 1),
             )
         self.counts.positions += total
         logits = out.logits[0]
@@ -321,20 +379,24 @@ class Lanes:
         """The packed call's per-lane attention (by the model's ``implementation`` otherwise), where its K/V goes
         ([T] store rows and columns), and the packed columns whose logits are read."""
         device = self.device
-        spans, masks, reading = [], [], []
+        spans, masks, alloweds = [], [], []
+        reading: list[int] = []
         offset = 0
         for (_, _, among), n, start, read in zip(inputs, lengths, starts, reads):
             allowed = torch.ones(n, start + n, dtype=torch.bool, device=device)  # [n, columns]
             allowed[:, start:] = among
+            alloweds.append(allowed)
             masks.append(additive_mask(allowed, self.dtype))  # [1, 1, n, columns]
             spans.append((offset, n, start + n))
-            reading.append(torch.arange(offset + n - read, offset + n, device=device))
+            reading.extend(range(offset + n - read, offset + n))  # the lane's last ``read`` tokens
             offset += n
+        packed = packed_rows(alloweds, self.dtype) if self.packed and len(inputs) > 1 else None
         length = torch.tensor(lengths, device=device)
         write_rows = torch.arange(len(inputs), device=device).repeat_interleave(length)  # [T]
         write_columns = torch.cat([torch.arange(start, start + n, device=device)
                                    for start, n in zip(starts, lengths)])  # [T]
-        return RowsMask(spans, masks, implementation), write_rows, write_columns, torch.cat(reading)
+        read_columns = torch.tensor(reading, dtype=torch.long, device=device)
+        return RowsMask(spans, masks, implementation, packed), write_rows, write_columns, read_columns
 
     def _row_input(self, state: _Lane, feed: Feed) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """A lane's pending + new tokens, their positions and what they see among themselves [Q, Q]."""

@@ -44,6 +44,7 @@ import torch
 from refusion_cli.decoding.batching import Generators, Prompt, Prompts, batch_prompts, row_callback, row_generators
 from refusion_cli.decoding.cache import SharedCalls
 from refusion_cli.decoding.memory import BatchChoice, ModelSize, fitting_batch, is_out_of_memory, memory_budget, reserve
+from refusion_cli.decoding.readback import Readback, read_all
 from refusion_cli.decoding.registry import calls_kind, decoder_spec, row_memory_bytes, row_options
 from refusion_cli.decoding.rows import RowOptions, RowProgram, commits, response_budget, shared_calls
 from refusion_cli.decoding.stats import CallbackTime, DecodeResult, DecodeStats, EosIds, RowClock
@@ -115,6 +116,8 @@ class EngineCounts:
     """What the engine did: the most rows of a call, and the memory errors it handled."""
 
     peak_rows: int = 0  # the most rows of one call
+    steps: int = 0  # scheduling rounds (Engine.step)
+    readbacks: int = 0  # transfers of the rows' values to the host (at most one a round for each kind of wait)
     oom_requeues: int = 0  # model calls that ran out of memory and put their rows back in the queue
     cap_restores: int = 0  # times the row cap came back to max_rows once the requeued requests were served
     notes: list[str] = field(default_factory=list)  # one line per memory event, in order
@@ -124,11 +127,13 @@ class Engine:
     """Continuous batching of decoder rows over one model (see the module docstring)."""
 
     def __init__(self, model: torch.nn.Module, *, max_rows: int | None = None, max_memory: int | None = None,
-                 budget_memory: bool = False):
+                 budget_memory: bool = False, packed_attention: bool | None = None):
         """``max_rows``: the most rows at once (None: no bound but memory). ``budget_memory`` (or a
         ``max_memory`` in bytes) admits rows while the memory model's bytes fit the budget
-        (``memory.memory_budget``: ``max_memory``, a GPU's free memory or the RAM available)."""
+        (``memory.memory_budget``: ``max_memory``, a GPU's free memory or the RAM available).
+        ``packed_attention``: one attention call per layer for all the rows of a call (None: on CUDA)."""
         self.model = model
+        self.packed_attention = packed_attention
         self.device = next(model.parameters()).device
         self.max_rows = max_rows
         self.row_cap: int | None = max_rows  # lowered while the requests of a call that ran out of memory run
@@ -181,8 +186,10 @@ class Engine:
 
     def step(self) -> None:
         """Admit, drop the cancelled, make one model call per kind of the running rows."""
+        self.counts.steps += 1
         for row in self._admit():
             self._advance(row, None)
+        self._read_back()
         for row in [row for row in self.running.values() if row.request.cancelled]:
             row.program.close()
             self._retire(row, None)
@@ -190,6 +197,26 @@ class Engine:
             rows = [row for row in self.running.values() if row.calls is calls]
             if rows:
                 self._call(kind, calls, rows)
+        self._read_back()
+
+    def _read_back(self) -> None:
+        """Send every row that waits on device values its values, read for all of them at once, until each
+        waits on a model call (a row may need a second readback that depends on the first)."""
+        while True:
+            rows = [row for row in self.running.values() if isinstance(row.feed, Readback)]
+            if not rows:
+                return
+            try:
+                values = read_all([row.feed for row in rows])
+            except Exception as error:  # the device failed under these rows: they fail, the others go on
+                log.debug("reading back %d rows failed", len(rows), exc_info=True)
+                for row in rows:
+                    row.program.close()
+                    self._retire(row, Failed(f"the decode failed: {error}", error))
+                continue
+            self.counts.readbacks += 1
+            for row, value in zip(rows, values):
+                self._advance(row, value)
 
     def run(self) -> None:
         """Step until nothing waits or runs."""
@@ -223,7 +250,7 @@ class Engine:
     def _open(self, request: Request) -> _Row | None:
         kind = calls_kind(request.decoder, request.kv_reuse)
         if kind not in self.calls:
-            self.calls[kind] = shared_calls(kind, self.model)
+            self.calls[kind] = shared_calls(kind, self.model, self.packed_attention)
         calls = self.calls[kind]
         generator = request.generator
         state = generator.get_state() if generator is not None else None

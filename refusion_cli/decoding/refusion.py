@@ -67,6 +67,7 @@ import torch
 from refusion_cli.decoding.batching import gumbel_argmax, next_token_probs, token_probs
 from refusion_cli.decoding.cache import Lane, Lanes, LaneStep
 from refusion_cli.decoding.config import ReFusionConfig
+from refusion_cli.decoding.readback import read
 from refusion_cli.decoding.stats import RowClock, DecodeResult, DecodeStats, EosIds, cut_after_eos, eos_ids, wide_float
 
 
@@ -113,9 +114,10 @@ def plan_slots(ctx: Lane, slots: list[int], slot_pos: torch.Tensor, config: ReFu
     logits = logits[1:] if context_next else logits  # [S*k, V], read unshifted
     drafts = gumbel_argmax(logits, config.temperature, generator)  # [S*k]
     first_prob = token_probs(logits, drafts).view(-1, k)[:, 0]  # [S]
-    chosen = (first_prob > config.slot_threshold).nonzero().flatten().tolist()
-    if not chosen:
-        chosen = [int(first_prob.argmax())]
+    over = first_prob > config.slot_threshold  # [S]; none over it: the single best slot
+    best = torch.zeros_like(over).scatter_(0, first_prob.argmax().view(1), True)
+    (flags,) = yield from read(over | (best & ~over.any()))
+    chosen = [index for index, flag in enumerate(flags) if flag]
     return chosen, drafts.view(-1, k), first_prob, next_logits
 
 
@@ -133,23 +135,36 @@ def verify_drafts(ctx: Lane, drafts: torch.Tensor, positions: torch.Tensor,
     return accepted, logits
 
 
+@dataclass
+class Completed:
+    """What the completion step ends with: the rows [R, k] (cut after the first row holding an accepted EOS),
+    the rounds run, the logits [R, k, V] of the last call (the verification of exactly these rows, ready to be
+    committed), and on the host the rows' tokens and how each was accepted (FIRST / VERIFIED / FORCED or
+    CORRECTED), flat in row order."""
+
+    rows: torch.Tensor
+    rounds: int
+    logits: torch.Tensor
+    tokens: list[int]
+    kinds: list[int]
+
+
 def complete_slots(ctx: Lane, rows: torch.Tensor, positions: torch.Tensor, accepted: torch.Tensor,
                    config: ReFusionConfig, mask_token_id: int, stops: torch.Tensor | None, causal_fix: bool = False
-                   ) -> LaneStep[tuple[torch.Tensor, int, torch.Tensor, torch.Tensor]]:
+                   ) -> LaneStep[Completed]:
     """3) Re-draft and verify each chosen slot in its own row until every row is accepted.
 
-    ``rows`` [R, k] drafts, ``accepted`` [R, k] cumulative flags from the global verification,
-    ``stops`` the EOS ids on the rows' device (None: no EOS).
-    Returns the final rows (cut after the first row holding an accepted EOS), the rounds run, how
-    each token was accepted ([R, k] of FIRST / VERIFIED / FORCED or CORRECTED) and the logits
-    [R, k, V] of the context's last call: the verification of exactly these rows, ready to be committed.
+    ``rows`` [R, k] drafts, ``accepted`` [R, k] cumulative flags from the global verification (not all set),
+    ``stops`` the EOS ids on the rows' device (None: no EOS). Each round reads its outcome back once.
     """
     k = config.slot_size
     rounds = 0
     kinds = torch.where(accepted, VERIFIED, 0)
     kinds[:, 0] = FIRST
     stale = False  # causal_fix replaced a token after the last verification: its K/V is not that token's
-    while not bool(accepted.all()) and rounds < k:
+    done, tokens, kind_list = False, [], []
+    logits = rows.new_zeros(0)
+    while not done and rounds < k:
         rounds += 1
         n_rows = rows.shape[0]
         groups = torch.arange(n_rows, device=rows.device).repeat_interleave(k)  # [R*k] row of each token
@@ -164,6 +179,7 @@ def complete_slots(ctx: Lane, rows: torch.Tensor, positions: torch.Tensor, accep
         passed[:, 0] = True
         frontier = torch.zeros_like(accepted)  # each row's first unaccepted token
         frontier[:, 1:] = accepted[:, :-1] & ~accepted[:, 1:]
+        fix = torch.zeros_like(accepted)
         if causal_fix:
             fix = frontier & ~checked
             predicted = torch.zeros_like(rows)
@@ -171,7 +187,6 @@ def complete_slots(ctx: Lane, rows: torch.Tensor, positions: torch.Tensor, accep
             rows = torch.where(fix, predicted, rows)
             after_fix = (fix.long().cumsum(-1) - fix.long()) > 0  # checked against the replaced token
             passed = (passed | fix | accepted) & ~after_fix
-            stale = bool(fix.any())
         else:
             passed |= frontier | accepted
         now_accepted = passed.long().cumprod(-1).bool()
@@ -179,17 +194,22 @@ def complete_slots(ctx: Lane, rows: torch.Tensor, positions: torch.Tensor, accep
         kinds = torch.where(now_accepted & ~accepted, torch.where(checked, VERIFIED, forced_kind), kinds)
         accepted = now_accepted
         # c) an accepted EOS ends its row; later rows are dropped
-        if stops is not None:
-            eos_rows = (torch.isin(rows, stops) & accepted).any(-1).nonzero().flatten()
-            if eos_rows.numel():
-                last = int(eos_rows[0]) + 1
-                rows, positions, accepted, kinds = rows[:last], positions[:last], accepted[:last], kinds[:last]
-                logits = logits[:last]
-                accepted[-1] = True
+        eos_rows = (torch.isin(rows, stops) & accepted).any(-1) if stops is not None else accepted[:, 0] & False
+        flags, eos, tokens, kind_list, fixed = yield from read(accepted, eos_rows, rows, kinds, fix.any())
+        stale = bool(fixed[0])
+        if 1 in eos:
+            last = eos.index(1) + 1
+            rows, positions, accepted, kinds = rows[:last], positions[:last], accepted[:last], kinds[:last]
+            logits = logits[:last]
+            tokens, kind_list = tokens[: last * k], kind_list[: last * k]
+            accepted[-1] = True
+            done = all(flags[: (last - 1) * k])
+        else:
+            done = all(flags)
     if stale:  # the commit takes the K/V of the context's last call: compute it for the final tokens
         groups = torch.arange(rows.shape[0], device=rows.device).repeat_interleave(k)
         logits = (yield from ctx.forward(rows.flatten(), positions.flatten(), groups)).view(rows.shape[0], k, -1)
-    return rows, rounds, kinds, logits
+    return Completed(rows, rounds, logits, tokens, kind_list)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -220,10 +240,11 @@ def decode_lane(ctx: Lane, stats: DecodeStats, n_prompt: int, config: ReFusionCo
     device, k = ctx.lanes.device, config.slot_size
     n_slots = config.padded_length // k
     slots_per_block = config.block_tokens // k
+    stop_ids = set(eos_ids(eos_token_id))
     # true position ids of every response slot: [n_slots, k]
     slot_pos = torch.arange(n_prompt, n_prompt + n_slots * k, device=device).view(n_slots, k)
     trace: list[StepTrace] = []
-    response = torch.full((n_slots * k,), -1, dtype=torch.long, device=device)  # by offset; -1 = not committed
+    response = [-1] * (n_slots * k)  # by offset, on the host; -1 = not committed
     # causal_first: the causal head's token for each offset and its probability, from the pass that
     # computed the K/V of the token before it (offset 0: the last prompt token); -1 = not committed
     causal_next = torch.full((n_slots * k + 1,), -1, dtype=torch.long, device=device)
@@ -241,6 +262,7 @@ def decode_lane(ctx: Lane, stats: DecodeStats, n_prompt: int, config: ReFusionCo
                                 prompt_logits[None])
             chosen = [masked[i] for i in chosen_idx]
             rows, positions = drafts[chosen_idx], slot_pos[chosen]  # [R, k]
+            from_causal = torch.zeros(len(chosen), dtype=torch.bool, device=device)  # [R]
             if causal_first:  # after a committed neighbour, the surer of the causal head's token and the draft
                 starts = positions[:, 0] - n_prompt
                 heads = causal_next[starts]  # [R], -1: left neighbour still masked
@@ -248,59 +270,58 @@ def decode_lane(ctx: Lane, stats: DecodeStats, n_prompt: int, config: ReFusionCo
                 rows[:, 0] = torch.where(from_causal, heads, rows[:, 0])
             # 2) verify
             accepted, pass_logits = yield from verify_drafts(ctx, rows, positions, config.token_threshold)
-            prefix, eos_at, n_commit = accepted_prefix(accepted, rows, stops, k)
-            flat = rows.flatten()
+            flags, tokens, causal_starts = yield from read(accepted, rows, from_causal)
+            prefix, eos_at, n_commit = accepted_prefix(flags, tokens, stop_ids, k)
             if eos_at is not None or prefix >= k:
                 path, rounds = "fast", 0
-                kinds = torch.full_like(rows, VERIFIED)
-                kinds[:, 0] = FIRST
+                kinds = [FIRST if i % k == 0 else VERIFIED for i in range(len(tokens))]
             else:
                 # 3) complete in parallel
-                rows, rounds, kinds, pass_logits = yield from complete_slots(ctx, rows, positions,
-                                                                             accepted.long().cumprod(-1).bool(),
-                                                                             config, mask_token_id, stops, causal_fix)
-                flat = rows.flatten()
-                path = "completion"
+                completed = yield from complete_slots(ctx, rows, positions, accepted.long().cumprod(-1).bool(),
+                                                      config, mask_token_id, stops, causal_fix)
+                rows, rounds, pass_logits = completed.rows, completed.rounds, completed.logits
+                tokens, kinds, path = completed.tokens, completed.kinds, "completion"
+                kept = [1] * len(tokens)  # every completed row
                 if recheck and rows.shape[0] > 1:  # verify the rows again, each seeing those to its left
-                    kept, pass_logits = yield from verify_drafts(ctx, rows, positions[: rows.shape[0]],
-                                                                 config.token_threshold)
-                    kept[0] = True  # the first row saw its whole context already
-                else:
-                    kept = torch.ones_like(rows, dtype=torch.bool)  # every completed row
-                _, eos_at, n_commit = accepted_prefix(kept, rows, stops, k)
+                    checked, pass_logits = yield from verify_drafts(ctx, rows, positions[: rows.shape[0]],
+                                                                    config.token_threshold)
+                    (kept,) = yield from read(checked)
+                    kept[:k] = [1] * k  # the first row saw its whole context already
+                _, eos_at, n_commit = accepted_prefix(kept, tokens, stop_ids, k)
             # 4) commit: the first n_commit fed tokens, with the K/V just computed
             ctx.commit(n_commit)
             done = chosen[: -(-n_commit // k)]
-            offsets = (slot_pos[done].flatten()[:n_commit] - n_prompt)
-            response[offsets] = flat[:n_commit]
+            offsets = [slot * k + j for slot in done for j in range(k)][:n_commit]
+            for offset, token in zip(offsets, tokens):
+                response[offset] = token
             if causal_first:
-                remember_causal(causal_next, causal_prob, offsets + 1,
+                remember_causal(causal_next, causal_prob, torch.tensor(offsets, device=device) + 1,
                                 pass_logits.reshape(-1, pass_logits.shape[-1])[:n_commit])
-                kinds[:, 0] = torch.where(from_causal[: kinds.shape[0]], CAUSAL_FIRST, kinds[:, 0])
+                for row, causal in enumerate(causal_starts[: len(kinds) // k]):
+                    if causal:
+                        kinds[row * k] = CAUSAL_FIRST
             masked = [s for s in masked if s not in done]
             if eos_at is not None:  # nothing right of the EOS slot is decoded any more
                 ended = True
                 masked = [s for s in masked if s < done[-1]]
             step = StepTrace(block, path, chosen, done, prefix, rounds, eos_at is not None,
-                             offsets.tolist(), flat[:n_commit].tolist(),
-                             [KIND_NAMES[kind] for kind in kinds.flatten()[:n_commit].tolist()])
+                             offsets, tokens[:n_commit], [KIND_NAMES[kind] for kind in kinds[:n_commit]])
             trace.append(step)
             if report is not None:
                 report(step)
         if ended:
             break
-    tokens = cut_after_eos([t for t in response.tolist() if t >= 0], eos_token_id)
+    tokens = cut_after_eos([t for t in response if t >= 0], eos_token_id)
     stats.tokens = len(tokens)
     return DecodeResult(tokens=tokens, stats=stats, trace=trace)
 
 
-def accepted_prefix(accepted: torch.Tensor, rows: torch.Tensor, stops: torch.Tensor | None,
-                    k: int) -> tuple[int, int | None, int]:
-    """Of ``rows`` [R, k] read in order with flags ``accepted`` (not yet cumulative): the length of the
-    accepted prefix, the index of the first EOS inside it (None: none) and how many tokens to commit
+def accepted_prefix(accepted: list[int], tokens: list[int], stops: set[int], k: int) -> tuple[int, int | None, int]:
+    """Of ``tokens`` (rows of k, in order) with flags ``accepted`` (not yet cumulative; host values): the length
+    of the accepted prefix, the index of the first EOS inside it (None: none) and how many tokens to commit
     (through that EOS, else the whole slots of the prefix)."""
-    prefix = int(accepted.flatten().long().cumprod(0).sum())
-    eos_at = _first_eos(rows.flatten()[:prefix], stops)
+    prefix = next((i for i, flag in enumerate(accepted) if not flag), len(accepted))
+    eos_at = next((i for i, token in enumerate(tokens[:prefix]) if token in stops), None)
     return prefix, eos_at, eos_at + 1 if eos_at is not None else prefix // k * k
 
 
@@ -310,10 +331,3 @@ def remember_causal(tokens: torch.Tensor, probs: torch.Tensor, offsets: torch.Te
     best = logits.argmax(-1)
     tokens[offsets] = best
     probs[offsets] = token_probs(logits, best).to(probs.dtype)
-
-
-def _first_eos(tokens: torch.Tensor, stops: torch.Tensor | None) -> int | None:
-    if stops is None:
-        return None
-    hits = torch.isin(tokens, stops).nonzero()
-    return int(hits[0]) if hits.numel() else None

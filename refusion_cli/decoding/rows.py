@@ -53,10 +53,11 @@ class Commit:
     kind: str
 
 
-def shared_calls(kind: tuple[str, bool], model: torch.nn.Module) -> SharedCalls:
-    """A new calls object of ``kind`` (``(LANES, kv_reuse)`` or ``(CANVAS, True)``) on ``model``."""
+def shared_calls(kind: tuple[str, bool], model: torch.nn.Module, packed: bool | None = None) -> SharedCalls:
+    """A new calls object of ``kind`` (``(LANES, kv_reuse)`` or ``(CANVAS, True)``) on ``model``; ``packed``:
+    one attention call per layer for every row (None: on CUDA)."""
     name, reuse = kind
-    return CanvasCalls(model) if name == CANVAS else Lanes(model, reuse=reuse)
+    return CanvasCalls(model) if name == CANVAS else Lanes(model, reuse=reuse, packed=packed)
 
 
 def response_budget(config: Any) -> int:

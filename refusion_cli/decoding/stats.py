@@ -120,16 +120,16 @@ class CallbackTime:
 class RowClock:
     """A row's wall clock: its latency from its admission to now, less the callback time meanwhile.
 
-    Started (device synchronised) on creation; :meth:`report` hands a record to the caller's callback
-    and adds its time to the shared :class:`CallbackTime`; :meth:`latency` is the time since the start
-    (device synchronised) less the callback time added since. Alone, a row's latency is the rule of a
-    single decode: the wall time of the call, synchronised at both ends, less the callback time.
+    Started on creation; :meth:`report` hands a record to the caller's callback and adds its time to the
+    shared :class:`CallbackTime`; :meth:`latency` is the time since the start less the callback time added
+    since. Neither end waits for the device: a row ends on values read back from it (``decoding.readback``),
+    which waited for its work already, and a row admitted while the device is busy waits for that work as a
+    request would. A caller that times a whole run synchronises at both ends of it.
     """
 
     def __init__(self, device: torch.device, callbacks: CallbackTime | None = None):
         self.device = device
         self.callbacks = callbacks if callbacks is not None else CallbackTime()
-        synchronize(device)
         self._start = time.perf_counter()
         self._callbacks_at_start = self.callbacks.seconds
 
@@ -140,7 +140,6 @@ class RowClock:
         self.callbacks.seconds += stats.callback_seconds - before
 
     def latency(self) -> float:
-        synchronize(self.device)
         return time.perf_counter() - self._start - (self.callbacks.seconds - self._callbacks_at_start)
 
 
@@ -185,16 +184,19 @@ def last_logits(model: torch.nn.Module, n: int) -> dict[str, int]:
     return {"logits_to_keep": n} if _keeps_logits(type(model).forward) else {}
 
 
-def logits_at(model: torch.nn.Module, columns: torch.Tensor, width: int) -> dict[str, int | torch.Tensor]:
+def logits_at(model: torch.nn.Module, columns: torch.Tensor, width: int,
+              last: bool | None = None) -> dict[str, int | torch.Tensor]:
     """Keyword asking ``model`` for the logits of input columns ``columns`` only (ascending [U] of ``width``).
 
     Nothing when they are every column, the count when they are the last ones (as :func:`last_logits`),
     else the index tensor (transformers applies one 1-D index to every row of the batch). A model whose
-    forward lacks the keyword gets nothing, and :func:`kept_logits` slices what it returns."""
+    forward lacks the keyword gets nothing, and :func:`kept_logits` slices what it returns. ``last``: whether
+    they are the last ones, when the caller knows (else it is read from ``columns``, a wait on a GPU)."""
     if columns.numel() == width or not _keeps_logits(type(model).forward):
         return {}
-    first = width - columns.numel()
-    if columns.numel() and int(columns[0]) == first:  # ascending and unique: the last U columns
+    if last is None:
+        last = bool(columns.numel()) and int(columns[0]) == width - columns.numel()
+    if last and columns.numel():  # ascending and unique: the last U columns
         return {"logits_to_keep": columns.numel()}
     return {"logits_to_keep": columns}  # also none at all: an int 0 would mean every column
 
