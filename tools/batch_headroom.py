@@ -1,11 +1,12 @@
 """How much batching can speed a decoder up on this machine, before any batch is run.
 
-    python -m tools.batch_headroom --decoder refusion ar --limit 64 --gen-length 192 --threads 2
+    python -m tools.batch_headroom --decoder refusion ar llada llada-fast-dllm --limit 64 --gen-length 192 --threads 2
 
-A batch-1 decode spends its time in model calls of a few tokens each (AR: 1, ReFusion: its slots)
-plus its own step logic. Batching can at most bring a call's cost per token down to the model's
-cheapest cost per token on this machine. For each decoder this decodes the prompts at batch 1 on
-its embedded model (``synthetic_tiny`` for ReFusion), counts the tokens its calls fed, times the
+A batch-1 decode spends its time in model calls of a few tokens each (AR: 1, ReFusion: its slots, LLaDA: its
+whole canvas) plus its own step logic. Batching can at most bring a call's cost per token down to the model's
+cheapest cost per token on this machine. For each decoder with an embedded model this decodes the prompts at
+batch 1 on that model with the decoder's default there (``synthetic_tiny`` for ReFusion; ``spec.default_config``),
+counts the tokens its calls fed, times the
 model on inputs of [rows, tokens] without a cache over a small grid, and prints:
 
 - the batch-1 wall time (the median of ``--decodes`` timed decodes of all prompts), its calls and the
@@ -27,8 +28,8 @@ import time
 import torch
 
 from refusion_cli.bench.prompts import load_prompts
-from refusion_cli.decoding.config import TOOLKIT_PRESETS, ARConfig
-from refusion_cli.decoding.registry import decoder_spec
+from refusion_cli.decoding.registry import DECODERS, decoder_spec
+from refusion_cli.decoding.spec import default_config
 from refusion_cli.decoding.engine import run_decoder
 from refusion_cli.models.chat import user_prompt_ids
 from refusion_cli.models.loading import load_model
@@ -55,17 +56,12 @@ def cost_per_token(model: torch.nn.Module, vocab: int, repeats: int) -> dict[tup
     return costs
 
 
-def config_for(decoder: str, gen_length: int):
-    """ReFusion with the embedded model's preset, or AR (the two decoders ``--decoder`` offers)."""
-    if decoder == "refusion":
-        return dataclasses.replace(TOOLKIT_PRESETS["synthetic_tiny"], gen_length=gen_length)
-    return ARConfig(gen_length=gen_length)
-
-
 @torch.no_grad()
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--decoder", nargs="+", default=["refusion", "ar"], choices=["refusion", "ar"])
+    embedded = [name for name, spec in DECODERS.items() if spec.default_model is not None]
+    parser.add_argument("--decoder", nargs="+", default=["refusion", "ar"], choices=embedded,
+                        help="decoders with an embedded model")
     parser.add_argument("--limit", type=int, default=64, help="prompts of the synthetic task")
     parser.add_argument("--gen-length", type=int, default=192)
     parser.add_argument("--threads", type=int, default=2)
@@ -82,11 +78,12 @@ def main(argv: list[str] | None = None) -> None:
     print("| decoder | model | batch-1 seconds | calls | tokens fed | tokens per call | "
           "cost per token at batch 1 (µs) | cheapest cost per token (µs) | floor seconds | headroom |")
     print("|---|---|---|---|---|---|---|---|---|---|")
+    grids: dict[str, dict[tuple[int, int], float]] = {}  # each model's grid, timed once
     for decoder in args.decoder:
         name = decoder_spec(decoder).default_model
         loaded = load_model(name, device="cpu", require_mask=decoder_spec(decoder).needs_mask)
         ids = [user_prompt_ids(loaded.tokenizer, prompt.text) for prompt in prompts]
-        config = config_for(decoder, args.gen_length)
+        config = default_config(decoder, name, args.gen_length)
 
         def decode(prompt_ids):
             return run_decoder(decoder, loaded.model, prompt_ids, config, mask_token_id=loaded.mask_token_id,
@@ -101,17 +98,19 @@ def main(argv: list[str] | None = None) -> None:
         wall = statistics.median(walls)
         calls = sum(result.stats.forwards for result in results)
         fed = sum(result.stats.positions for result in results)
-        costs = cost_per_token(loaded.model, loaded.model.get_input_embeddings().num_embeddings, args.repeats)
+        costs = grids.get(name) or cost_per_token(loaded.model, loaded.model.get_input_embeddings().num_embeddings,
+                                                  args.repeats)
         cheapest = min(costs.values())
         floor = fed * cheapest
         print(f"| {decoder} | {name} | {wall:.2f} | {calls} | {fed} | {fed / calls:.1f} | "
               f"{wall / fed * 1e6:.0f} | {cheapest * 1e6:.0f} | {floor:.2f} | {wall / floor:.1f}× |")
-    print("\nModel cost per fed token (µs), one forward without a cache, median of "
-          f"{args.repeats} (last decoder's model):\n")
-    print("| rows \\ tokens | " + " | ".join(str(t) for t in GRID_TOKENS) + " |")
-    print("|---|" + "---|" * len(GRID_TOKENS))
-    for rows in GRID_ROWS:
-        print(f"| {rows} | " + " | ".join(f"{costs[rows, t] * 1e6:.0f}" for t in GRID_TOKENS) + " |")
+        grids[name] = costs
+    for name, costs in grids.items():
+        print(f"\nModel cost per fed token (µs) of {name}, one forward without a cache, median of {args.repeats}:\n")
+        print("| rows \\ tokens | " + " | ".join(str(t) for t in GRID_TOKENS) + " |")
+        print("|---|" + "---|" * len(GRID_TOKENS))
+        for rows in GRID_ROWS:
+            print(f"| {rows} | " + " | ".join(f"{costs[rows, t] * 1e6:.0f}" for t in GRID_TOKENS) + " |")
 
 
 if __name__ == "__main__":
