@@ -38,9 +38,10 @@ import torch
 
 from refusion_cli.decoding.config import ConfigError, check_non_negative, check_positive, check_probability
 from refusion_cli.decoding.dream import DreamConfig, check_filters, predict_tokens
-from refusion_cli.decoding.mdm import (Block, Canvas, CanvasFeed, CanvasStep, RowKV, plain_logits, read_offsets,
-                                      take_rows)
+from refusion_cli.decoding.canvas import Block, Canvas, CanvasStep, Written, device_offsets
+from refusion_cli.decoding.mdm import CanvasFeed, plain_logits, read_offsets, take_rows
 from refusion_cli.decoding.mdm_sampling import choose_positions
+from refusion_cli.decoding.readback import read
 from refusion_cli.decoding.stats import DecodeResult, eos_ids
 
 # forced_rank -> the Dream ranking that computes it (D2F's sampling_strategy default / margin_confidence / neg_entropy)
@@ -138,14 +139,13 @@ class PipelineBlock:
 
 def d2f_row(canvas: Canvas, config: D2FConfig, shifted: bool,
             generator: torch.Generator | None) -> CanvasStep[DecodeResult]:
-    """One prompt's D2F decode as a row program (see mdm.canvas_row)."""
+    """One prompt's D2F decode as a row program (see mdm.canvas_row): one model call and one readback a step."""
     sampling = config.token_sampling
     stops = set(eos_ids(canvas.eos_token_id))
     prompt = PipelineBlock(Block(-1, 0, canvas.prompt_length), decoded=canvas.prompt_length, complete=True,
                            state=BlockState.FINISHED)
     blocks = [prompt]
-    cache: RowKV | None = None  # the K/V of the row's cached positions
-    cached = 0  # positions whose K/V the row holds
+    cached = 0  # positions whose K/V the row's store keeps
     before_first: torch.Tensor | None = None  # shifted: logits [V] of the last cached position
     eos_committed = False
     step = 0
@@ -165,61 +165,65 @@ def d2f_row(canvas: Canvas, config: D2FConfig, shifted: bool,
         finished = [block for block in blocks if block.state is BlockState.FINISHED]
         keep = finished[-1].span.end - cached if finished else None
         end = blocks[-1].span.end
-        masks = [block.span.start + canvas.masked(block.span).nonzero().flatten() for block in decoding]
-        predictors = torch.cat(masks) - int(shifted)  # [M]: the position whose logits predict each mask
-        wanted = predictors.clamp(min=cached)  # [M] (+ 1: the last kept position, shifted)
+        masks = [[block.span.start + offset for offset in canvas.masked_offsets(block.span)] for block in decoding]
+        predictors = [position - int(shifted) for where in masks for position in where]  # [M]: each mask's logits
+        wanted = [max(predictor, cached) for predictor in predictors]  # (+ 1: the last kept position, shifted)
         if shifted and keep is not None:
-            wanted = torch.cat([wanted, wanted.new_tensor([cached + keep - 1])])
+            wanted.append(cached + keep - 1)
         offsets, rows = read_offsets(wanted, cached)
-        logits, kept = yield CanvasFeed(canvas.stats, canvas.ids[cached:end], start=cached, prefix=cache, keep=keep,
-                                        among=block_causal(canvas, config.block_size, cached, end), read=offsets)
-        read = take_rows(plain_logits(logits), rows)  # [M (+ 1), V]
+        logits, _ = yield CanvasFeed(canvas.stats, canvas.ids[cached:end], start=cached, prefix=cached, keep=keep,
+                                     among=block_causal(canvas, config.block_size, cached, end), read=offsets)
+        read_logits = take_rows(plain_logits(logits), rows)  # [M (+ 1), V]
         # shifted: a mask at the first fed position is predicted by the last cached one, from an earlier call
-        mask_logits = read[: predictors.numel()]
-        before_call = predictors < cached
-        if bool(before_call.any()):
+        mask_logits = read_logits[: len(predictors)]
+        if predictors and predictors[0] < cached:  # ascending: only the first can be
             assert before_first is not None, "a position before the call was fed in an earlier call"
-            mask_logits = torch.where(before_call[:, None], before_first, mask_logits)
+            mask_logits = torch.cat([before_first[None], mask_logits[1:]])
         if keep is not None:
-            assert kept is not None, "a feed that keeps K/V gets them back"
-            cache = kept if cache is None else [(torch.cat([keys, new_keys], 1), torch.cat([values, new_values], 1))
-                                                for (keys, values), (new_keys, new_values) in zip(cache, kept)]
             for block in finished:
                 block.state = BlockState.CACHED
             if shifted:
-                before_first = read[-1]
+                before_first = read_logits[-1]
         cached += keep or 0
-        # 4) commit
-        for block, rows_of_block in zip(decoding, mask_logits.split([where.numel() for where in masks])):
-            committed = commit(canvas, block, rows_of_block, step, config, sampling, generator)
-            eos_committed = eos_committed or bool(stops & set(committed))
+        # 4) commit: every decoding block's choice on the device, then one readback for all of them
+        writes = [choose(canvas, block, rows_of_block, config, sampling, generator)
+                  for block, rows_of_block in zip(decoding, mask_logits.split([len(where) for where in masks]))]
+        tensors = [tensor for written in writes if written is not None for tensor in written.tensors()]
+        values = (yield from read(*tensors)) if tensors else ()
+        at = 0
+        for block, written in zip(decoding, writes):
+            if written is None:
+                continue
+            part, at = values[at: at + 3], at + 3
+            if any(part[2]):
+                committed = canvas.record(written, step, part)
+                block.decoded += len(committed)
+                eos_committed = eos_committed or bool(stops & set(committed))
         # 5) finish
         for block in decoding:
             before = blocks[: blocks.index(block)]
-            if not canvas.masked(block.span).any() and all(e.state is not BlockState.DECODING for e in before):
+            if not canvas.mask_count(block.span) and all(e.state is not BlockState.DECODING for e in before):
                 block.state = BlockState.FINISHED
         step += 1
     return canvas.result()
 
 
-def commit(canvas: Canvas, block: PipelineBlock, rows: torch.Tensor, step: int, config: D2FConfig,
-           sampling: DreamConfig, generator: torch.Generator | None) -> list[int]:
-    """4) Commit ``block``'s masks whose token has probability > skip_threshold, or, for a complete block
-    with none, its best one; ``rows`` [n, V] are the logits that predict the block's n masks, left to
-    right. Returns the tokens committed."""
-    masked = canvas.masked(block.span).nonzero().flatten()  # block offsets of its masks
-    if masked.numel() == 0:
-        return []
+def choose(canvas: Canvas, block: PipelineBlock, rows: torch.Tensor, config: D2FConfig, sampling: DreamConfig,
+           generator: torch.Generator | None) -> Written | None:
+    """4) Write ``block``'s masks whose token has probability > skip_threshold, or, for a complete block with
+    none, its best one, on the device (None: the block has no mask); ``rows`` [n, V] are the logits that predict
+    the block's n masks, left to right."""
+    n_masked = rows.shape[0]
+    if n_masked == 0:
+        return None
+    masked = device_offsets(canvas.masked(block.span), n_masked)  # block offsets of its masks
     tokens, token_prob, confidence = predict_tokens(rows, sampling, canvas.mask_token_id, generator)
-    chosen = (token_prob > config.skip_threshold).nonzero().flatten()
-    if block.complete and chosen.numel() == 0:
-        chosen = choose_positions(confidence, token_prob, torch.ones_like(masked, dtype=torch.bool), count=1,
-                                  threshold=None)
-    if chosen.numel() == 0:
-        return []
-    canvas.unmask(block.span, step, masked[chosen], tokens[chosen])
-    block.decoded += chosen.numel()
-    return tokens[chosen].tolist()
+    chosen = token_prob > config.skip_threshold  # [n]
+    if block.complete:
+        best, _ = choose_positions(confidence, token_prob, torch.ones_like(chosen), n_masked=n_masked, count=1,
+                                   threshold=None)
+        chosen = torch.where(chosen.any(), chosen, torch.zeros_like(chosen).index_fill_(0, best, True))
+    return canvas.write(block.span, masked, tokens, chosen)
 
 
 def block_causal(canvas: Canvas, block_size: int, start: int, end: int) -> torch.Tensor:

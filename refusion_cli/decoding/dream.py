@@ -49,6 +49,7 @@ draws nothing), and cuBLAS may round a chunk's product differently, which can fl
 from __future__ import annotations
 
 import itertools
+import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -56,16 +57,11 @@ from types import MappingProxyType
 import torch
 
 from refusion_cli.decoding.config import ConfigError, check_non_negative, check_positive, check_probability
-from refusion_cli.decoding.mdm import (
-    Canvas,
-    CanvasPasses,
-    CanvasStep,
-    ReadLogits,
-    even_schedule,
-    logit_chunks,
-)
-from refusion_cli.decoding.mdm_sampling import (check_blocks, check_fast_options, choose_positions, forbid_mask,
+from refusion_cli.decoding.canvas import Canvas, CanvasStep, device_offsets, even_schedule
+from refusion_cli.decoding.mdm import CanvasPasses, ReadLogits, logit_chunks, take_rows
+from refusion_cli.decoding.mdm_sampling import (argmax_without, check_blocks, check_fast_options, choose_positions,
                                                sample, uniform)
+from refusion_cli.decoding.readback import read
 from refusion_cli.decoding.stats import DecodeResult
 
 ALGORITHMS = ("origin", "maskgit_plus", "topk_margin", "entropy")
@@ -165,9 +161,8 @@ def predict_tokens(logits: torch.Tensor, config: DreamConfig, mask_token_id: int
     weights = probs.clone()
     weights[:, mask_token_id] = 0
     only_mask = weights.sum(-1) == 0  # [n]: the filtering left nothing but the mask
-    if bool(only_mask.any()):
-        fallback = forbid_mask(logits[only_mask], mask_token_id).argmax(-1)
-        weights[only_mask] = torch.nn.functional.one_hot(fallback, weights.shape[-1]).to(weights.dtype)
+    # such a row's weights are all 0: adding 1 at its best other token (0 to every other row) needs no wait
+    weights.scatter_add_(-1, argmax_without(logits, mask_token_id)[:, None], only_mask[:, None].to(weights.dtype))
     if config.temperature > 0:
         tokens = sample(weights.to(torch.promote_types(weights.dtype, torch.float32)), 1, generator).squeeze(-1)
     else:
@@ -195,61 +190,61 @@ def predict_chunks(logits: ReadLogits, config: DreamConfig, mask_token_id: int,
     return torch.cat(tokens), torch.cat(token_prob), torch.cat(confidence)
 
 
-def transfer_count(n_masked: int, step: int, timesteps: torch.Tensor) -> int:
-    """2) How many masks go at ``step`` (t -> s): int(n * (1 - s/t)), all of them at the last step."""
-    if step == timesteps.numel() - 2:
+def transfer_fractions(steps: int, eps: float) -> list[float]:
+    """2) 1 - s/t of each step (t -> s) of linspace(1, eps, steps + 1), in float32 as the reference, on the host."""
+    timesteps = torch.linspace(1, eps, steps + 1)  # float32, as the reference
+    return (1 - timesteps[1:] / timesteps[:-1]).tolist()
+
+
+def transfer_count(n_masked: int, step: int, fractions: list[float]) -> int:
+    """2) How many masks go at ``step``: int(n * (1 - s/t)) (the product in float32), all of them at the last."""
+    if step == len(fractions) - 1:
         return n_masked
-    t, s = timesteps[step], timesteps[step + 1]
-    return int(n_masked * (1 - s / t))
-
-
-def origin_transfers(n_masked: int, step: int, timesteps: torch.Tensor, generator: torch.Generator | None,
-                     device: torch.device) -> torch.Tensor:
-    """2) ``origin``: indices of the masks that go at ``step``, each with probability 1 - s/t (1 at the last)."""
-    if step == timesteps.numel() - 2:
-        return torch.arange(n_masked, device=device)
-    t, s = timesteps[step], timesteps[step + 1]
-    draws = uniform((n_masked,), generator, device)
-    return (draws < float(1 - s / t)).nonzero().flatten()
+    return int(struct.unpack("f", struct.pack("f", n_masked * fractions[step]))[0])
 
 
 def dream_row(canvas: Canvas, config: DreamConfig, generator: torch.Generator | None) -> CanvasStep[DecodeResult]:
     """One prompt's Dream decode as a row program (see mdm.canvas_row)."""
     passes = CanvasPasses(canvas.stats, config.use_cache, config.dual_cache, shifted=True, chunked=True)
-    timesteps = torch.linspace(1, config.eps, config.steps_per_block + 1)  # float32, as the reference
+    fractions = transfer_fractions(config.steps_per_block, config.eps)
     mask_token_id = canvas.mask_token_id
     for block in canvas.blocks(config.block_tokens):
         passes.start_block(block)
-        n_masked = int(canvas.masked(block).sum())
+        n_masked = block.length  # a block starts all masked
         # without a cache, a threshold step may have unmasked at most unmasked_by[i] of the block by the end of step i
         unmasked_by = list(itertools.accumulate(even_schedule(n_masked, config.steps_per_block)))
         for step in canvas.steps(block, config.steps_per_block, config.threshold, config.use_cache):
-            where = canvas.masked(block).nonzero().flatten()  # block offsets of the masks, ascending
+            where = canvas.masked_offsets(block)  # block offsets of the masks, ascending
             # the cached sampler's full pass unmasks the block's first position only
             first_only = config.use_cache and step == 0 and (config.threshold is not None or config.steps_per_block > 1)
             reads = where[:1] if first_only else where
             # the logits [n, V] of ``reads`` (the model's dtype), or their head input for predict_chunks
-            logits = yield from passes(canvas.ids, block.start + reads)
-            if where.numel() == 0:  # the cached step after a block its full pass finished
-                picked, tokens = where, where
+            logits = yield from passes(canvas.ids, [block.start + offset for offset in reads])
+            masks = device_offsets(canvas.masked(block), len(where))  # ``where`` on the device
+            taken = None
+            if not where:  # the cached step after a block its full pass finished
+                picked, tokens = masks, masks
             elif first_only:
-                picked = reads
+                picked = masks[:1]
                 tokens = predict_chunks(logits, config, mask_token_id, generator)[0]
             elif config.alg == "origin":
                 # 2) each mask goes with probability 1 - s/t; 1) only those get a token
-                chosen = origin_transfers(where.numel(), step, timesteps, generator, canvas.device)
-                picked = where[chosen]
-                tokens = predict_chunks(logits[chosen], config, mask_token_id, generator)[0]
+                chosen = list(range(len(where)))
+                if step < len(fractions) - 1:
+                    goes, = yield from read(uniform((len(where),), generator, canvas.device) < fractions[step])
+                    chosen = [row for row, going in enumerate(goes) if going]
+                picked = torch.tensor([where[row] for row in chosen], dtype=torch.long, device=canvas.device)
+                tokens = predict_chunks(take_rows(logits, chosen), config, mask_token_id, generator)[0]
             else:
                 # 1) predict every mask (as the reference), 2) unmask the best ranked
                 tokens, token_prob, confidence = predict_chunks(logits, config, mask_token_id, generator)
-                count = 0 if config.threshold is not None else transfer_count(where.numel(), step, timesteps)
+                count = 0 if config.threshold is not None else transfer_count(len(where), step, fractions)
                 limit = None
                 if config.threshold is not None and not config.use_cache:
-                    limit = unmasked_by[min(step, len(unmasked_by) - 1)] - (n_masked - where.numel())
-                rows = choose_positions(confidence, token_prob, torch.ones_like(where, dtype=torch.bool),
-                                        count=count, threshold=config.threshold, limit=limit,
-                                        alg_temp=config.alg_temp, generator=generator)
-                picked, tokens = where[rows], tokens[rows]
-            canvas.unmask(block, step, picked, tokens)
+                    limit = unmasked_by[min(step, len(unmasked_by) - 1)] - (n_masked - len(where))
+                rows, taken = choose_positions(confidence, token_prob, torch.ones_like(masks, dtype=torch.bool),
+                                               n_masked=len(where), count=count, threshold=config.threshold,
+                                               limit=limit, alg_temp=config.alg_temp, generator=generator)
+                picked, tokens = masks[rows], tokens[rows]
+            yield from canvas.unmask(block, step, picked, tokens, taken)
     return canvas.result()

@@ -36,14 +36,8 @@ import torch
 
 from refusion_cli.decoding.batching import gumbel_argmax, token_probs
 from refusion_cli.decoding.config import ConfigError, check_non_negative
-from refusion_cli.decoding.mdm import (
-    Block,
-    Canvas,
-    CanvasPasses,
-    CanvasStep,
-    even_schedule,
-    plain_logits,
-)
+from refusion_cli.decoding.canvas import Block, Canvas, CanvasStep, even_schedule
+from refusion_cli.decoding.mdm import CanvasPasses, plain_logits
 from refusion_cli.decoding.mdm_sampling import check_blocks, check_fast_options, choose_positions, forbid_mask, uniform
 from refusion_cli.decoding.stats import DecodeResult, wide_float
 
@@ -90,7 +84,7 @@ def guided_logits(cond: CanvasPasses, uncond: CanvasPasses | None, canvas: Canva
     and softmax. With guidance, a second pass with the prompt replaced by masks; the two are combined
     in the model's own dtype first, as the reference combines the logits the model returns. The model
     computes the logits of the block's positions only."""
-    positions = torch.arange(block.start, block.end, device=canvas.device)  # [B]
+    positions = range(block.start, block.end)  # [B]
     logits = plain_logits((yield from cond(canvas.ids, positions)))
     if uncond is not None:
         unprompted = canvas.ids.clone()
@@ -103,12 +97,14 @@ def guided_logits(cond: CanvasPasses, uncond: CanvasPasses | None, canvas: Canva
 def llada_row(canvas: Canvas, config: LLaDAConfig, generator: torch.Generator | None) -> CanvasStep[DecodeResult]:
     """One prompt's LLaDA decode as a row program (see mdm.canvas_row)."""
     cond = CanvasPasses(canvas.stats, config.use_cache, config.dual_cache)
-    uncond = CanvasPasses(canvas.stats, config.use_cache, config.dual_cache) if config.cfg_scale > 0 else None
+    uncond = None
+    if config.cfg_scale > 0:  # its K/V in the store columns after the conditional stream's
+        uncond = CanvasPasses(canvas.stats, config.use_cache, config.dual_cache, base=canvas.length)
     for block in canvas.blocks(config.block_length):
         for passes in (cond, uncond):
             if passes is not None:
                 passes.start_block(block)
-        schedule = even_schedule(int(canvas.masked(block).sum()), config.steps_per_block)
+        schedule = even_schedule(block.length, config.steps_per_block)  # a block starts all masked
         for step in canvas.steps(block, config.steps_per_block, config.threshold, config.use_cache):
             # 1) predict
             logits = yield from guided_logits(cond, uncond, canvas, block, config.cfg_scale)  # [B, V]
@@ -121,7 +117,8 @@ def llada_row(canvas: Canvas, config: LLaDAConfig, generator: torch.Generator | 
                 confidence = uniform((block.length,), generator, canvas.device)
             # 3) unmask
             count = schedule[step] if step < len(schedule) else 0  # past it: the cached step after a full block
-            offsets = choose_positions(confidence, token_prob, canvas.masked(block),
-                                       count=count, threshold=config.threshold)
-            canvas.unmask(block, step, offsets, predicted[offsets])
+            offsets, taken = choose_positions(confidence, token_prob, canvas.masked(block),
+                                              n_masked=canvas.mask_count(block), count=count,
+                                              threshold=config.threshold)
+            yield from canvas.unmask(block, step, offsets, predicted[offsets], taken)
     return canvas.result()

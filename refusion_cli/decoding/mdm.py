@@ -1,177 +1,78 @@
-"""What the masked-diffusion samplers (LLaDA, Dream) share: the canvas, the block loop and the model
-calls with an optional prefix or dual cache (their options checked and the choice of positions to unmask:
-``mdm_sampling``).
+"""What the masked-diffusion samplers (LLaDA, Dream, D2F) share: the model calls of every row (one packed call,
+K/V in place), the prefix and dual caches of Fast-dLLM, and the logits read at the read positions only (the
+canvas itself: ``canvas``; the choice of positions: ``mdm_sampling``).
 
-The *canvas* is the prompt followed by ``gen_length`` mask tokens ([P + L]); a sampler replaces
-masks by tokens, block by block (left to right), a few per step, and never changes a token once it
-is unmasked. Everything here is token ids; nothing knows of text.
+Calls: a sampler is a row program (a generator that yields a :class:`CanvasFeed` per model call and is sent its
+reply) on a prompt's canvas (:func:`canvas_row`); :class:`CanvasCalls` makes one call of every running row's
+feed. A row's K/V lives in its row of a ``cache.RowStore`` whose columns are the canvas positions: a fed token's
+K/V is written at its position, and a later feed sees the columns it names (the prefix left of the fed tokens,
+the dual cache's suffix right of them) in place; nothing is copied or concatenated.
 
-The KV caches (the Fast-dLLM options, ``use_cache`` and ``dual_cache``): the first step of a
-block is a full pass over the canvas that keeps the K/V of the *prefix* (prompt and finished
-blocks, positions [0, block start)) and, with ``dual_cache``, of the *suffix* (the masks right of
-the block) too. The block's later steps feed the block and the suffix (prefix cache) or the block
-alone (dual cache), with explicit position ids and an explicit 4-D mask (causal or full, as the
-model's config says), after that K/V. A block always takes at least one cached step after its full
-pass, and its steps run until it has no mask left. For a causal model both caches are exact (a
-token's K/V depends only on the tokens left of it, and a causal query never sees the suffix); for a
-bidirectional model they are an approximation, since the cached K/V were computed while the current
-block was still (partly) masked.
+Caches (Fast-dLLM's ``use_cache`` / ``dual_cache``): a block's first step is a full pass that keeps the prefix's
+K/V (positions [0, block start)) and, with ``dual_cache``, the suffix's (right of the block); later steps feed
+the block and the suffix, or the block alone. Exact for a causal model, an approximation for a bidirectional one
+(the cached K/V were computed while the block was still masked).
 
-Batches: a sampler is written as a row program (a generator that yields a :class:`CanvasFeed` for
-each model call and is sent its logits back) on a prompt's canvas (:func:`canvas_row`);
-``engine.run_decoder`` runs one per prompt, ``batch_size`` at a time, and
-:class:`CanvasCalls` makes one padded, masked model call of every running row's feed. Each row keeps
-its own canvas, counters, generator and cached K/V, so it decodes as it would alone; one prompt is
-a batch of one through the same code. Up to float rounding: a padded call reduces over other shapes
-than a row's call alone, so its logits differ from batch 1's by float rounding, and a decision
-within that rounding of a tie can go the other way.
+Rounding: a call of several rows reduces over other shapes than a row's call alone, so a decision within float
+rounding of a tie can go the other way; a call of one row is that row's own call.
 
-Logits: a feed names the fed positions whose logits its row reads (a LLaDA block, Dream's masks,
-D2F's decoding blocks), and the model computes the head at those positions only; with a vocabulary
-of 126k-152k words, the logits of a whole canvas cost more memory than the rest of the call. A row
-that reads more positions than that, Dream's 512 masks, asks for them in chunks (``chunked``): when a
-call reads more than :data:`LOGITS_CHUNK` positions, the model's head computes nothing during the
-call, and such a row gets the head's input at its read positions (a :class:`HeadInput`, the final
-hidden states) and applies the head :data:`LOGITS_CHUNK` positions at a time (:func:`logit_chunks`),
-so that no row holds more than [LOGITS_CHUNK, V] logits at once. A model whose head cannot be reached
-(``get_output_embeddings``) computes the logits in the call, and the row reads them a chunk at a time.
+Logits: a feed names the fed offsets it reads, and the model computes the head there only. A row that reads
+more than :data:`LOGITS_CHUNK` positions (Dream's masks) is ``chunked``: the head computes nothing in the call
+and the row gets the head's input (:class:`HeadInput`), applied :data:`LOGITS_CHUNK` rows at a time
+(:func:`logit_chunks`); a model whose head cannot be reached computes the logits in the call.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-from dataclasses import dataclass, field
-from typing import Any, Callable, Generator, Iterator, TypeVar, cast, overload
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, TypeVar, overload
 
 import torch
-from transformers import DynamicCache, PreTrainedConfig
 
-from refusion_cli.decoding.cache import additive_mask, mask_argument
-from refusion_cli.decoding.stats import (RowClock, DecodeResult, DecodeStats, EosIds, cache_argument, count_call,
-                                         cut_after_eos, kept_logits, logits_at, timed_call)
+from refusion_cli.decoding.cache import (PLACEHOLDER_MASK, CallCounts, RowsMask, RowStore, additive_mask,
+                                         attending_by_rows, mask_argument, packed_rows)
+from refusion_cli.decoding.canvas import Block, Canvas, CanvasStep, MDMStep, even_schedule, report_to
+from refusion_cli.decoding.stats import (DecodeResult, DecodeStats, EosIds, RowClock, cache_argument, count_call,
+                                         kept_logits, logits_at, timed_call)
 
 T = TypeVar("T")
 
 LOGITS_CHUNK = 32  # the most read positions whose logits a chunked row (Dream) holds at once: [LOGITS_CHUNK, V]
-# The CPU's BLAS computes a product of 1 to 3 rows another way than a longer one (float32; bfloat16 at Dream's
-# 3,584 wide), and float64's in groups of 4: chunks of rows that start at multiples of 4 and have at least 4 rows
-# give the head's rows bit for bit as one product of them all (measured here in float64 and bfloat16, and in
-# float32 on one thread; float32 on several threads splits rows by their count, and rounds differently)
+# The CPU's BLAS computes a product of 1 to 3 rows another way than a longer one: chunks of at least 4 rows that
+# start at multiples of 4 give the head's rows bit for bit as one product of them all (docs/counting.md)
 SMALLEST_CHUNK = 4
 
 
 @dataclass
-class MDMStep:
-    """What one step of a masked-diffusion sampler unmasked (offsets count from the response start)."""
-
-    block: int
-    step: int  # step within the block, from 0
-    offsets: list[int] = field(default_factory=list)  # response offsets unmasked by this step, in choice order
-    tokens: list[int] = field(default_factory=list)  # the tokens written there
-
-
-@dataclass(frozen=True)
-class Block:
-    index: int
-    start: int  # first canvas position of the block
-    end: int  # one past its last canvas position
-
-    @property
-    def length(self) -> int:
-        return self.end - self.start
-
-
-# ---------------------------------------------------------------------------------------------
-# the canvas
-
-
-def even_schedule(n_masked: int, steps: int) -> list[int]:
-    """Tokens to unmask at each of ``steps`` steps: n // steps each, the remainder on the first steps."""
-    base, remainder = divmod(n_masked, steps)
-    return [base + 1 if step < remainder else base for step in range(steps)]
-
-
-class Canvas:
-    """The sequence being denoised (prompt + masked response), its counters and its trace."""
-
-    def __init__(self, prompt: torch.Tensor, gen_length: int, *, mask_token_id: int, eos_token_id: EosIds,
-                 report: Callable[[DecodeStats, MDMStep], None] | None = None):
-        self.device = prompt.device
-        self.prompt_length = prompt.numel()
-        self.mask_token_id = mask_token_id
-        self.eos_token_id = eos_token_id
-        masks = torch.full((gen_length,), mask_token_id, dtype=torch.long, device=self.device)
-        self.ids = torch.cat([prompt, masks])  # [P + L]
-        self.stats = DecodeStats()
-        self.trace: list[MDMStep] = []
-        self.report = report
-
-    def blocks(self, block_length: int) -> Iterator[Block]:
-        """The response's blocks, left to right."""
-        end = self.ids.numel()
-        for index, start in enumerate(range(self.prompt_length, end, block_length)):
-            yield Block(index, start, min(start + block_length, end))
-
-    def masked(self, block: Block) -> torch.Tensor:
-        """[B] bool: which positions of ``block`` still hold the mask token."""
-        return self.ids[block.start:block.end] == self.mask_token_id
-
-    def steps(self, block: Block, steps: int, threshold: float | None, cached: bool) -> Iterator[int]:
-        """Step indices for ``block``. Without the cache: exactly ``steps`` of them, or, with a threshold,
-        until no mask is left. With the cache: until no mask is left, and at least two, since the
-        block's full pass is always followed by a cached step (which finds nothing left to unmask when
-        the full pass finished the block)."""
-        step = 0
-        while self._takes_another_step(block, step, steps, threshold, cached):
-            yield step
-            step += 1
-
-    def _takes_another_step(self, block: Block, step: int, steps: int, threshold: float | None, cached: bool) -> bool:
-        if cached:
-            return step < 2 or bool(self.masked(block).any())
-        if threshold is None:
-            return step < steps
-        return bool(self.masked(block).any())
-
-    def unmask(self, block: Block, step: int, offsets: torch.Tensor, tokens: torch.Tensor) -> None:
-        """Write ``tokens`` [n] at block offsets ``offsets`` [n] and record the step."""
-        self.ids[block.start + offsets] = tokens
-        response_offsets = (offsets + block.start - self.prompt_length).tolist()
-        record = MDMStep(block.index, step, response_offsets, tokens.tolist())
-        self.trace.append(record)
-        if self.report is not None:
-            self.report(self.stats, record)
-
-    def result(self) -> DecodeResult:
-        """The response cut after its first EOS, with the shared counters (``seconds`` is set by the driver)."""
-        tokens = cut_after_eos(self.ids[self.prompt_length:].tolist(), self.eos_token_id)
-        self.stats.tokens = len(tokens)
-        return DecodeResult(tokens=tokens, stats=self.stats, trace=self.trace)
-
-
-# ---------------------------------------------------------------------------------------------
-# model calls, shared by the rows of a batch
-
-RowKV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: K and V [H, n, D] of n consecutive positions of a row
-
-
-@dataclass
 class CanvasFeed:
-    """What one conditioning stream of one row feeds to a shared call: ``ids`` [Q] at positions
-    start..start+Q-1, after the K/V ``prefix`` of positions 0..start-1 and before the K/V ``suffix``
-    of the positions right after the fed ones, when it has them; ``read``: the fed offsets whose
-    logits the row reads."""
+    """What one row feeds to a shared call: ``ids`` [Q] at canvas positions start..start+Q-1, their K/V written at
+    those columns of the row's store (shifted by ``base``: a second conditioning stream's own columns); they see
+    the row's cached columns [0, prefix) and the ``suffix`` columns right after the fed ones (not in a causal
+    model), and each other (all, the earlier ones in a causal model; ``among`` narrows that)."""
 
     stats: DecodeStats  # the row's counters: the call counts once for it, with Q positions
     ids: torch.Tensor  # [Q]
     start: int = 0
-    prefix: RowKV | None = None  # None: nothing cached left of the fed tokens (they start the sequence)
-    suffix: RowKV | None = None  # None: nothing cached right of them (the dual cache's suffix when given)
-    keep: int | None = None  # return the K/V of the first ``keep`` fed positions (None: keep none, no cache)
+    prefix: int = 0  # cached columns left of the fed tokens that they see
+    suffix: int = 0  # cached columns right of them that they see (the dual cache's)
+    keep: int | None = None  # later calls read the K/V of the first ``keep`` fed positions (None: this call's none)
     among: torch.Tensor | None = None  # [Q, Q] bool: fed token q sees fed token k (None: all, or the earlier ones)
-    read: torch.Tensor | None = None  # [R] ascending fed offsets whose logits are returned (None: every one)
+    read: Sequence[int] | torch.Tensor | None = None  # ascending fed offsets whose logits come back (None: all)
     chunked: bool = False  # the row takes a HeadInput for its logits when the call reads more than LOGITS_CHUNK
+    base: int = 0  # the store column of canvas position 0 for this stream
+
+    @property
+    def cached(self) -> bool:
+        """Whether the feed reads or keeps K/V of the store (else it is a pass over the whole canvas, alone)."""
+        return bool(self.prefix or self.suffix or self.start) or self.keep is not None
+
+    def reads(self) -> list[int]:
+        if self.read is None:
+            return list(range(self.ids.numel()))
+        return self.read.tolist() if isinstance(self.read, torch.Tensor) else list(self.read)
 
 
 @dataclass(frozen=True)
@@ -189,120 +90,171 @@ class HeadInput:
 
 
 ReadLogits = torch.Tensor | HeadInput  # the logits [R, V] of a row's read positions, or what the head makes them from
-CanvasReply = tuple[ReadLogits, RowKV | None]  # the read positions' logits (a HeadInput for a chunked feed), the K/V
-CanvasStep = Generator[CanvasFeed, CanvasReply, T]  # a row program's step: yields feeds, is sent replies
+CanvasReply = tuple[ReadLogits, None]  # the read positions' logits (a HeadInput for a chunked feed)
 
 
 class CanvasCalls:
-    """One model call for every row of a batch of canvases (driven by :class:`refusion_cli.decoding.engine.Engine`).
+    """One model call for every row of a batch of canvases (driven by ``engine.Engine``).
 
-    Rows are left-padded to the longest feed of the call, so that the rows' read positions, which lie
-    towards the end of a canvas, line up. A call where no row uses a cache and every row is as long as
-    the others is the plain call (no mask, default positions): with one row, the reference's own call.
-    Otherwise each row gets explicit position ids and a 4-D mask: its fed tokens see its cached prefix,
-    its cached suffix (not in a causal model: the suffix lies right of them) and each other (all of
-    them, or the earlier ones for a causal model; a feed's ``among`` narrows that), never another row
-    or padding; a pad sees only itself. The cached K/V are laid in one :class:`DynamicCache` made for
-    the call: every row's prefix left-aligned and zero-padded to the longest prefix, then every row's
-    suffix likewise; the fed tokens' K/V follow them. The model computes logits only at the columns
-    some row reads (one index set for the whole call: the union of the rows' reads), and at none when
-    they are more than LOGITS_CHUNK and some feed is ``chunked``: such a feed gets its reads' head input,
-    any other row the head's output at its reads.
+    A call where no row reads or keeps K/V (whole canvases, no cache) is one row per canvas [B, Q]: the plain
+    call when they are as long (with one row: the reference's own call), else left-padded under a 4-D mask.
+    Any other call is packed [1, T] (rows end to end, true position ids, no padding), each fed token's K/V
+    written at its column of its row's store, and attention done row by row against the row's store
+    (``cache.rows_attention``; ``packed``: one attention call per layer for every row). A row opens at its first feed; ``close`` moves the store's last row into its place.
+    The model computes logits at the read positions only, and none when they are more than LOGITS_CHUNK and
+    some feed is ``chunked``: such a feed gets its reads' head input, any other row the head's output.
     """
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, packed: bool | None = None):
+        """``packed``: at more than one row, one attention call per layer for all of them (None: on CUDA)."""
         self.model = model
         self.causal = attends_causally(model)
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
+        self.packed = self.device.type == "cuda" if packed is None else packed
+        self.counts = CallCounts()
+        self.store = RowStore(self.counts)
+        self.rows: list[int] = []  # the row (request) in each row of the store
+        self.held: dict[int, int] = {}  # per row: its store columns [0, held) that later calls read
+        self.placeholder = PLACEHOLDER_MASK.to(self.device)
 
     def close(self, row: int) -> None:
-        """A finished row holds nothing here: its cache lives in its own program."""
+        """A row leaves: the store's last row moves into its place (a row never opened or closed: nothing)."""
+        if self.held.pop(row, None) is None:
+            return
+        index, last = self.rows.index(row), len(self.rows) - 1
+        if index != last:
+            moved = self.rows[last]
+            if self.store.keys and self.held[moved]:
+                self.store.move(last, index, self.held[moved])
+            self.rows[index] = moved
+        self.rows.pop()
 
     def forward(self, feeds: dict[int, CanvasFeed]) -> dict[int, CanvasReply]:
-        """One counted model call over every row's feed; each row gets its read logits and kept K/V back."""
-        rows = list(feeds.values())
+        """One counted model call over every row's feed; each row gets its read logits back."""
+        for row in feeds:
+            if row not in self.held:
+                self.rows.append(row)
+                self.held[row] = 0
+        if len(feeds) != len(self.rows):
+            raise RuntimeError("every open row feeds every call")
+        order = list(self.rows)  # feeds in store order
+        rows = [feeds[row] for row in order]
         lengths = [feed.ids.numel() for feed in rows]
-        width = max(lengths)  # Q
-        pads = [width - n for n in lengths]
-        columns, reads = self._read_columns(rows, pads, width)  # [U]; per row, its reads among the U
+        reads = [feed.reads() for feed in rows]
+        stacked = not any(feed.cached for feed in rows)  # whole canvases, nothing cached: one row each, left-padded
+        width = max(lengths) if stacked else sum(lengths)
+        if stacked:
+            columns, where = _stacked_columns([[width - n + offset for offset in read] for read, n in zip(reads, lengths)])
+        else:
+            columns, where = _packed_columns(reads, lengths)
+        index = torch.tensor(columns, dtype=torch.long, device=self.device)  # [U]
+        keep = logits_at(self.model, index, width, last=columns == list(range(width - len(columns), width)))
         head = output_head(self.model)
-        chunks = head is not None and columns.numel() > LOGITS_CHUNK and any(feed.chunked for feed in rows)
-        with head_input(head if chunks else None, columns) as states:  # states: [B, U, H] once the head ran
-            out, seconds, cache, cached_width = self._call(rows, width, logits_at(self.model, columns, width))
-        read_logits = self._row_reads(rows, reads, out, columns, head, states)
+        chunks = head is not None and len(columns) > LOGITS_CHUNK and any(feed.chunked for feed in rows)
+        with head_input(head if chunks else None, index) as states:  # states: [B, U, H] once the head ran
+            if stacked:
+                out, seconds = self._stacked_call(rows, width, keep)
+            else:
+                out, seconds = self._packed_call(rows, lengths, keep)
+        self.counts.positions += len(rows) * width if stacked else width
+        read_logits = _row_reads(rows, where, out, index, head, states, stacked)
         replies = {}
-        for row, (index, feed) in enumerate(feeds.items()):
-            count_call(feed.stats, lengths[row], seconds)
-            kept = None
-            if feed.keep is not None and cache is not None:  # a feed that keeps K/V makes the call cached
-                fed = slice(cached_width + pads[row], cached_width + pads[row] + feed.keep)
-                kept = [(keys[row, :, fed].clone(), values[row, :, fed].clone()) for keys, values in _layers_kv(cache)]
-            replies[index] = (read_logits[row], kept)
+        for row, feed, n, logits in zip(order, rows, lengths, read_logits):
+            count_call(feed.stats, n, seconds)
+            if feed.keep is not None:
+                self.held[row] = max(self.held[row], feed.base + feed.start + feed.keep)
+            replies[row] = (logits, None)
         return replies
 
-    def _call(self, rows: list[CanvasFeed], width: int,
-              keep_logits: dict) -> tuple[Any, float | None, DynamicCache | None, int]:
-        """The model's output and seconds for the rows' feeds, left-padded to ``width``; the call's cache (None
-        without one) and the cached columns left of the fed ones in it."""
-        cached = any(feed.prefix is not None or feed.suffix is not None or feed.keep is not None for feed in rows)
-        if not cached and all(feed.ids.numel() == width for feed in rows):
-            out, seconds = timed_call(self.model, input_ids=torch.stack([feed.ids for feed in rows]), use_cache=False,
-                                      **keep_logits)
-            return out, seconds, None, 0
-        prefix_width = max(_kv_length(feed.prefix) for feed in rows)  # W
-        suffix_width = max(_kv_length(feed.suffix) for feed in rows)  # S
-        cache = DynamicCache(config=cast(PreTrainedConfig, self.model.config)) if cached else None
-        if cache is not None and prefix_width + suffix_width:  # cached K/V make the call cached
-            _fill_cache(cache, [feed.prefix for feed in rows], [feed.suffix for feed in rows],
-                        prefix_width, suffix_width)
-        input_ids, position_ids, allowed = self._padded(rows, width, prefix_width, suffix_width)
-        mask = additive_mask(allowed, self.dtype)  # [B, 1, Q, W + S + Q]
-        cache_kwargs = cache_argument(self.model, cache) if cached else {}
-        out, seconds = timed_call(self.model, input_ids=input_ids, position_ids=position_ids,
-                                  attention_mask=mask_argument(self.model.config, mask),
-                                  use_cache=cached, **cache_kwargs, **keep_logits)
-        return out, seconds, cache, prefix_width + suffix_width
-
-    @staticmethod
-    def _row_reads(rows: list[CanvasFeed], reads: list[torch.Tensor], out: Any, columns: torch.Tensor,
-                   head: torch.nn.Module | None, states: list[torch.Tensor]) -> list[ReadLogits]:
-        """Each row's read logits [R, V] from the call's output, or, where the head's input was kept (``states``),
-        a chunked row's HeadInput and any other row's logits computed from it."""
-        if not states or head is None:  # the head's input is kept only when there is a head
-            logits = kept_logits(out.logits, columns)  # [B, U, V]
-            return [take_rows(logits[row], read) for row, read in enumerate(reads)]
-        hidden = states[-1]  # [B, U, H]
-        inputs = [HeadInput(take_rows(hidden[row], read), head) for row, read in enumerate(reads)]
-        return [given if feed.chunked else given.head(given.states) for feed, given in zip(rows, inputs)]
-
-    def _read_columns(self, rows: list[CanvasFeed], pads: list[int],
-                      width: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """The call's columns whose logits some row reads (ascending [U]), and where each row's reads are among them."""
-        wanted = [pad + (torch.arange(width - pad, device=self.device) if feed.read is None else feed.read)
-                  for feed, pad in zip(rows, pads)]
-        columns, where = torch.unique(torch.cat(wanted), sorted=True, return_inverse=True)
-        return columns, list(where.split([read.numel() for read in wanted]))
-
-    def _padded(self, rows: list[CanvasFeed], width: int, prefix_width: int,
-                suffix_width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """input ids [B, Q] and position ids [B, Q] (left-padded), and what each query sees [B, Q, W + S + Q]."""
-        fed_column = prefix_width + suffix_width  # the first column of the fed tokens' K/V
+    def _stacked_call(self, rows: list[CanvasFeed], width: int, keep: dict) -> tuple[Any, float | None]:
+        """The model's output and seconds for whole canvases [B, width]: the plain call when they are as long,
+        else left-padded under a 4-D mask (a pad sees only itself)."""
+        if all(feed.ids.numel() == width for feed in rows):
+            return timed_call(self.model, input_ids=torch.stack([feed.ids for feed in rows]), use_cache=False, **keep)
         input_ids = torch.zeros(len(rows), width, dtype=torch.long, device=self.device)
         position_ids = torch.zeros_like(input_ids)
-        allowed = torch.zeros(len(rows), width, fed_column + width, dtype=torch.bool, device=self.device)
-        allowed[:, :, fed_column:] = torch.eye(width, dtype=torch.bool, device=self.device)  # pads see themselves
+        allowed = torch.eye(width, dtype=torch.bool, device=self.device).repeat(len(rows), 1, 1)  # [B, Q, Q]
         for row, feed in enumerate(rows):
             n = feed.ids.numel()
-            pad = width - n
-            input_ids[row, pad:] = feed.ids
-            position_ids[row, pad:] = torch.arange(feed.start, feed.start + n, device=self.device)
-            allowed[row, pad:, : _kv_length(feed.prefix)] = True
-            if not self.causal:
-                allowed[row, pad:, prefix_width: prefix_width + _kv_length(feed.suffix)] = True
-            among = torch.ones(n, n, dtype=torch.bool, device=self.device) if feed.among is None else feed.among
-            allowed[row, pad:, fed_column + pad:] = among.tril() if self.causal else among
-        return input_ids, position_ids, allowed
+            input_ids[row, width - n:] = feed.ids
+            position_ids[row, width - n:] = torch.arange(n, device=self.device)
+            allowed[row, width - n:, width - n:] = self._among(feed)
+        mask = mask_argument(self.model.config, additive_mask(allowed, self.dtype))  # [B, 1, Q, Q]
+        return timed_call(self.model, input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
+                          use_cache=False, **keep)
+
+    def _packed_call(self, rows: list[CanvasFeed], lengths: list[int], keep: dict) -> tuple[Any, float | None]:
+        """The model's output and seconds for the rows' feeds packed into [1, T], their K/V in the store."""
+        alloweds = [self._allowed(feed) for feed in rows]  # per row [Q, columns]
+        starts = [feed.base + feed.start for feed in rows]
+        device = self.device
+        write_rows = torch.arange(len(rows), device=device).repeat_interleave(torch.tensor(lengths, device=device))
+        write_columns = torch.cat([torch.arange(start, start + n, device=device) for start, n in zip(starts, lengths)])
+        positions = torch.cat([torch.arange(feed.start, feed.start + n, device=device)
+                               for feed, n in zip(rows, lengths)])
+        spans, first = [], 0
+        for allowed, n in zip(alloweds, lengths):
+            spans.append((first, n, allowed.shape[1]))
+            first += n
+        attend = attending_by_rows(self.model) if hasattr(self.model.config, "_attn_implementation_internal") \
+            else contextlib.nullcontext("sdpa")  # a stand-in model's config (it runs no attention of its own)
+        with attend as implementation:
+            packed = packed_rows(alloweds, self.dtype) if self.packed and len(rows) > 1 else None
+            layout = RowsMask(spans, [additive_mask(allowed, self.dtype) for allowed in alloweds], implementation,
+                              packed)
+            self.store.prepare(len(rows), max(span[2] for span in spans), write_rows, write_columns)
+            return timed_call(self.model, input_ids=torch.cat([feed.ids for feed in rows])[None],
+                              position_ids=positions[None],
+                              attention_mask=mask_argument(self.model.config, self.placeholder),
+                              lane_rows=layout, use_cache=True, **cache_argument(self.model, self.store), **keep)
+
+    def _among(self, feed: CanvasFeed) -> torch.Tensor:
+        """[Q, Q] bool: which fed tokens each fed token sees."""
+        n = feed.ids.numel()
+        among = torch.ones(n, n, dtype=torch.bool, device=self.device) if feed.among is None else feed.among
+        return among.tril() if self.causal else among
+
+    def _allowed(self, feed: CanvasFeed) -> torch.Tensor:
+        """[Q, columns] bool: the store columns of its row each fed token sees."""
+        n, fed = feed.ids.numel(), feed.base + feed.start
+        allowed = torch.zeros(n, fed + n + feed.suffix, dtype=torch.bool, device=self.device)
+        allowed[:, feed.base: feed.base + feed.prefix] = True
+        allowed[:, fed: fed + n] = self._among(feed)
+        if not self.causal:
+            allowed[:, fed + n:] = True
+        return allowed
+
+
+def _stacked_columns(reads: list[list[int]]) -> tuple[list[int], list[list[int]]]:
+    """A plain call's columns whose logits some row reads (ascending, [U]), and where each row's reads are in them."""
+    columns = sorted(set().union(*reads))
+    at = {column: index for index, column in enumerate(columns)}
+    return columns, [[at[column] for column in read] for read in reads]
+
+
+def _packed_columns(reads: list[list[int]], lengths: list[int]) -> tuple[list[int], list[list[int]]]:
+    """A packed call's read columns (each row's reads after the rows before it) and each row's place in them."""
+    columns: list[int] = []
+    where = []
+    first = 0
+    for read, n in zip(reads, lengths):
+        where.append(list(range(len(columns), len(columns) + len(read))))
+        columns.extend(first + offset for offset in read)
+        first += n
+    return columns, where
+
+
+def _row_reads(rows: list[CanvasFeed], where: list[list[int]], out: Any, columns: torch.Tensor,
+               head: torch.nn.Module | None, states: list[torch.Tensor], stacked: bool) -> list[ReadLogits]:
+    """Each row's read logits [R, V] from the call's output ([B, U, .] ``stacked``, else [1, U, .]), or, where the
+    head's input was kept (``states``), a chunked row's HeadInput and any other row's logits computed from it."""
+    if not states or head is None:  # the head's input is kept only when there is a head
+        logits = kept_logits(out.logits, columns)  # [B or 1, U, V]
+        return [take_rows(logits[row if stacked else 0], read) for row, read in enumerate(where)]
+    hidden = states[-1]  # [B or 1, U, H]
+    inputs = [HeadInput(take_rows(hidden[row if stacked else 0], read), head) for row, read in enumerate(where)]
+    return [given if feed.chunked else given.head(given.states) for feed, given in zip(rows, inputs)]
 
 
 def attends_causally(model: torch.nn.Module) -> bool:
@@ -318,47 +270,20 @@ def attends_causally(model: torch.nn.Module) -> bool:
     return flags == {True}
 
 
-def _layers_kv(cache: DynamicCache) -> RowKV:
-    """Each layer's keys and values [B, H, n, D] in a call's cache, which the call filled (full attention layers)."""
-    # a filled DynamicCache of full attention layers holds both K and V in every layer
-    return [(layer.keys, layer.values) for layer in cache.layers]
-
-
-def _kv_length(kv: RowKV | None) -> int:
-    return kv[0][0].shape[1] if kv else 0
-
-
-def _fill_cache(cache: DynamicCache, prefixes: list[RowKV | None], suffixes: list[RowKV | None],
-                prefix_width: int, suffix_width: int) -> None:
-    """Put every row's prefix and suffix K/V [H, n, D] into ``cache`` as [B, H, W + S, D]: prefixes
-    left-aligned in the first W columns, suffixes left-aligned in the next S, zeros elsewhere."""
-    sample = next(kv for kv in prefixes + suffixes if kv)
-    for layer, (sample_keys, sample_values) in enumerate(sample):
-        heads, dim = sample_keys.shape[0], sample_keys.shape[2]
-        keys = sample_keys.new_zeros(len(prefixes), heads, prefix_width + suffix_width, dim)
-        values = sample_values.new_zeros(len(prefixes), sample_values.shape[0], prefix_width + suffix_width,
-                                         sample_values.shape[2])
-        for row, (prefix, suffix) in enumerate(zip(prefixes, suffixes)):
-            for kv, first in ((prefix, 0), (suffix, prefix_width)):
-                if kv:
-                    row_keys, row_values = kv[layer]
-                    keys[row, :, first: first + row_keys.shape[1]] = row_keys
-                    values[row, :, first: first + row_values.shape[1]] = row_values
-        cache.update(keys, values, layer)
-
-
 @overload
-def take_rows(logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor: ...
+def take_rows(logits: torch.Tensor, rows: Sequence[int]) -> torch.Tensor: ...
 @overload
-def take_rows(logits: HeadInput, rows: torch.Tensor) -> HeadInput: ...
+def take_rows(logits: HeadInput, rows: Sequence[int]) -> HeadInput: ...
 @overload
-def take_rows(logits: ReadLogits, rows: torch.Tensor) -> ReadLogits: ...
-def take_rows(logits: ReadLogits, rows: torch.Tensor) -> ReadLogits:
-    """``logits[rows]`` ([R, V] of [N, V]; or of a HeadInput, or hidden states [N, H]), as a view when ``rows`` is
-    0..N-1 (at batch 1, the common case): each copy of a read is as large as the logits a call returns."""
-    if rows.numel() == len(logits) and torch.equal(rows, torch.arange(rows.numel(), device=rows.device)):
-        return logits
-    return logits[rows]
+def take_rows(logits: ReadLogits, rows: Sequence[int]) -> ReadLogits: ...
+def take_rows(logits: ReadLogits, rows: Sequence[int]) -> ReadLogits:
+    """``logits[rows]`` ([R, V] of [N, V]; or of a HeadInput, or hidden states [N, H]), a view when ``rows`` is a
+    run of consecutive rows (at batch 1 every row): each copy of a read is as large as the logits a call returns."""
+    rows = list(rows)
+    if rows == list(range(rows[0], rows[0] + len(rows))) if rows else True:
+        return logits[rows[0]: rows[0] + len(rows)] if rows else logits[:0]
+    device = logits.states.device if isinstance(logits, HeadInput) else logits.device
+    return logits[torch.tensor(rows, dtype=torch.long, device=device)]
 
 
 def plain_logits(logits: ReadLogits) -> torch.Tensor:
@@ -391,10 +316,7 @@ def output_head(model: torch.nn.Module) -> torch.nn.Module | None:
 @contextlib.contextmanager
 def head_input(head: torch.nn.Module | None, columns: torch.Tensor) -> Iterator[list[torch.Tensor]]:
     """While open, ``head`` (None: nothing happens) computes nothing: each call of it puts the columns ``columns``
-    ([U] of the call's input columns) of its input [B, ., H] in the list this yields and gets a zero-length slice.
-
-    The head's input is the final hidden states at the columns the model computes the head at (all of them,
-    or the ``logits_to_keep`` ones); the logits are the head's output, as in transformers' causal LMs."""
+    ([U] of the call's input columns) of its input [B, ., H] in the list this yields and gets a zero-length slice."""
     states: list[torch.Tensor] = []
     if head is None:
         yield states
@@ -412,40 +334,42 @@ def head_input(head: torch.nn.Module | None, columns: torch.Tensor) -> Iterator[
         handle.remove()
 
 
-def read_offsets(positions: torch.Tensor, first: int) -> tuple[torch.Tensor, torch.Tensor]:
+def read_offsets(positions: Sequence[int], first: int) -> tuple[list[int], list[int]]:
     """For canvas ``positions`` [R] read from a call that feeds from canvas position ``first`` on: the fed
     offsets to compute (ascending, each once: a feed's ``read``) and the row of each position among them [R]."""
-    return torch.unique(positions - first, sorted=True, return_inverse=True)
+    offsets = sorted({position - first for position in positions})
+    at = {offset: row for row, offset in enumerate(offsets)}
+    return offsets, [at[position - first] for position in positions]
 
 
 class CanvasPasses:
-    """One conditioning stream's model calls over a canvas, a block at a time (CFG needs two streams).
+    """One conditioning stream's model calls over a canvas, a block at a time (CFG's second stream: ``base``, the
+    store columns after the first's).
 
-    Without the cache every call is a full pass (the reference samplers). With ``use_cache`` the
-    block's first call is a full pass that keeps the K/V of the prefix, positions [0, block.start),
-    and with ``dual_cache`` also of the suffix, positions [block.end, T); later calls feed the
-    positions [block.start, T) after the prefix's K/V, or, with ``dual_cache``, only the block's,
-    between the prefix's and the suffix's K/V. ``shifted`` (Dream): a position is predicted by the
+    Without the cache every call is a full pass (the reference samplers). With ``use_cache`` the block's first
+    call is a full pass that keeps the K/V of the prefix, positions [0, block.start), and with ``dual_cache`` of
+    the whole canvas; later calls feed [block.start, T) after the prefix, or, with ``dual_cache``, the block
+    alone between the prefix and the suffix [block.end, T). ``shifted`` (Dream): a position is predicted by the
     logits of the position before it. ``chunked``: the calls' feeds are chunked (see CanvasCalls).
     """
 
     def __init__(self, stats: DecodeStats, use_cache: bool, dual_cache: bool = False, shifted: bool = False,
-                 chunked: bool = False):
+                 chunked: bool = False, base: int = 0):
         self.stats = stats
         self.use_cache = use_cache
         self.dual_cache = dual_cache
         self.shifted = shifted
         self.chunked = chunked
+        self.base = base
         self.block: Block | None = None
-        self.prefix: RowKV | None = None
-        self.suffix: RowKV | None = None
+        self.cached = False  # the block's full pass is done: its K/V are in the store
 
     def start_block(self, block: Block) -> None:
         """Begin ``block``: the next call is a full pass."""
         self.block = block
-        self.prefix = self.suffix = None
+        self.cached = False
 
-    def __call__(self, canvas: torch.Tensor, positions: torch.Tensor) -> CanvasStep[ReadLogits]:
+    def __call__(self, canvas: torch.Tensor, positions: Sequence[int]) -> CanvasStep[ReadLogits]:
         """The logits [R, V] (the model's dtype) that predict the canvas ``positions`` [R] of the block:
         each position's own, or with ``shifted`` those of the position before it among the positions the
         call feeds (the first fed position reads its own, as each sampler's reference reads them). The
@@ -454,32 +378,22 @@ class CanvasPasses:
         block = self.block
         if block is None:
             raise RuntimeError("start_block comes before the block's calls")
-        first = block.start if self.use_cache and self.prefix is not None else 0  # the first fed position
-        offsets, rows = read_offsets((positions - int(self.shifted)).clamp(min=first), first)
-        if not self.use_cache:
-            logits, _ = yield CanvasFeed(self.stats, canvas, read=offsets, chunked=self.chunked)
-            return take_rows(logits, rows)
-        if self.prefix is None:  # the block's first step: full pass, keep the cached positions' K/V
-            keep = canvas.numel() if self.dual_cache else block.start
-            logits, kept = yield CanvasFeed(self.stats, canvas, keep=keep, read=offsets, chunked=self.chunked)
-            assert kept is not None, "a feed that keeps K/V gets them back"
-            self.prefix = [(keys[:, : block.start], values[:, : block.start]) for keys, values in kept]
-            if self.dual_cache:
-                self.suffix = [(keys[:, block.end:], values[:, block.end:]) for keys, values in kept]
-            return take_rows(logits, rows)
-        end = block.end if self.dual_cache else canvas.numel()
-        logits, _ = yield CanvasFeed(self.stats, canvas[block.start: end], start=block.start, prefix=self.prefix,
-                                     suffix=self.suffix, read=offsets, chunked=self.chunked)
+        first = block.start if self.use_cache and self.cached else 0  # the first fed position
+        offsets, rows = read_offsets([max(position - int(self.shifted), first) for position in positions], first)
+        feed = CanvasFeed(self.stats, canvas, read=offsets, chunked=self.chunked, base=self.base)
+        if self.use_cache and not self.cached:  # the block's first step: a full pass that keeps K/V
+            feed.keep = canvas.numel() if self.dual_cache else block.start
+            self.cached = True
+        elif self.use_cache:
+            end = block.end if self.dual_cache else canvas.numel()
+            feed.ids, feed.start, feed.prefix = canvas[block.start: end], block.start, block.start
+            feed.suffix = canvas.numel() - end
+        logits, _ = yield feed
         return take_rows(logits, rows)
 
 
 # ---------------------------------------------------------------------------------------------
 # one prompt's row
-
-
-def report_to(clock: RowClock, callback: Callable[[MDMStep], None], stats: DecodeStats, record: MDMStep) -> None:
-    """Hand a row's step to the caller's callback through the batch's clock."""
-    clock.report(stats, callback, record)
 
 
 def canvas_row(prompt: torch.Tensor, gen_length: int,
@@ -492,3 +406,8 @@ def canvas_row(prompt: torch.Tensor, gen_length: int,
     report = None if on_step is None or clock is None else functools.partial(report_to, clock, on_step)
     canvas = Canvas(prompt, gen_length, mask_token_id=mask_token_id, eos_token_id=eos_token_id, report=report)
     return program(canvas, generator)
+
+
+__all__ = ["Block", "Canvas", "CanvasCalls", "CanvasFeed", "CanvasPasses", "CanvasStep", "HeadInput", "LOGITS_CHUNK",
+           "MDMStep", "ReadLogits", "attends_causally", "canvas_row", "even_schedule", "logit_chunks", "output_head",
+           "plain_logits", "read_offsets", "take_rows"]

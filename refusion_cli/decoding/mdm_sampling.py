@@ -64,21 +64,34 @@ def forbid_mask(logits: torch.Tensor, mask_token_id: int) -> torch.Tensor:
     return logits
 
 
+def argmax_without(logits: torch.Tensor, token: int) -> torch.Tensor:
+    """[n]: each row's argmax of ``logits`` [n, V] over every token but ``token`` (the first of equals), as
+    ``forbid_mask(logits, token).argmax(-1)`` without copying the logits."""
+    left, right = logits[:, :token], logits[:, token + 1:]
+    if not left.shape[1] or not right.shape[1]:
+        return right.argmax(-1) + token + 1 if left.shape[1] == 0 else left.argmax(-1)
+    left_index, right_index = left.argmax(-1), right.argmax(-1)
+    left_best, right_best = left.gather(-1, left_index[:, None]), right.gather(-1, right_index[:, None])
+    return torch.where(left_best[:, 0] >= right_best[:, 0], left_index, right_index + token + 1)
+
+
 def choose_positions(
     confidence: torch.Tensor,
     token_prob: torch.Tensor,
     masked: torch.Tensor,
     *,
+    n_masked: int,
     count: int,
     threshold: float | None,
     limit: int | None = None,
     alg_temp: float = 0.0,
     generator: torch.Generator | None = None,
-) -> torch.Tensor:
-    """Block offsets to unmask this step, best first ([n] long).
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Block offsets to unmask this step, best first ([k] long), and which of them go ([k] bool; None: all),
+    computed on the device without a wait.
 
-    ``confidence`` [B] ranks the masked positions (``masked`` [B]), ``token_prob`` [B] is the
-    probability of each position's predicted token. With ``threshold`` (Fast-dLLM) the best
+    ``confidence`` [B] ranks the masked positions (``masked`` [B], ``n_masked`` of them), ``token_prob`` [B] is
+    the probability of each position's predicted token. With ``threshold`` (Fast-dLLM) the best
     position is always taken and every other masked one whose token probability is >= threshold,
     among the ``limit`` best ranked (None: all); otherwise ``count`` positions: the top ``count``,
     or, with ``alg_temp`` > 0 (Dream), drawn from softmax(confidence / alg_temp). Equal confidences
@@ -86,17 +99,17 @@ def choose_positions(
     unspecified (the CPU's differs from the GPU's), so the ranking comes from a stable sort instead.
     """
     ranked = torch.where(masked, confidence.to(wide_float(confidence.device)), float("-inf"))  # [B]
-    n_masked = int(masked.sum())
+    none = torch.zeros(0, dtype=torch.long, device=masked.device)
     if n_masked == 0:
-        return torch.zeros(0, dtype=torch.long, device=masked.device)
+        return none, None
     if threshold is not None:
         best_first = ranked.sort(descending=True, stable=True).indices[: n_masked if limit is None else limit]
         taken = token_prob[best_first] >= threshold
         taken[0] = True
-        return best_first[taken]
+        return best_first, taken
     count = min(count, n_masked)
     if count == 0:
-        return torch.zeros(0, dtype=torch.long, device=masked.device)
+        return none, None
     if alg_temp > 0:
-        return sample(torch.softmax(ranked / alg_temp, dim=-1), count, generator)
-    return ranked.sort(descending=True, stable=True).indices[:count]
+        return sample(torch.softmax(ranked / alg_temp, dim=-1), count, generator), None
+    return ranked.sort(descending=True, stable=True).indices[:count], None
