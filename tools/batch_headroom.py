@@ -28,6 +28,7 @@ import time
 import torch
 
 from refusion_cli.bench.prompts import load_prompts
+from refusion_cli.decoding.batching import input_vocabulary
 from refusion_cli.decoding.registry import DECODERS, decoder_spec
 from refusion_cli.decoding.spec import default_config
 from refusion_cli.decoding.engine import run_decoder
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
     print("|---|---|---|---|---|---|---|---|---|---|")
     grids: dict[str, dict[tuple[int, int], float]] = {}  # each model's grid, timed once
     for decoder in args.decoder:
-        name = decoder_spec(decoder).default_model
+        name = str(decoder_spec(decoder).default_model)  # --decoder offers only decoders with one
         loaded = load_model(name, device="cpu", require_mask=decoder_spec(decoder).needs_mask)
         ids = [user_prompt_ids(loaded.tokenizer, prompt.text) for prompt in prompts]
         config = default_config(decoder, name, args.gen_length)
@@ -98,8 +99,7 @@ def main(argv: list[str] | None = None) -> None:
         wall = statistics.median(walls)
         calls = sum(result.stats.forwards for result in results)
         fed = sum(result.stats.positions for result in results)
-        costs = grids.get(name) or cost_per_token(loaded.model, loaded.model.get_input_embeddings().num_embeddings,
-                                                  args.repeats)
+        costs = grids.get(name) or cost_per_token(loaded.model, input_vocabulary(loaded.model), args.repeats)
         cheapest = min(costs.values())
         floor = fed * cheapest
         print(f"| {decoder} | {name} | {wall:.2f} | {calls} | {fed} | {fed / calls:.1f} | "
