@@ -57,7 +57,7 @@ def shared_calls(kind: tuple[str, bool], model: torch.nn.Module, packed: bool | 
     """A new calls object of ``kind`` (``(LANES, kv_reuse)`` or ``(CANVAS, True)``) on ``model``; ``packed``:
     one attention call per layer for every row (None: on CUDA)."""
     name, reuse = kind
-    return CanvasCalls(model) if name == CANVAS else Lanes(model, reuse=reuse, packed=packed)
+    return CanvasCalls(model, packed=packed) if name == CANVAS else Lanes(model, reuse=reuse, packed=packed)
 
 
 def response_budget(config: Any) -> int:
