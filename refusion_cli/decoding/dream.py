@@ -58,7 +58,7 @@ import torch
 
 from refusion_cli.decoding.config import ConfigError, check_non_negative, check_positive, check_probability
 from refusion_cli.decoding.canvas import Canvas, CanvasStep, device_offsets, even_schedule
-from refusion_cli.decoding.mdm import CanvasPasses, ReadLogits, logit_chunks, take_rows
+from refusion_cli.decoding.mdm import CanvasPasses, ReadLogits, device_index, logit_chunks, take_rows
 from refusion_cli.decoding.mdm_sampling import (argmax_without, check_blocks, check_fast_options, choose_positions,
                                                sample, uniform)
 from refusion_cli.decoding.readback import read
@@ -233,7 +233,7 @@ def dream_row(canvas: Canvas, config: DreamConfig, generator: torch.Generator | 
                 if step < len(fractions) - 1:
                     goes, = yield from read(uniform((len(where),), generator, canvas.device) < fractions[step])
                     chosen = [row for row, going in enumerate(goes) if going]
-                picked = torch.tensor([where[row] for row in chosen], dtype=torch.long, device=canvas.device)
+                picked = device_index([where[row] for row in chosen], canvas.device)
                 tokens = predict_chunks(take_rows(logits, chosen), config, mask_token_id, generator)[0]
             else:
                 # 1) predict every mask (as the reference), 2) unmask the best ranked

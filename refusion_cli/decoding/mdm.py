@@ -114,31 +114,25 @@ class CanvasCalls:
         self.packed = self.device.type == "cuda" if packed is None else packed
         self.counts = CallCounts()
         self.store = RowStore(self.counts)
-        self.rows: list[int] = []  # the row (request) in each row of the store
-        self.held: dict[int, int] = {}  # per row: its store columns [0, held) that later calls read
+        self.slots: list[int | None] = []  # the row (request) in each row of the store; None: free
         self.placeholder = PLACEHOLDER_MASK.to(self.device)
 
     def close(self, row: int) -> None:
-        """A row leaves: the store's last row moves into its place (a row never opened or closed: nothing)."""
-        if self.held.pop(row, None) is None:
-            return
-        index, last = self.rows.index(row), len(self.rows) - 1
-        if index != last:
-            moved = self.rows[last]
-            if self.store.keys and self.held[moved]:
-                self.store.move(last, index, self.held[moved])
-            self.rows[index] = moved
-        self.rows.pop()
+        """A row leaves: its store row is free for the next row to open (nothing moves)."""
+        if row in self.slots:
+            self.slots[self.slots.index(row)] = None
+        while self.slots and self.slots[-1] is None:
+            self.slots.pop()
 
     def forward(self, feeds: dict[int, CanvasFeed]) -> dict[int, CanvasReply]:
         """One counted model call over every row's feed; each row gets its read logits back."""
         for row in feeds:
-            if row not in self.held:
-                self.rows.append(row)
-                self.held[row] = 0
-        if len(feeds) != len(self.rows):
+            if row not in self.slots:
+                free = self.slots.index(None) if None in self.slots else len(self.slots)
+                self.slots[free: free + 1] = [row]
+        order = [row for row in self.slots if row is not None]  # feeds in store order
+        if len(feeds) != len(order):
             raise RuntimeError("every open row feeds every call")
-        order = list(self.rows)  # feeds in store order
         rows = [feeds[row] for row in order]
         lengths = [feed.ids.numel() for feed in rows]
         reads = [feed.reads() for feed in rows]
@@ -148,7 +142,7 @@ class CanvasCalls:
             columns, where = _stacked_columns([[width - n + offset for offset in read] for read, n in zip(reads, lengths)])
         else:
             columns, where = _packed_columns(reads, lengths)
-        index = torch.tensor(columns, dtype=torch.long, device=self.device)  # [U]
+        index = device_index(columns, self.device)  # [U]
         keep = logits_at(self.model, index, width, last=columns == list(range(width - len(columns), width)))
         head = output_head(self.model)
         chunks = head is not None and len(columns) > LOGITS_CHUNK and any(feed.chunked for feed in rows)
@@ -156,14 +150,12 @@ class CanvasCalls:
             if stacked:
                 out, seconds = self._stacked_call(rows, width, keep)
             else:
-                out, seconds = self._packed_call(rows, lengths, keep)
+                out, seconds = self._packed_call([None if row is None else feeds[row] for row in self.slots], keep)
         self.counts.positions += len(rows) * width if stacked else width
         read_logits = _row_reads(rows, where, out, index, head, states, stacked)
         replies = {}
         for row, feed, n, logits in zip(order, rows, lengths, read_logits):
             count_call(feed.stats, n, seconds)
-            if feed.keep is not None:
-                self.held[row] = max(self.held[row], feed.base + feed.start + feed.keep)
             replies[row] = (logits, None)
         return replies
 
@@ -184,30 +176,34 @@ class CanvasCalls:
         return timed_call(self.model, input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
                           use_cache=False, **keep)
 
-    def _packed_call(self, rows: list[CanvasFeed], lengths: list[int], keep: dict) -> tuple[Any, float | None]:
-        """The model's output and seconds for the rows' feeds packed into [1, T], their K/V in the store."""
-        alloweds = [self._allowed(feed) for feed in rows]  # per row [Q, columns]
-        starts = [feed.base + feed.start for feed in rows]
-        device = self.device
-        write_rows = torch.arange(len(rows), device=device).repeat_interleave(torch.tensor(lengths, device=device))
-        write_columns = torch.cat([torch.arange(start, start + n, device=device) for start, n in zip(starts, lengths)])
-        positions = torch.cat([torch.arange(feed.start, feed.start + n, device=device)
-                               for feed, n in zip(rows, lengths)])
-        spans, first = [], 0
-        for allowed, n in zip(alloweds, lengths):
-            spans.append((first, n, allowed.shape[1]))
-            first += n
+    def _packed_call(self, slots: list[CanvasFeed | None], keep: dict) -> tuple[Any, float | None]:
+        """The model's output and seconds for the feeds of the store's rows (None: a free row, which feeds
+        nothing) packed into [1, T], their K/V in the store."""
+        places, spans, masks, alloweds, first = [], [], [], [], 0
+        for slot, feed in enumerate(slots):
+            if feed is None:
+                allowed = torch.zeros(0, 1, dtype=torch.bool, device=self.device)
+                masks.append(torch.zeros(1, 1, 0, 1, dtype=self.dtype, device=self.device))
+            else:
+                allowed = self._allowed(feed)  # [Q, columns]
+                masks.append(additive_mask(allowed, self.dtype))
+                column = feed.base + feed.start
+                places.extend((slot, column + offset, feed.start + offset) for offset in range(allowed.shape[0]))
+            alloweds.append(allowed)
+            spans.append((first, allowed.shape[0], allowed.shape[1]))
+            first += allowed.shape[0]
+        # per fed token: its store row, store column and position
+        write_rows, write_columns, positions = device_index(places, self.device).T.contiguous()  # [T] each
         attend = attending_by_rows(self.model) if hasattr(self.model.config, "_attn_implementation_internal") \
             else contextlib.nullcontext("sdpa")  # a stand-in model's config (it runs no attention of its own)
         with attend as implementation:
-            packed = packed_rows(alloweds, self.dtype) if self.packed and len(rows) > 1 else None
-            layout = RowsMask(spans, [additive_mask(allowed, self.dtype) for allowed in alloweds], implementation,
-                              packed)
-            self.store.prepare(len(rows), max(span[2] for span in spans), write_rows, write_columns)
-            return timed_call(self.model, input_ids=torch.cat([feed.ids for feed in rows])[None],
+            packed = packed_rows(alloweds, self.dtype) if self.packed and len(slots) > 1 else None
+            self.store.prepare(len(slots), max(span[2] for span in spans), write_rows, write_columns)
+            return timed_call(self.model, input_ids=torch.cat([feed.ids for feed in slots if feed is not None])[None],
                               position_ids=positions[None],
                               attention_mask=mask_argument(self.model.config, self.placeholder),
-                              lane_rows=layout, use_cache=True, **cache_argument(self.model, self.store), **keep)
+                              lane_rows=RowsMask(spans, masks, implementation, packed), use_cache=True,
+                              **cache_argument(self.model, self.store), **keep)
 
     def _among(self, feed: CanvasFeed) -> torch.Tensor:
         """[Q, Q] bool: which fed tokens each fed token sees."""
@@ -224,6 +220,15 @@ class CanvasCalls:
         if not self.causal:
             allowed[:, fed + n:] = True
         return allowed
+
+
+def device_index(values: Sequence[Any], device: torch.device) -> torch.Tensor:
+    """``values`` (ints, or tuples of ints) as a long tensor on ``device``, copied without waiting for the device
+    (from pinned memory on CUDA, where a plain copy would wait for the queue)."""
+    host = torch.tensor(values, dtype=torch.long)
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 def _stacked_columns(reads: list[list[int]]) -> tuple[list[int], list[list[int]]]:
@@ -283,7 +288,7 @@ def take_rows(logits: ReadLogits, rows: Sequence[int]) -> ReadLogits:
     if rows == list(range(rows[0], rows[0] + len(rows))) if rows else True:
         return logits[rows[0]: rows[0] + len(rows)] if rows else logits[:0]
     device = logits.states.device if isinstance(logits, HeadInput) else logits.device
-    return logits[torch.tensor(rows, dtype=torch.long, device=device)]
+    return logits[device_index(rows, device)]
 
 
 def plain_logits(logits: ReadLogits) -> torch.Tensor:
