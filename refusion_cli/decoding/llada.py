@@ -21,7 +21,7 @@ Token ids in, token ids out. The response starts all masked and is decoded in bl
 prefix cache) and ``dual_cache`` the K/V right of the block too, so that later steps feed the block
 alone (Fast-dLLM's dual cache); both are exact for causal models and approximate for bidirectional
 ones. With either, a block's first step is the full pass and counts as a step of its schedule, and
-a cached step always follows it (see mdm.Canvas.steps). :func:`llada_row` is one prompt's program;
+a cached step always follows it (see canvas.Canvas.steps). :func:`llada_row` is one prompt's program;
 ``engine.run_decoder`` decodes a list of prompts as a batch, each row as alone (see mdm). The model
 should be bidirectional (see ``registry.check_decoder_fits``); it is not checked here.
 """

@@ -100,7 +100,9 @@ class CanvasCalls:
     call when they are as long (with one row: the reference's own call), else left-padded under a 4-D mask.
     Any other call is packed [1, T] (rows end to end, true position ids, no padding), each fed token's K/V
     written at its column of its row's store, and attention done row by row against the row's store
-    (``cache.rows_attention``; ``packed``: one attention call per layer for every row). A row opens at its first feed; ``close`` moves the store's last row into its place.
+    (``cache.rows_attention``; ``packed``: one attention call per layer for every row). A row opens at its
+    first feed, in the store's first free row; a closed row's store row stays free until a row opens there (a
+    free row between open ones is a lane of no tokens), so no K/V ever moves.
     The model computes logits at the read positions only, and none when they are more than LOGITS_CHUNK and
     some feed is ``chunked``: such a feed gets its reads' head input, any other row the head's output.
     """
@@ -118,11 +120,14 @@ class CanvasCalls:
         self.placeholder = PLACEHOLDER_MASK.to(self.device)
 
     def close(self, row: int) -> None:
-        """A row leaves: its store row is free for the next row to open (nothing moves)."""
+        """A row leaves: its store row is free for the next row to open (nothing moves); the last one to leave
+        lets the store go (the next row's store is made to its size, not grown by copying a free one)."""
         if row in self.slots:
             self.slots[self.slots.index(row)] = None
         while self.slots and self.slots[-1] is None:
             self.slots.pop()
+        if not self.slots:
+            self.store = RowStore(self.counts)
 
     def forward(self, feeds: dict[int, CanvasFeed]) -> dict[int, CanvasReply]:
         """One counted model call over every row's feed; each row gets its read logits back."""
