@@ -10,8 +10,8 @@ Run them from the repository root, e.g. ``python -m tools.build_models`` (what `
 - ``batch_headroom``: how much batching can speed a decoder up on this machine
 - ``logits_memory``: logits memory and seconds per model call of Table 1's rows on stand-ins at their real
   vocabularies, before and after a revision
-- ``engine_counts``: positions computed and K/V bytes copied per generated token, host syncs per model call, before
-  and after a revision
+- ``engine_counts``: every decoder's host syncs per engine step, attention calls per layer per model call, positions
+  computed and K/V bytes copied per generated token, before and after a revision
 - ``memory_model``: the row memory ``--batch-size auto`` predicts for Table 1's rows beside the measured peaks
 - ``causal_ablations``: accuracy and tokens per forward of ReFusion and its causal ablations
 - ``served_compare``: vLLM serving the AR model beside ``refusion serve``, loaded by ``refusion bench --endpoint``;

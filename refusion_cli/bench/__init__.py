@@ -3,6 +3,7 @@
 prompts.py  which prompts are decoded (the synthetic task, or a JSONL file)
 runner.py   what is measured and how: settings, the rows to run, the timed decodes
 figures.py  a row's summary figures: means, percentiles, its config in one line
+counts.py   --counts: host syncs per engine step, attention calls per layer, positions and K/V copies
 sweep.py    --sweep: each decoder over a grid of its parallelism settings, a row per setting
 machine.py  what it ran on, and the peak-memory measurement
 report.py   the CSV rows (written as they are measured, read back to resume), the Markdown report

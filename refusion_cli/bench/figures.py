@@ -1,7 +1,8 @@
 """The summary figures of a benchmark row: a mean, a percentile, a config in one line, what its model calls
-computed and copied (:class:`CallTally`); the records, :class:`BenchSample` (one measured decode) and
-:class:`BenchRow` (a decoder at one length), and how a row is summarised from its samples (:func:`summarise`:
-means, percentiles, the spread of its TPS over the repeats, the share of decodes cut by the length budget)."""
+computed and copied (:class:`CallTally`; with ``--counts`` also :func:`with_counts`); the records,
+:class:`BenchSample` (one measured decode) and :class:`BenchRow` (a decoder at one length), and how a row is
+summarised from its samples (:func:`summarise`: means, percentiles, the spread of its TPS over the repeats, the
+share of decodes cut by the length budget)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from refusion_cli.decoding.stats import DecodeResult, mean_tps, run_tps
 from refusion_cli.tasks.synthetic import is_correct
 
 if TYPE_CHECKING:
+    from refusion_cli.bench.counts import DecodeCounts
     from refusion_cli.bench.runner import BenchEntry
     from refusion_cli.models.loading import LoadedModel
 
@@ -115,9 +117,22 @@ class BenchRow:
     tps_max: float = 0.0
     budget_share: float = 0.0  # share of decodes that ran to the length budget without an end token
     settings: str = ""  # the config's fields that differ from the decoder's defaults (spec.settings_label)
+    # --counts: the row's prompts decoded once more, untimed, under bench.counts' counter (None / "": not counted)
+    syncs_per_step: float | None = None  # host syncs per engine step
+    attention_calls_per_layer: float | None = None  # None with an implementation: attention the counter cannot see
+    attention_implementation: str = ""  # the model's attention (sdpa, eager, ...)
+    counted_positions_per_token: float | None = None  # input_ids elements of every model call, padding included
+    counted_kv_copied_per_token: float | None = None  # K/V bytes written beyond the K/V of the positions fed
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def attention_cell(row: BenchRow) -> str:
+    """The row's attention calls per layer per model call, or the attention it ran where none could be counted."""
+    if row.attention_calls_per_layer is not None:
+        return f"{row.attention_calls_per_layer:.2f}"
+    return f"{row.attention_implementation} (not counted)" if row.attention_implementation else "–"
 
 
 def bench_sample(entry: BenchEntry, loaded: LoadedModel, prompt: BenchPrompt, index: int, repeat: int,
@@ -139,6 +154,7 @@ def summarise(entry: BenchEntry, samples: Sequence[BenchSample], n_prompts: int,
     tps = run_tps(tokens, seconds)
     latencies_ms = [sample.seconds * 1000 for sample in samples]
     spread = repeat_spread(samples)
+    positions, kv_copied = (tally or CallTally(None, None)).per_token(sum(tokens))
     return BenchRow(
         decoder=entry.label, model=entry.model, gen_length=entry.gen_length, prompts=n_prompts,
         decodes=len(samples), tps=tps, speedup_vs_ar=tps / ar_tps if ar_tps else None,
@@ -150,12 +166,20 @@ def summarise(entry: BenchEntry, samples: Sequence[BenchSample], n_prompts: int,
         batch_size=entry.batch_size,
         throughput=tps if wall_seconds is None else run_tps(tokens, [wall_seconds]),
         mem_per_row_mib=peak_mem_mib / entry.batch_size,
-        **dict(zip(("positions_per_token", "kv_copied_per_token"),
-                   (tally or CallTally(None, None)).per_token(sum(tokens)))),
+        positions_per_token=positions, kv_copied_per_token=kv_copied,
         tps_min=min(spread, default=0.0), tps_median=percentile(spread, 50), tps_max=max(spread, default=0.0),
         budget_share=mean([sample.hit_budget for sample in samples]),
         settings=settings_label(entry.decoder, entry.config),
     )
+
+
+def with_counts(row: BenchRow, counts: DecodeCounts, tokens: int) -> BenchRow:
+    """``row`` with what ``counts`` counted over decodes of ``tokens`` generated tokens (``--counts``)."""
+    positions, kv_copied = counts.per_token(tokens)
+    return dataclasses.replace(row, syncs_per_step=counts.syncs_per_step(),
+                               attention_calls_per_layer=counts.attention_per_layer(),
+                               attention_implementation=counts.attention, counted_positions_per_token=positions,
+                               counted_kv_copied_per_token=kv_copied)
 
 
 def repeat_spread(samples: Sequence[BenchSample]) -> list[float]:

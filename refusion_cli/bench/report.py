@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, get_type_hints
 
+from refusion_cli.bench.figures import attention_cell
 from refusion_cli.bench.frontier import FRONTIER_CSV, FrontierPoint
 from refusion_cli.bench.machine import Machine
 from refusion_cli.bench.runner import RECOMPUTE, BenchRow, BenchSample
@@ -201,14 +202,35 @@ TABLE_HEADER = ["decoder", "model", "settings", "gen length", "batch", "TPS", "T
                 "p50 ms", "p95 ms", "peak MiB", "MiB per row", "accuracy", "hit budget"]
 
 
-def table_cells(row: BenchRow) -> list[str]:
-    """One row of the Markdown table."""
+COUNTS_HEADER = ["syncs/step", "attn calls/layer", "counted positions/token", "counted K/V copied/token"]
+COUNTS_RULE = ("- Counted (--counts): each row's prompts decoded once more, untimed, as the row decodes them, under "
+               "a counter of torch calls (refusion_cli/bench/counts.py): host syncs (item, tolist, bool / int / float "
+               "of a tensor, nonzero, boolean-mask indexing) per engine step; attention calls (scaled dot-product or "
+               "flex) per layer per model call, or the attention the model runs where it cannot see one; positions "
+               "fed to the model (padding included) and K/V bytes written beyond the K/V of the positions fed, per "
+               "generated token, for every decoder (the columns without 'counted' are the causal cache's own counts)")
+
+
+def table_cells(row: BenchRow, counted: bool = False) -> list[str]:
+    """One row of the Markdown table (``counted``: with the --counts columns)."""
     spread = " / ".join(fmt(tps, 1) for tps in (row.tps_min, row.tps_median, row.tps_max))
-    return [row.decoder, row.model, row.settings, str(row.gen_length), str(row.batch_size), fmt(row.tps, 1), spread,
-            fmt(row.throughput, 1), fmt(row.speedup_vs_ar, 2, "×"), fmt(row.tpf), fmt(row.positions_per_token, 2),
-            fmt(row.kv_copied_per_token, 0), fmt(row.forwards, 1), fmt(row.tokens, 1),
-            fmt(row.latency_p50_ms, 1), fmt(row.latency_p95_ms, 1), fmt(row.peak_mem_mib, 1),
-            fmt(row.mem_per_row_mib, 1), percent(row.accuracy), percent(row.budget_share)]
+    cells = [row.decoder, row.model, row.settings, str(row.gen_length), str(row.batch_size), fmt(row.tps, 1), spread,
+             fmt(row.throughput, 1), fmt(row.speedup_vs_ar, 2, "×"), fmt(row.tpf), fmt(row.positions_per_token, 2),
+             fmt(row.kv_copied_per_token, 0), fmt(row.forwards, 1), fmt(row.tokens, 1),
+             fmt(row.latency_p50_ms, 1), fmt(row.latency_p95_ms, 1), fmt(row.peak_mem_mib, 1),
+             fmt(row.mem_per_row_mib, 1), percent(row.accuracy), percent(row.budget_share)]
+    return cells + (counts_cells(row) if counted else [])
+
+
+def counts_cells(row: BenchRow) -> list[str]:
+    """The --counts columns of a row: syncs/step, attention calls/layer, positions/token, K/V copied/token."""
+    return [fmt(row.syncs_per_step, 2), attention_cell(row), fmt(row.counted_positions_per_token, 2),
+            fmt(row.counted_kv_copied_per_token, 0)]
+
+
+def is_counted(rows: Sequence[BenchRow]) -> bool:
+    """Whether the rows were counted (--counts): each row counted names its model's attention."""
+    return any(row.attention_implementation for row in rows)
 
 
 BUDGET_WARNING_SHARE = 0.1  # rows with this share of decodes cut at the length budget, or more, are named
@@ -249,6 +271,8 @@ def write_markdown(path: Path, rows: Sequence[BenchRow], machine: Machine, *, pr
     """The human-readable report (``plots``: file names next to it; ``notes``: caveats about the run;
     ``resumed``: how many of the rows were measured before a ``--resume`` continued the run;
     ``frontier``: a --sweep run's frontier points, as in frontier.csv)."""
+    counted = is_counted(rows)
+    header = TABLE_HEADER + (COUNTS_HEADER if counted else [])
     lines = ["# Decoding speed benchmark", ""]
     if interrupted:
         lines += ["**Interrupted**: the rows below are the ones that finished.", ""]
@@ -265,13 +289,14 @@ def write_markdown(path: Path, rows: Sequence[BenchRow], machine: Machine, *, pr
         "- TPS min / median / max: the row's TPS in each repeat (the repeat's tokens ÷ its seconds); hit budget: "
         "the share of decodes that ran to the length budget without an end token",
         f"- Peak memory: {machine.memory_method}, over the row's measured decodes",
+        *([COUNTS_RULE] if counted else []),
         *(f"- Note: {note}" for note in notes),
         *(f"- **Warning**: {warning}" for warning in [budget_warning(rows)] if warning),
         "",
-        "| " + " | ".join(TABLE_HEADER) + " |",
-        "|" + "---|" * len(TABLE_HEADER),
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
     ]
-    lines += ["| " + " | ".join(table_cells(row)) + " |" for row in rows]
+    lines += ["| " + " | ".join(table_cells(row, counted)) + " |" for row in rows]
     ratios = ablation_ratios(rows)
     if ratios:
         measured = ", ".join(f"{ratio:.2f}× at {length} tokens" for length, ratio in sorted(ratios.items()))

@@ -122,9 +122,11 @@ def check_same_run(there: dict[str, Any], here: dict[str, Any]) -> None:
 def compared_settings(record: dict[str, Any]) -> dict[str, Any]:
     """The settings and the prompts (count and hash; the source is a description only). The decoders and
     lengths compare as the plan measures them (each once, AR first), so ``--decoder refusion,ar`` resumes
-    a run given ``--decoder ar refusion``; a run.json without ``sweep`` is a run without --sweep."""
+    a run given ``--decoder ar refusion``; a run.json without ``sweep`` or ``counts`` is a run without --sweep or
+    --counts."""
     settings, prompts = dict(record["settings"]), record["prompts"]
     settings.setdefault("sweep", False)  # run.json written before --sweep existed: a run without it
+    settings.setdefault("counts", False)  # likewise --counts
     decoders, lengths = settings.get("decoders"), settings.get("gen_lengths")
     if isinstance(decoders, list) and all(isinstance(name, str) for name in decoders):
         settings["decoders"] = measuring_order(decoders)

@@ -32,6 +32,9 @@ Contract:
   decodes of prompts with a target whose text ``is_correct``.
 - Every decode of prompt i draws from its own ``torch.Generator`` seeded ``seed + i``, so
   repeats (and reruns) decode the same tokens; only the timings vary.
+- With ``counts`` (``--counts``) a timed row's prompts are decoded once more, untimed, as the row decodes
+  them, under :mod:`refusion_cli.bench.counts`' counter (:func:`count_entry`): host syncs per engine step,
+  attention calls per layer per model call, positions and K/V bytes copied per generated token.
 """
 
 from __future__ import annotations
@@ -39,11 +42,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from refusion_cli.bench.figures import BenchRow, BenchSample, CallTally, bench_sample, summarise
+from refusion_cli.bench.figures import BenchRow, BenchSample, CallTally, bench_sample, summarise, with_counts
 from refusion_cli.bench.machine import PeakMemory
 from refusion_cli.bench.prompts import BenchPrompt
 from refusion_cli.bench.sweep import check_swept_overrides, setting_label, sweep_configs
@@ -57,6 +60,9 @@ from refusion_cli.models.chat import require_chat_template, user_prompt_ids
 from refusion_cli.models.checkpoint import Checkpoint, resolve_checkpoint
 from refusion_cli.models.devices import free_device_memory, parse_device, parse_dtype
 from refusion_cli.models.loading import LoadedModel, check_model_fits, load_model
+
+if TYPE_CHECKING:
+    from refusion_cli.bench.counts import DecodeCounts
 
 DEFAULT_DECODERS = EMBEDDED_DECODERS  # every decoder with an embedded model
 AUTO_BATCH = "auto"  # --batch-size auto: as many rows as the memory model fits
@@ -78,6 +84,7 @@ class BenchSettings:
     causal_first: bool = False  # also time ReFusion with causal_first=True (and both, with causal_fix)
     recheck: bool = False  # also time ReFusion with recheck=True (and all three, with causal_fix and causal_first)
     sweep: bool = False  # also time each decoder over its grid of parallelism settings (bench/sweep.py)
+    counts: bool = False  # decode each row once more, untimed, under bench.counts' counter (--counts)
     warmup: int = 1  # untimed decodes before each row
     repeats: int = 1  # timed decodes of every prompt
     seed: int = 0
@@ -321,6 +328,8 @@ def run_bench(
                 on_entry(entry, loaded)
             row = measure_entry(entry, loaded, prompt_ids, prompts, settings, ar_tps_at.get(entry.gen_length),
                                 on_sample)
+            if settings.counts:
+                row = with_counts(row, *count_entry(entry, loaded, prompt_ids, settings))
             del loaded  # the slot holds the only reference: switching models frees this one before the next loads
             if entry.decoder == BASELINE and entry.batch_size == 1:
                 ar_tps_at[entry.gen_length] = row.tps
@@ -416,3 +425,28 @@ def measure_batched(
     if entry.auto:
         entry = dataclasses.replace(entry, batch_size=peak[0])
     return summarise(entry, samples, len(prompts), memory.delta_mib, None, wall_seconds=wall, tally=tally)
+
+
+def count_entry(entry: BenchEntry, loaded: LoadedModel, prompt_ids: Sequence[list[int]],
+                settings: BenchSettings) -> tuple[DecodeCounts, int]:
+    """What the entry's decodes cost besides the model (``--counts``): every prompt decoded once more, untimed,
+    as the row decodes it (alone, or ``batch_size`` at a time), under :func:`~refusion_cli.bench.counts.counting`;
+    with the tokens they generated."""
+    from refusion_cli.bench.counts import counting  # --counts only
+
+    device = next(loaded.model.parameters()).device
+    batches = ([range(len(prompt_ids))] if entry.batch_size > 1 or entry.auto
+               else [[index] for index in range(len(prompt_ids))])
+    tokens = 0
+    with counting(loaded.model) as counts:
+        for indices in batches:
+            engine = (Engine(loaded.model, max_memory=settings.max_memory, budget_memory=True) if entry.auto
+                      else Engine(loaded.model, max_rows=entry.batch_size))
+            results = run_decoder(entry.decoder, loaded.model, [prompt_ids[i] for i in indices], entry.config,
+                                  mask_token_id=loaded.mask_token_id, eos_token_id=loaded.stop_token_ids,
+                                  generator=[torch.Generator(device=device).manual_seed(settings.seed + i)
+                                             for i in indices],
+                                  kv_reuse=entry.kv_reuse, causal_fix=entry.causal_fix,
+                                  causal_first=entry.causal_first, recheck=entry.recheck, engine=engine)
+            tokens += sum(result.stats.tokens for result in results)
+    return counts, tokens

@@ -82,6 +82,11 @@ def bench(
                                         rich_help_panel=RUN)] = False,
     warmup: Annotated[int, typer.Option("--warmup", help="untimed decodes before each row",
                                         rich_help_panel=MEASURE)] = 1,
+    counts: Annotated[bool, typer.Option("--counts", help="after timing a row, decode its prompts once more, "
+                                         "untimed, counting host syncs per engine step, attention calls per layer "
+                                         "and positions and K/V bytes copied per token (columns syncs/step, attn "
+                                         "calls/layer, positions/token, K/V copied/token)",
+                                         rich_help_panel=MEASURE)] = False,
     repeats: Annotated[int, typer.Option("--repeats", help="timed decodes of every prompt",
                                          rich_help_panel=MEASURE)] = 1,
     seed: Annotated[int, panel_option(SeedOpt, MEASURE, help="seed of the sampling noise (prompt i uses seed + i)")] = 0,
@@ -139,7 +144,8 @@ def bench(
                      in_process={"--decoder": decoder, "--model": model, "--set": set_options, "--preset": preset,
                                  "--batch-size": batch_size, "--max-memory": max_memory, "--sweep": sweep,
                                  "--resume": resume, "--causal-fix": causal_fix, "--causal-first": causal_first,
-                                 "--recheck": recheck, "--repeats": None if repeats == 1 else repeats,
+                                 "--recheck": recheck, "--counts": counts,
+                                 "--repeats": None if repeats == 1 else repeats,
                                  "--device": device, "--dtype": dtype, "--threads": threads})
         return
     check_load_options({"--concurrency": concurrency, "--tokenizer": tokenizer, "--max-requests": max_requests,
@@ -154,7 +160,7 @@ def bench(
     settings = bench_settings(values, preset, batch_sizes=batch_sizes, ablation=ablation, causal_fix=causal_fix,
                               max_memory=None if max_memory is None else parse_memory(max_memory),
                               causal_first=causal_first, recheck=recheck,
-                              sweep=sweep, warmup=warmup,
+                              sweep=sweep, counts=counts, warmup=warmup,
                               repeats=repeats, seed=seed, device=device, dtype=dtype,
                               trust_remote_code=trust_remote_code)
     decoders = settings.decoders

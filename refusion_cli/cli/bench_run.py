@@ -22,7 +22,8 @@ from refusion_cli.bench.plots import (FRONTIER_FILE, FRONTIER_TPF_FILE, FRONTIER
                                       plot_length_sweep, plot_sweep_frontier, plotting_available)
 from refusion_cli.bench.prompts import BenchPrompt
 from refusion_cli.bench.report import (MACHINE_FILE, REPORT_FILE, ROW_FIELDS, ROWS_FILE, RUN_FILE, SAMPLE_FIELDS,
-                                       SAMPLES_FILE, CsvRows, fmt, percent, write_machine, write_markdown)
+                                       SAMPLES_FILE, CsvRows, counts_cells, fmt, is_counted, percent, write_machine,
+                                       write_markdown)
 from refusion_cli.bench.resume import Earlier, write_record
 from refusion_cli.bench.runner import BenchEntry, BenchRow, BenchSample, BenchSettings, run_bench
 from refusion_cli.cli.output import console, err_console
@@ -217,6 +218,7 @@ class RowDecodes:
 
 TERMINAL_HEADER = ["decoder", "len", "batch", "TPS", "min", "med", "max", "thru", "× AR", "TPF", "fwd", "tok", "p50 ms",
                    "p95 ms", "MiB", "acc", "cut"]  # min / med / max: TPS over the repeats; cut: hit the budget
+COUNTS_TERMINAL_HEADER = ["syncs/step", "attn calls/layer", "positions/token", "K/V copied/token"]  # --counts
 
 
 def result_table(rows: list[BenchRow]) -> Table:
@@ -226,7 +228,8 @@ def result_table(rows: list[BenchRow]) -> Table:
              else "Decoding speed (TPS: the paper's rule at batch 1; thru: tokens / wall time)")
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=0,
                   show_edge=False)
-    for index, name in enumerate(TERMINAL_HEADER):
+    counted = is_counted(rows)
+    for index, name in enumerate(TERMINAL_HEADER + (COUNTS_TERMINAL_HEADER if counted else [])):
         table.add_column(name, justify="left" if index == 0 else "right", no_wrap=True)
     for row in rows:
         table.add_row(row.decoder, str(row.gen_length), str(row.batch_size), fmt(row.tps, 1), fmt(row.tps_min, 1),
@@ -234,7 +237,7 @@ def result_table(rows: list[BenchRow]) -> Table:
                       fmt(row.speedup_vs_ar, 2, "×"),
                       fmt(row.tpf), fmt(row.forwards, 0), fmt(row.tokens, 0), fmt(row.latency_p50_ms, 0),
                       fmt(row.latency_p95_ms, 0), fmt(row.peak_mem_mib, 1), percent(row.accuracy),
-                      percent(row.budget_share))
+                      percent(row.budget_share), *(counts_cells(row) if counted else []))
     return table
 
 
