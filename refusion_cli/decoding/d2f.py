@@ -188,17 +188,9 @@ def d2f_row(canvas: Canvas, config: D2FConfig, shifted: bool,
         # 4) commit: every decoding block's choice on the device, then one readback for all of them
         writes = [choose(canvas, block, rows_of_block, config, sampling, generator)
                   for block, rows_of_block in zip(decoding, mask_logits.split([len(where) for where in masks]))]
-        tensors = [tensor for written in writes if written is not None for tensor in written.tensors()]
-        values = (yield from read(*tensors)) if tensors else ()
-        at = 0
-        for block, written in zip(decoding, writes):
-            if written is None:
-                continue
-            part, at = values[at: at + 3], at + 3
-            if any(part[2]):
-                committed = canvas.record(written, step, part)
-                block.decoded += len(committed)
-                eos_committed = eos_committed or bool(stops & set(committed))
+        for block, committed in zip(decoding, (yield from record_all(canvas, writes, step))):
+            block.decoded += len(committed)
+            eos_committed = eos_committed or bool(stops & set(committed))
         # 5) finish
         for block in decoding:
             before = blocks[: blocks.index(block)]
@@ -224,6 +216,22 @@ def choose(canvas: Canvas, block: PipelineBlock, rows: torch.Tensor, config: D2F
                                    threshold=None)
         chosen = torch.where(chosen.any(), chosen, torch.zeros_like(chosen).index_fill_(0, best, True))
     return canvas.write(block.span, masked, tokens, chosen)
+
+
+def record_all(canvas: Canvas, writes: list[Written | None], step: int) -> CanvasStep[list[list[int]]]:
+    """The tokens each write committed (none for None), read back at once; a write that committed any is
+    recorded (one trace record per block)."""
+    tensors = [tensor for written in writes if written is not None for tensor in written.tensors()]
+    values = (yield from read(*tensors)) if tensors else ()
+    committed, at = [], 0
+    for written in writes:
+        tokens: list[int] = []
+        if written is not None:
+            part, at = values[at: at + 3], at + 3
+            if any(part[2]):
+                tokens = canvas.record(written, step, part)
+        committed.append(tokens)
+    return committed
 
 
 def block_causal(canvas: Canvas, block_size: int, start: int, end: int) -> torch.Tensor:
