@@ -28,7 +28,7 @@ import contextlib
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, TypeVar, overload
+from typing import Any, Callable, Iterator, overload
 
 import torch
 
@@ -38,11 +38,11 @@ from refusion_cli.decoding.canvas import Block, Canvas, CanvasStep, MDMStep, eve
 from refusion_cli.decoding.stats import (DecodeResult, DecodeStats, EosIds, RowClock, cache_argument, count_call,
                                          kept_logits, logits_at, timed_call)
 
-T = TypeVar("T")
-
 LOGITS_CHUNK = 32  # the most read positions whose logits a chunked row (Dream) holds at once: [LOGITS_CHUNK, V]
-# The CPU's BLAS computes a product of 1 to 3 rows another way than a longer one: chunks of at least 4 rows that
-# start at multiples of 4 give the head's rows bit for bit as one product of them all (docs/counting.md)
+# The CPU's BLAS computes a product of 1 to 3 rows another way than a longer one (float32; bfloat16 at Dream's
+# 3,584 wide), and float64's in groups of 4: chunks of rows that start at multiples of 4 and have at least 4 rows
+# give the head's rows bit for bit as one product of them all (measured here in float64 and bfloat16, and in
+# float32 on one thread; float32 on several threads splits rows by their count, and rounds differently)
 SMALLEST_CHUNK = 4
 
 
@@ -184,7 +184,8 @@ class CanvasCalls:
     def _packed_call(self, slots: list[CanvasFeed | None], keep: dict) -> tuple[Any, float | None]:
         """The model's output and seconds for the feeds of the store's rows (None: a free row, which feeds
         nothing) packed into [1, T], their K/V in the store."""
-        places, spans, masks, alloweds, first = [], [], [], [], 0
+        places: list[tuple[int, int, int]] = []  # per fed token: its store row, store column and position
+        spans, masks, alloweds, first = [], [], [], 0
         for slot, feed in enumerate(slots):
             if feed is None:
                 allowed = torch.zeros(0, 1, dtype=torch.bool, device=self.device)
@@ -197,7 +198,6 @@ class CanvasCalls:
             alloweds.append(allowed)
             spans.append((first, allowed.shape[0], allowed.shape[1]))
             first += allowed.shape[0]
-        # per fed token: its store row, store column and position
         write_rows, write_columns, positions = device_index(places, self.device).T.contiguous()  # [T] each
         attend = attending_by_rows(self.model) if hasattr(self.model.config, "_attn_implementation_internal") \
             else contextlib.nullcontext("sdpa")  # a stand-in model's config (it runs no attention of its own)
