@@ -7,7 +7,8 @@ attention calls per layer per model call, positions the model computed and K/V b
 - model calls and positions: a forward pre-hook on the model; positions are the ``input_ids`` elements of
   every call (a padded call counts its padding);
 - engine steps: calls of ``Engine.step`` (``refusion_cli.decoding.engine``, as this process imports it),
-  the method wrapped for the block; None where the library has no engine;
+  the method wrapped for the block; None where the library has no engine. Host syncs per step are those made
+  inside the steps (the engine's own and its rows'), not the checks of a prompt before it is submitted;
 - host syncs (:class:`CostMode`, a ``TorchFunctionMode`` that sees every torch call): ``item``, ``tolist``,
   ``bool()`` / ``int()`` / ``float()`` / ``index()`` of a tensor, ``nonzero`` and indexing with a boolean
   tensor, each a point where a GPU run waits for the device (on a CPU they cost nothing, which is why they
@@ -62,6 +63,7 @@ class DecodeCounts:
     positions: int = 0  # input_ids elements of every model call, padding included
     engine_steps: int | None = 0  # Engine.step calls (None: the library has no engine)
     host_syncs: int = 0
+    step_syncs: int = 0  # the host syncs made inside Engine.step
     device_syncs: int = 0  # torch.cuda.synchronize, CUDA events' and streams' synchronize
     sdpa_calls: int = 0
     flex_calls: int = 0
@@ -73,7 +75,7 @@ class DecodeCounts:
         return max(0, self.kv_written - self.positions * self.kv_bytes_per_position)
 
     def syncs_per_step(self) -> float | None:
-        return self.host_syncs / self.engine_steps if self.engine_steps else None
+        return self.step_syncs / self.engine_steps if self.engine_steps else None
 
     def syncs_per_call(self) -> float | None:
         return self.host_syncs / self.model_calls if self.model_calls else None
@@ -101,9 +103,10 @@ class DecodeCounts:
 class CostMode(TorchFunctionMode):
     """Counts host syncs, scaled-dot-product attention calls and K/V-shaped writes into ``counts``."""
 
-    def __init__(self, counts: DecodeCounts, kv_heads: int, head_dim: int):
+    def __init__(self, counts: DecodeCounts, kv_heads: int, head_dim: int, steps: Tally | None = None):
         super().__init__()
         self.counts = counts
+        self.steps = steps  # the engine's steps, to tell the syncs inside them
         self.kv_heads, self.head_dim = kv_heads, head_dim
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
@@ -112,6 +115,7 @@ class CostMode(TorchFunctionMode):
         name = getattr(func, "__name__", "")
         if name in SYNCS or (name == "__getitem__" and _bool_index(args[1])):
             self.counts.host_syncs += 1
+            self.counts.step_syncs += bool(self.steps is not None and self.steps.depth)
         elif name == SDPA:
             self.counts.sdpa_calls += 1
         elif name in WRITES:
@@ -173,10 +177,12 @@ def counting(model: torch.nn.Module) -> Iterator[DecodeCounts]:
     with contextlib.ExitStack() as stack:
         stack.callback(model.register_forward_pre_hook(fed, with_kwargs=True).remove)
         engine = _engine_class()
+        steps = None
         if engine is None:
             counts.engine_steps = None
         else:
-            stack.enter_context(Tally(counts, "engine_steps").wrapping(engine, "step"))
+            steps = Tally(counts, "engine_steps")
+            stack.enter_context(steps.wrapping(engine, "step"))
         flex = Tally(counts, "flex_calls")  # one tally: transformers' flex calls torch's, and counts once
         for module, name in FLEX:
             if module in sys.modules:
@@ -186,7 +192,7 @@ def counting(model: torch.nn.Module) -> Iterator[DecodeCounts]:
             for owner, name in ((torch.cuda, "synchronize"), (torch.cuda.Event, "synchronize"),
                                 (torch.cuda.Stream, "synchronize")):
                 stack.enter_context(device_syncs.wrapping(owner, name))
-        stack.enter_context(CostMode(counts, kv_heads, head_dim))
+        stack.enter_context(CostMode(counts, kv_heads, head_dim, steps))
         yield counts
 
 
