@@ -1,7 +1,8 @@
 """The command line: commands listed, user errors as one line with a non-zero exit.
 
-The first two tests start ``python -m refusion_cli`` as a user's shell does; the others call the same entry
-point in-process (``main``, with ``sys.argv`` and the streams captured), which is what the process runs.
+The first test starts ``python -m refusion_cli`` as a user's shell does; the others call the same entry
+point in-process (``main``, with ``sys.argv`` and the streams captured), which is what the process runs. A
+user error in a process of its own, its stderr exactly the one line: tests/models/test_device.py.
 """
 
 import os
@@ -47,10 +48,11 @@ def test_help_lists_the_commands():
         assert f" {command} " in out.stdout
 
 
-def test_a_user_error_is_one_line_without_traceback():
-    out = refusion("bench", "--tps", "--gen-length", "0")
+def test_a_user_error_is_one_line_without_traceback(main_of):
+    out = main_of("bench", "--tps", "--gen-length", "0")
     assert out.returncode == 2
     assert out.stderr.startswith("error:") and "Traceback" not in out.stderr
+    assert len(out.stderr.splitlines()) == 1
     assert out.stdout == ""
 
 
