@@ -54,40 +54,6 @@ def run_chat(*args: str, stdin: str | None = None) -> subprocess.CompletedProces
                           stdin=subprocess.DEVNULL if stdin is None else None)
 
 
-def test_interactive_chat_answers_and_obeys_commands(causal_checkpoint):
-    child = spawn_chat("--model", str(causal_checkpoint), "--set", "gen_length=48")
-    child.expect("you › ")
-    child.sendline(QUESTION)
-    child.expect(STATS)
-    shown = child.before
-    assert "░" in shown  # the live view showed still-masked positions while slots were committed
-    child.expect("you › ")
-    child.sendline("/set slot_threshold 2")
-    child.expect(re.escape("refused: slot_threshold must be in [0, 1], got 2.0; nothing changed"))
-    child.expect("you › ")
-    child.sendline("/stats")
-    child.expect(r"slot_threshold=0\.9 ")  # unchanged
-    child.expect(r"last answer: " + STATS)
-    child.expect("you › ")
-    child.sendline("/set slot_threshold 0.5")
-    child.expect(re.escape("slot_threshold = 0.5"))
-    child.expect("you › ")
-    child.sendline("/stats")
-    child.expect(r"1 turn\(s\) in the conversation")
-    child.expect(r"slot_threshold=0\.5 ")
-    child.expect("you › ")
-    child.sendline("/reset")
-    child.expect("conversation cleared")
-    child.expect("you › ")
-    child.sendline("/stats")
-    child.expect(r"0 turn\(s\) in the conversation")
-    child.expect("you › ")
-    child.sendline("/quit")
-    child.expect(pexpect.EOF)
-    child.close()
-    assert child.exitstatus == 0
-
-
 def test_ctrl_c_stops_an_answer_and_ctrl_d_leaves(causal_checkpoint):
     # a long budget and thresholds of 1 (one slot per iteration, every slot through the completion
     # rounds), so the answer is still being decoded when Ctrl-C arrives, even on a fast machine
@@ -95,7 +61,7 @@ def test_ctrl_c_stops_an_answer_and_ctrl_d_leaves(causal_checkpoint):
                        "--set", "slot_threshold=1", "--set", "token_threshold=1")
     child.expect("you › ")
     child.sendline(QUESTION)
-    child.expect("░")  # the live view is up: decoding has started
+    child.expect("░")  # the live view is up, still-masked positions shown: decoding has started
     child.sendintr()
     child.expect("answer interrupted")
     child.expect("you › ")
@@ -112,11 +78,13 @@ def test_ctrl_c_stops_an_answer_and_ctrl_d_leaves(causal_checkpoint):
     assert child.exitstatus == 0
 
 
-def test_prompt_mode_prints_the_answer_and_exits(causal_checkpoint):
-    out = run_chat("--model", str(causal_checkpoint), "--set", "gen_length=32", "--prompt", QUESTION)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip()  # the answer, alone on stdout
-    assert re.search(STATS, out.stderr) and "░" not in out.stdout + out.stderr  # no live view off a terminal
+def test_prompt_mode_prints_the_answer_and_exits(causal_checkpoint, monkeypatch, capsys):
+    """In-process, for speed (the command runs as a process of its own in the terminal tests)."""
+    code, out = run_main(monkeypatch, capsys, "--model", str(causal_checkpoint), "--set", "gen_length=32",
+                         "--prompt", QUESTION)
+    assert code == 0, out.err
+    assert out.out.strip()  # the answer, alone on stdout
+    assert re.search(STATS, out.err) and "░" not in out.out + out.err  # no live view off a terminal
 
 
 def test_piped_stdin_answers_each_line_and_exits_at_eof(causal_checkpoint, monkeypatch, capsys):
@@ -195,7 +163,10 @@ def embedded_problem() -> dict[str, str]:
 
 
 @pytest.mark.skipif(EMBEDDED_MISSING, reason=EMBEDDED_SKIP)
-def test_embedded_refusion_tiny_answers_a_synthetic_question_in_the_terminal(embedded_problem):
+def test_embedded_refusion_tiny_answers_in_the_terminal_and_obeys_commands(embedded_problem):
+    """One terminal session, one process start and model load for both checks: the default model answers a
+    question of the synthetic task, then /set refuses a bad value, /stats, /reset, /quit. (The live view's
+    still-masked positions: the Ctrl-C test above waits for them.)"""
     child = spawn_chat()  # the default model: refusion-tiny
     child.expect("you › ")
     child.sendline(embedded_problem["question"])
@@ -203,6 +174,27 @@ def test_embedded_refusion_tiny_answers_a_synthetic_question_in_the_terminal(emb
     final = ANSI.sub("", child.before.split("\x1b[2K")[-1])  # what is left once the live view is cleared
     assert is_correct(final, embedded_problem["target"]), final
     assert f"#### {embedded_problem['target']}" in final
+    child.expect("you › ")
+    child.sendline("/set slot_threshold 2")
+    child.expect(re.escape("refused: slot_threshold must be in [0, 1], got 2.0; nothing changed"))
+    child.expect("you › ")
+    child.sendline("/stats")
+    child.expect(r"slot_threshold=0\.9 ")  # unchanged
+    child.expect(r"last answer: " + STATS)
+    child.expect("you › ")
+    child.sendline("/set slot_threshold 0.5")
+    child.expect(re.escape("slot_threshold = 0.5"))
+    child.expect("you › ")
+    child.sendline("/stats")
+    child.expect(r"1 turn\(s\) in the conversation")
+    child.expect(r"slot_threshold=0\.5 ")
+    child.expect("you › ")
+    child.sendline("/reset")
+    child.expect("conversation cleared")
+    child.expect("you › ")
+    child.sendline("/stats")
+    child.expect(r"0 turn\(s\) in the conversation")
+    child.expect("you › ")
     child.sendline("/quit")
     child.expect(pexpect.EOF)
     child.close()
