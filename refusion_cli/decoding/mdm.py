@@ -185,24 +185,25 @@ class CanvasCalls:
         """The model's output and seconds for the feeds of the store's rows (None: a free row, which feeds
         nothing) packed into [1, T], their K/V in the store."""
         places: list[tuple[int, int, int]] = []  # per fed token: its store row, store column and position
-        spans, masks, alloweds, first = [], [], [], 0
+        spans, alloweds, first = [], [], 0
         for slot, feed in enumerate(slots):
             if feed is None:
                 allowed = torch.zeros(0, 1, dtype=torch.bool, device=self.device)
-                masks.append(torch.zeros(1, 1, 0, 1, dtype=self.dtype, device=self.device))
             else:
                 allowed = self._allowed(feed)  # [Q, columns]
-                masks.append(additive_mask(allowed, self.dtype))
                 column = feed.base + feed.start
                 places.extend((slot, column + offset, feed.start + offset) for offset in range(allowed.shape[0]))
             alloweds.append(allowed)
             spans.append((first, allowed.shape[0], allowed.shape[1]))
             first += allowed.shape[0]
         write_rows, write_columns, positions = device_index(places, self.device).T.contiguous()  # [T] each
+        packed = packed_rows(alloweds, self.dtype) if self.packed and len(slots) > 1 else None
+        masks = [] if packed is not None else [  # each row's own, when attention goes row by row
+            additive_mask(allowed, self.dtype) if allowed.shape[0] else allowed.new_zeros(1, 1, 0, 1, dtype=self.dtype)
+            for allowed in alloweds]
         attend = attending_by_rows(self.model) if hasattr(self.model.config, "_attn_implementation_internal") \
             else contextlib.nullcontext("sdpa")  # a stand-in model's config (it runs no attention of its own)
         with attend as implementation:
-            packed = packed_rows(alloweds, self.dtype) if self.packed and len(slots) > 1 else None
             self.store.prepare(len(slots), max(span[2] for span in spans), write_rows, write_columns)
             return timed_call(self.model, input_ids=torch.cat([feed.ids for feed in slots if feed is not None])[None],
                               position_ids=positions[None],
