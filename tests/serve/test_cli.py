@@ -1,10 +1,13 @@
 """``refusion serve``'s command line: a mistake is one ``error:`` line and exit code 2, before any model loads;
-``--model`` as eval, bench and chat read it, and without it each decoder on its own embedded model."""
+``--model`` as eval, bench and chat read it, and without it each decoder on its own embedded model; SIGTERM
+ends the process with exit code 0 once the running request has finished."""
 
 from __future__ import annotations
 
+import signal
 import socket
 import sys
+import threading
 
 import httpx
 import pytest
@@ -14,11 +17,12 @@ from refusion_cli.cli.serve import memory_shares
 from refusion_cli.decoding.memory import ModelSize
 from refusion_cli.errors import UserError
 from refusion_cli.models.loading import load_model
-from tests.serve.helpers import serve_process
+from tests.serve.helpers import serve_process, wait_for
 
 # the question of the README's serve example: 12 + 7 - 5 + 9
 README_QUESTION = ("Mia has 12 apples. She buys 7 more apples. Then she gives 5 apples to Max. Then she finds 9 "
                    "apples. How many apples does Mia have now?")
+LONG = {"model": "ar", "prompt": "hello hello hello", "max_tokens": 512, "stream": True}  # a long answer
 
 BAD = [
     (["--decoder", "rnn"], "unknown decoder 'rnn'"),
@@ -74,14 +78,29 @@ def test_model_takes_decoder_equals_checkpoint(capsys, monkeypatch):
     assert code == 2 and "cannot listen on" in err, err
 
 
-def test_each_decoder_runs_on_its_embedded_model_and_answers_the_readme_question():
-    with serve_process(["-m", "refusion_cli"], "--decoder", "refusion", "ar") as (_, base):
+def test_each_decoder_answers_the_readme_question_and_sigterm_lets_the_running_request_finish():
+    """One server process, checked two ways: each decoder runs on its embedded model and answers the README's
+    question; then SIGTERM during a streamed answer lets it finish, and the process exits 0."""
+    with serve_process(["-m", "refusion_cli"], "--decoder", "refusion", "ar") as (server, base):
         cards = httpx.get(f"{base}/v1/models").json()["data"]
         assert {card["id"]: card["checkpoint"] for card in cards} == {"refusion": "refusion-tiny", "ar": "ar-tiny"}
         for model in ("refusion", "ar"):
             reply = httpx.post(f"{base}/v1/chat/completions", timeout=60, json={
                 "model": model, "messages": [{"role": "user", "content": README_QUESTION}]}).json()
             assert reply["choices"][0]["message"]["content"].endswith("#### 23"), (model, reply)
+        chunks: list[str] = []
+
+        def stream() -> None:
+            with httpx.stream("POST", f"{base}/v1/completions", json=LONG, timeout=60) as response:
+                chunks.extend(line for line in response.iter_lines() if line.startswith("data: "))
+
+        reader = threading.Thread(target=stream)
+        reader.start()
+        wait_for(lambda: len(chunks) > 0)
+        server.send_signal(signal.SIGTERM)
+        reader.join(timeout=60)
+        assert server.wait(timeout=60) == 0
+        assert chunks[-1] == "data: [DONE]" and '"finish_reason": "' in chunks[-2]  # it finished, not cut
 
 
 def test_max_memory_gives_each_checkpoint_its_weights_and_an_even_share():
