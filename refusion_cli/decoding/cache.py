@@ -31,7 +31,7 @@ call of one lane is that lane's plain call: the same query, K/V and mask as a ca
 from __future__ import annotations
 
 import contextlib
-import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Generator, Iterator, Protocol, TypeVar
 
@@ -178,6 +178,15 @@ class RowsMask:
     packed: PackedRows | None = None  # set: one attention call for every lane (see Lanes' ``packed``)
 
 
+def device_index(values: Sequence[Any], device: torch.device) -> torch.Tensor:
+    """``values`` (ints, or tuples of ints) as a long tensor on ``device``, copied without waiting for the device
+    (from pinned memory on CUDA, where a plain copy would wait for the queue)."""
+    host = torch.tensor(values, dtype=torch.long)
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
+
+
 def packed_rows(alloweds: list[torch.Tensor], dtype: torch.dtype) -> PackedRows:
     """The layout of one attention call for every row of a packed call whose row ``i`` feeds
     ``alloweds[i].shape[0]`` tokens (in row order) that see columns ``alloweds[i]`` [n, c] of its store row."""
@@ -196,8 +205,8 @@ def packed_rows(alloweds: list[torch.Tensor], dtype: torch.dtype) -> PackedRows:
         gather.extend([first] * (queries - n))
         scatter.extend(range(lane * queries, lane * queries + n))
         first += n
-    as_index = functools.partial(torch.tensor, dtype=torch.long, device=device)
-    return PackedRows(as_index(gather), as_index(scatter), additive_mask(allowed, dtype), lanes, queries, columns)
+    return PackedRows(device_index(gather, device), device_index(scatter, device), additive_mask(allowed, dtype),
+                      lanes, queries, columns)
 
 
 ROWS_ATTENTION = "refusion_rows"
@@ -391,11 +400,11 @@ class Lanes:
             reading.extend(range(offset + n - read, offset + n))  # the lane's last ``read`` tokens
             offset += n
         packed = packed_rows(alloweds, self.dtype) if self.packed and len(inputs) > 1 else None
-        length = torch.tensor(lengths, device=device)
+        length = device_index(lengths, device)
         write_rows = torch.arange(len(inputs), device=device).repeat_interleave(length)  # [T]
         write_columns = torch.cat([torch.arange(start, start + n, device=device)
                                    for start, n in zip(starts, lengths)])  # [T]
-        read_columns = torch.tensor(reading, dtype=torch.long, device=device)
+        read_columns = device_index(reading, device)
         return RowsMask(spans, masks, implementation, packed), write_rows, write_columns, read_columns
 
     def _row_input(self, state: _Lane, feed: Feed) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

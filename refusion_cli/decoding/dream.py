@@ -58,7 +58,8 @@ import torch
 
 from refusion_cli.decoding.config import ConfigError, check_non_negative, check_positive, check_probability
 from refusion_cli.decoding.canvas import Canvas, CanvasStep, device_offsets, even_schedule
-from refusion_cli.decoding.mdm import CanvasPasses, ReadLogits, device_index, logit_chunks, take_rows
+from refusion_cli.decoding.cache import device_index
+from refusion_cli.decoding.mdm import CanvasPasses, ReadLogits, logit_chunks, take_rows
 from refusion_cli.decoding.mdm_sampling import (argmax_without, check_blocks, check_fast_options, choose_positions,
                                                sample, uniform)
 from refusion_cli.decoding.readback import read

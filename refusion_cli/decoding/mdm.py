@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterator, overload
 import torch
 
 from refusion_cli.decoding.cache import (PLACEHOLDER_MASK, CallCounts, RowsMask, RowStore, additive_mask,
-                                         attending_by_rows, mask_argument, packed_rows)
+                                         attending_by_rows, device_index, mask_argument, packed_rows)
 from refusion_cli.decoding.canvas import Block, Canvas, CanvasStep, MDMStep, even_schedule, report_to
 from refusion_cli.decoding.stats import (DecodeResult, DecodeStats, EosIds, RowClock, cache_argument, count_call,
                                          kept_logits, logits_at, timed_call)
@@ -96,9 +96,8 @@ CanvasReply = tuple[ReadLogits, None]  # the read positions' logits (a HeadInput
 class CanvasCalls:
     """One model call for every row of a batch of canvases (driven by ``engine.Engine``).
 
-    A call where no row reads or keeps K/V (whole canvases, no cache) is one row per canvas [B, Q]: the plain
-    call when they are as long (with one row: the reference's own call), else left-padded under a 4-D mask.
-    Any other call is packed [1, T] (rows end to end, true position ids, no padding), each fed token's K/V
+    A call where no row reads or keeps K/V (whole canvases, no cache) and every canvas is as long is the plain
+    call [B, Q] (with one row: the reference's own call). Any other call is packed [1, T] (rows end to end, true position ids, no padding), each fed token's K/V
     written at its column of its row's store, and attention done row by row against the row's store
     (``cache.rows_attention``; ``packed``: one attention call per layer for every row). A row opens at its
     first feed, in the store's first free row; a closed row's store row stays free until a row opens there (a
@@ -141,7 +140,8 @@ class CanvasCalls:
         rows = [feeds[row] for row in order]
         lengths = [feed.ids.numel() for feed in rows]
         reads = [feed.reads() for feed in rows]
-        stacked = not any(feed.cached for feed in rows)  # whole canvases, nothing cached: one row each, left-padded
+        # whole canvases of one length, nothing cached: the plain call of one row each [B, Q]; else packed
+        stacked = not any(feed.cached for feed in rows) and len(set(lengths)) == 1
         width = max(lengths) if stacked else sum(lengths)
         if stacked:
             columns, where = _stacked_columns([[width - n + offset for offset in read] for read, n in zip(reads, lengths)])
@@ -165,21 +165,8 @@ class CanvasCalls:
         return replies
 
     def _stacked_call(self, rows: list[CanvasFeed], width: int, keep: dict) -> tuple[Any, float | None]:
-        """The model's output and seconds for whole canvases [B, width]: the plain call when they are as long,
-        else left-padded under a 4-D mask (a pad sees only itself)."""
-        if all(feed.ids.numel() == width for feed in rows):
-            return timed_call(self.model, input_ids=torch.stack([feed.ids for feed in rows]), use_cache=False, **keep)
-        input_ids = torch.zeros(len(rows), width, dtype=torch.long, device=self.device)
-        position_ids = torch.zeros_like(input_ids)
-        allowed = torch.eye(width, dtype=torch.bool, device=self.device).repeat(len(rows), 1, 1)  # [B, Q, Q]
-        for row, feed in enumerate(rows):
-            n = feed.ids.numel()
-            input_ids[row, width - n:] = feed.ids
-            position_ids[row, width - n:] = torch.arange(n, device=self.device)
-            allowed[row, width - n:, width - n:] = self._among(feed)
-        mask = mask_argument(self.model.config, additive_mask(allowed, self.dtype))  # [B, 1, Q, Q]
-        return timed_call(self.model, input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
-                          use_cache=False, **keep)
+        """The model's output and seconds for whole canvases [B, width] of one length: the plain call."""
+        return timed_call(self.model, input_ids=torch.stack([feed.ids for feed in rows]), use_cache=False, **keep)
 
     def _packed_call(self, slots: list[CanvasFeed | None], keep: dict) -> tuple[Any, float | None]:
         """The model's output and seconds for the feeds of the store's rows (None: a free row, which feeds
@@ -226,15 +213,6 @@ class CanvasCalls:
         if not self.causal:
             allowed[:, fed + n:] = True
         return allowed
-
-
-def device_index(values: Sequence[Any], device: torch.device) -> torch.Tensor:
-    """``values`` (ints, or tuples of ints) as a long tensor on ``device``, copied without waiting for the device
-    (from pinned memory on CUDA, where a plain copy would wait for the queue)."""
-    host = torch.tensor(values, dtype=torch.long)
-    if device.type != "cuda":
-        return host.to(device)
-    return host.pin_memory().to(device, non_blocking=True)
 
 
 def _stacked_columns(reads: list[list[int]]) -> tuple[list[int], list[list[int]]]:

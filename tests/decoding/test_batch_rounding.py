@@ -26,6 +26,7 @@ from refusion_cli.decoding.dream import DreamConfig
 from refusion_cli.decoding.llada import FAST_DLLM_PRESETS as LLADA_FAST_DLLM
 from refusion_cli.decoding.llada import LLaDAConfig
 from refusion_cli.decoding.engine import Engine, run_decoder
+from refusion_cli.decoding.mdm import HeadInput
 from refusion_cli.decoding.registry import build_config, calls_kind, decoder_spec, with_length
 from refusion_cli.decoding.rows import shared_calls
 from refusion_cli.models import EMBEDDED, load_model
@@ -65,7 +66,9 @@ class RecordedCalls:
         replies = self.calls.forward(feeds)
         self.widths.append(len(feeds))
         for row, reply in replies.items():
-            self.logits[row].append(reply[0] if isinstance(reply, tuple) else reply)
+            logits = reply[0] if isinstance(reply, tuple) else reply
+            # a chunked row of a call that reads many positions gets the head's input: its logits are the head's
+            self.logits[row].append(logits.head(logits.states) if isinstance(logits, HeadInput) else logits)
         return replies
 
     def close(self, row: int) -> None:

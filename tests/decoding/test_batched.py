@@ -191,7 +191,7 @@ def test_run_decoder_takes_a_batch_for_every_decoder(models, bidirectional_model
 
 
 # ---------------------------------------------------------------------------------------------
-# LLaDA and Dream: rows of padded canvases in shared calls, each with its own prefix cache
+# LLaDA and Dream: rows of canvases packed in shared calls, each with its own cache
 
 # cache: None, "prefix" (use_cache) or "dual" (use_cache and dual_cache)
 LLADA_SWEEP = [  # gen_length, steps, block_length, threshold, cache, cfg_scale, remasking, temperature
@@ -284,7 +284,7 @@ def test_dream_rows_decode_as_alone_over_a_sweep(mdm_models):
 @pytest.mark.parametrize("decoder", ["llada", "dream"])
 def test_mdm_rows_share_calls_and_finished_rows_leave(mdm_models, record_calls, decoder):
     """With a threshold the rows take different numbers of steps: a finished row leaves the calls,
-    a waiting prompt joins, and each call holds one row per running prompt (its canvas, padded)."""
+    a waiting prompt joins, and each call holds one row per running prompt (its canvas, unpadded)."""
     model, prompts = mdm_models[0], prompts_for(0)
     if decoder == "llada":
         config = LLaDAConfig(gen_length=16, steps=16, block_length=8, threshold=0.3)
@@ -295,13 +295,17 @@ def test_mdm_rows_share_calls_and_finished_rows_leave(mdm_models, record_calls, 
     assert len(set(forwards)) > 1, forwards  # rows finish at different times
     for batch_size in (None, 2):
         calls = record_calls(model)
+        rows: list[int] = []  # the rows of each model call
+        engine = Engine(model, max_rows=batch_size)
+        engine.on_call = rows.append
         batched = run_decoder(decoder, model, prompts, config, mask_token_id=MASK_ID, eos_token_id=None,
-                              batch_size=batch_size)
+                              batch_size=batch_size, engine=engine)
         same_as_alone(batched, alone)
-        rows = [call.shape[0] for call in calls]
         assert max(rows) == (batch_size or len(prompts))
         assert sum(rows) == sum(forwards)  # a row takes part in exactly its own forwards
-        assert max(call.shape[1] for call in calls) == max(PROMPT_LENGTHS) + config.gen_length  # padded
+        # no padding: the calls compute each row's canvas, whole, at each of its forwards
+        assert sum(call.numel() for call in calls) == sum(n * (len(p) + config.gen_length)
+                                                          for n, p in zip(forwards, prompts))
         if batch_size is None:  # lockstep: a row leaves after its last step, the longest decode ends alone
             assert rows == [sum(n > call for n in forwards) for call in range(max(forwards))]
         else:  # refilled: fewer calls than decoding the rows two by two in lockstep
@@ -325,14 +329,13 @@ def test_mdm_on_step_of_a_batch_names_the_prompt(mdm_models):
                     generator=[torch.Generator(), torch.Generator()])
 
 
-def test_run_decoder_batches_llada_and_dream(mdm_models, record_calls):
+def test_run_decoder_batches_llada_and_dream(mdm_models):
     model, prompts = mdm_models[0], prompts_for(0)
     for decoder, config in [("llada", LLaDAConfig(gen_length=16, steps=8, block_length=8, use_cache=True)),
                             ("dream", DreamConfig(gen_length=16, steps=8, temperature=0.0, top_p=None))]:
         alone = [run_decoder(decoder, model, p, config, mask_token_id=MASK_ID, eos_token_id=None) for p in prompts]
-        calls = record_calls(model)
+        engine = Engine(model, max_rows=2)
         batched = run_decoder(decoder, model, prompts, config, mask_token_id=MASK_ID, eos_token_id=None,
-                              batch_size=2)
+                              batch_size=2, engine=engine)
         same_as_alone(batched, alone)
-        assert max(call.shape[0] for call in calls) == 2, decoder  # two rows a call, not prompt by prompt
-        calls.clear()
+        assert engine.counts.peak_rows == 2, decoder  # two rows a call, not prompt by prompt
