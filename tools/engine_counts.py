@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.util
+import inspect
 import json
 import os
 import subprocess
@@ -104,10 +105,16 @@ def child(args: argparse.Namespace) -> None:
     device = next(loaded.model.parameters()).device
     generators = [torch.Generator(device=device).manual_seed(index) for index in range(len(prompts))]
     started = time.perf_counter()
+    engine = {}
+    if args.packed_attention:  # a revision whose engine takes the choice (an older one attends row by row)
+        from refusion_cli.decoding.engine import Engine
+
+        if "packed_attention" in inspect.signature(Engine).parameters:
+            engine = {"engine": Engine(loaded.model, max_rows=args.batch_size, packed_attention=True)}
     with counts_module.counting(loaded.model) as counts, torch.no_grad():
         results = run_decoder(args.decoder, loaded.model, prompts, config, batch_size=args.batch_size,
                               generator=generators, mask_token_id=loaded.mask_token_id,
-                              eos_token_id=loaded.stop_token_ids)
+                              eos_token_id=loaded.stop_token_ids, **engine)
     tokens = sum(result.stats.tokens for result in results)
     positions, kv_copied = counts.per_token(tokens)
     print(json.dumps({
@@ -171,6 +178,7 @@ def measure(source: Path | None, decoder: str, model: str, batch_size: int, limi
                "--batch-size", str(batch_size), "--limit", str(limit), "--device", args.device]
     command += ["--gen-length", str(args.gen_length)] if args.gen_length else []
     command += ["--source", str(source)] if source else []
+    command += ["--packed-attention"] if args.packed_attention else []
     started = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, check=False, cwd=REPO,
                           env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"})
@@ -242,6 +250,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--standins", type=Path, help="folder of the stand-ins (built there when missing; "
                                                       "default: a temporary folder)")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--packed-attention", action="store_true",
+                        help="one attention call per layer for all rows (the CUDA default) where the revision has it")
     parser.add_argument("--out", type=Path, help="the Markdown table to write")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--source", help=argparse.SUPPRESS)
