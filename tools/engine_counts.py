@@ -105,7 +105,7 @@ def child(args: argparse.Namespace) -> None:
     device = next(loaded.model.parameters()).device
     generators = [torch.Generator(device=device).manual_seed(index) for index in range(len(prompts))]
     started = time.perf_counter()
-    engine = {}
+    engine: dict[str, Any] = {}
     if args.packed_attention:  # a revision whose engine takes the choice (an older one attends row by row)
         from refusion_cli.decoding.engine import Engine
 
