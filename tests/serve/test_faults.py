@@ -30,8 +30,9 @@ def refusion_tiny():
 
 def post(base: str, body, path: str = "/v1/chat/completions", **kwargs) -> httpx.Response:
     if isinstance(body, (dict, list)):
-        return httpx.post(f"{base}{path}", json=body, timeout=60, **kwargs)
-    return httpx.post(f"{base}{path}", content=body, timeout=60, headers={"content-type": "application/json"})
+        return httpx.post(f"{base}{path}", json=body, timeout=60, verify=False, **kwargs)
+    return httpx.post(f"{base}{path}", content=body, timeout=60, headers={"content-type": "application/json"},
+                      verify=False)
 
 
 BAD_REQUESTS = [  # (body, status, param, words in the message)
@@ -65,7 +66,7 @@ def test_bad_requests_are_openai_errors_and_the_server_goes_on(refusion_tiny):
             assert set(error) == {"message", "type", "param", "code"}
             assert error["param"] == param and words in error["message"], (body, error)
         assert post(base, {"model": "ar", "prompt": ["a", 5]}, "/v1/completions").status_code == 400
-        assert httpx.get(f"{base}/v1/nothing").json()["error"]["type"] == "not_found_error"
+        assert httpx.get(f"{base}/v1/nothing", verify=False).json()["error"]["type"] == "not_found_error"
         reply = post(base, {"model": "ar", "messages": MESSAGES, "max_tokens": 8})
         assert reply.status_code == 200  # still serving
 
@@ -74,12 +75,13 @@ def test_an_api_key_is_required_when_set(refusion_tiny):
     with running_server(refusion_tiny, served(["ar"]), api_key="s3cret") as (base, _):
         body = {"model": "ar", "messages": MESSAGES, "max_tokens": 4}
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
-            response = httpx.post(f"{base}/v1/chat/completions", json=body, headers=headers)
+            response = httpx.post(f"{base}/v1/chat/completions", json=body, headers=headers, verify=False)
             assert response.status_code == 401 and response.json()["error"]["code"] == "invalid_api_key"
-        assert httpx.get(f"{base}/v1/models").status_code == 401
-        ok = httpx.post(f"{base}/v1/chat/completions", json=body, headers={"Authorization": "Bearer s3cret"})
+        assert httpx.get(f"{base}/v1/models", verify=False).status_code == 401
+        ok = httpx.post(f"{base}/v1/chat/completions", json=body, headers={"Authorization": "Bearer s3cret"},
+                        verify=False)
         assert ok.status_code == 200
-        assert httpx.get(f"{base}/health").status_code == 200  # probes need no key
+        assert httpx.get(f"{base}/health", verify=False).status_code == 200  # probes need no key
 
 
 def test_a_full_queue_answers_429_with_retry_after(refusion_tiny):
@@ -98,13 +100,13 @@ def test_a_full_queue_answers_429_with_retry_after(refusion_tiny):
 
 def test_a_client_leaving_mid_stream_frees_its_row(refusion_tiny):
     with running_server(refusion_tiny, served(["ar"])) as (base, state):
-        with httpx.stream("POST", f"{base}/v1/completions", json=LONG, timeout=60) as response:
+        with httpx.stream("POST", f"{base}/v1/completions", json=LONG, timeout=60, verify=False) as response:
             lines = response.iter_lines()  # kept: closing this iterator closes the connection
             assert next(lines).startswith("data: ")
             assert metric(base, "refusion_running_rows") == 1
         wait_for(lambda: metric(base, "refusion_running_rows") == 0)
         cancelled = 'refusion_requests_total{decoder="ar",model="test-model",outcome="cancelled"} 1.0'
-        assert cancelled in httpx.get(f"{base}/metrics").text.splitlines()
+        assert cancelled in httpx.get(f"{base}/metrics", verify=False).text.splitlines()
         assert post(base, {"model": "ar", "messages": MESSAGES, "max_tokens": 8}).status_code == 200
 
 
@@ -140,7 +142,7 @@ def test_a_failing_decode_fails_its_request_only(refusion_tiny, monkeypatch, cap
 
 def read_stream(base: str, body: dict, lines: list[str]) -> None:
     """Append each ``data:`` line of a streamed request to ``lines`` as it comes."""
-    with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=60) as response:
+    with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=60, verify=False) as response:
         for line in response.iter_lines():
             if line.startswith("data: "):
                 lines.append(line)
@@ -165,7 +167,7 @@ def test_a_dead_scheduler_fails_every_open_request_and_health_says_503(refusion_
             assert waiting.result().status_code == 503
             assert "scheduler stopped" in waiting.result().json()["error"]["message"]
         assert streamed[-1] == "data: [DONE]" and '"error"' in streamed[-2]  # the stream ends with an error event
-        health = httpx.get(f"{base}/health")
+        health = httpx.get(f"{base}/health", verify=False)
         assert health.status_code == 503 and "RuntimeError" in health.json()["reason"]
         later = post(base, {"model": "ar", "messages": MESSAGES, "max_tokens": 8})
         assert later.status_code == 503 and later.json()["error"]["type"] == "server_error"

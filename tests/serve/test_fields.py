@@ -204,12 +204,14 @@ def test_neutral_values_are_taken_and_others_refused_saying_why(server):
 
 def test_tokenize_answers_as_vllm(server, refusion_tiny):
     base, _ = server
-    reply = httpx.post(f"{base}/tokenize", json={"model": "ar", "prompt": QUESTION, "add_special_tokens": False})
+    reply = httpx.post(f"{base}/tokenize", json={"model": "ar", "prompt": QUESTION, "add_special_tokens": False},
+                       verify=False)
     assert reply.status_code == 200
     body = reply.json()
     assert body["tokens"] == prompt_ids(refusion_tiny, False) and body["count"] == len(body["tokens"])
     assert body["max_model_len"] == refusion_tiny.model.config.max_position_embeddings
-    chat = httpx.post(f"{base}/tokenize", json={"messages": [{"role": "user", "content": QUESTION}]}).json()
+    chat = httpx.post(f"{base}/tokenize", json={"messages": [{"role": "user", "content": QUESTION}]},
+                      verify=False).json()
     assert chat["tokens"] == prompt_ids(refusion_tiny, True)
 
 

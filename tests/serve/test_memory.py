@@ -31,8 +31,8 @@ def test_a_call_out_of_memory_requeues_its_rows_and_every_request_gets_its_batch
                              "messages": [{"role": "user", "content": question}]}
     with running_server(refusion_tiny, models, max_batch=16) as (base, state):
         with ThreadPoolExecutor(6) as pool:
-            replies = list(pool.map(lambda q: httpx.post(f"{base}/v1/chat/completions", json=body(q), timeout=120),
-                                    QUESTIONS))
+            replies = list(pool.map(lambda q: httpx.post(f"{base}/v1/chat/completions", json=body(q), timeout=120,
+                                                         verify=False), QUESTIONS))
         requeues = metric(base, "refusion_oom_requeues_total")
         peak = scheduler(state).engine.counts.peak_rows
     assert failed and requeues == len(failed)  # every call of more than two rows failed, and was counted
