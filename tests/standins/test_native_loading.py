@@ -61,6 +61,19 @@ def test_each_decoder_fits_its_checkpoint_only(standin):
         check_model_fits("refusion", str(standin("dream-v0-instruct-7b")))
 
 
+@pytest.fixture(scope="module")
+def loaded_standin(standin):
+    """``loaded_standin(name)``: the stand-in loaded in float32, once per module (the decoders only read it)."""
+    loaded = {}
+
+    def get(name):
+        if name not in loaded:
+            loaded[name] = load_model(str(standin(name)), "cpu", torch.float32)
+        return loaded[name]
+
+    return get
+
+
 @pytest.mark.parametrize("name, decoder, config", [
     ("llada-8b-instruct", "llada", LLaDAConfig(gen_length=16, steps=8, block_length=8)),
     ("llada-8b-instruct", "llada", LLaDAConfig(gen_length=16, steps=8, block_length=8, use_cache=True)),
@@ -68,8 +81,8 @@ def test_each_decoder_fits_its_checkpoint_only(standin):
     ("dream-v0-instruct-7b", "dream", DreamConfig(gen_length=16, steps=8, temperature=0.0, block_length=8,
                                                   use_cache=True)),
 ], ids=["llada", "llada-cache", "dream", "dream-cache"])
-def test_a_batch_of_two_prompts_gives_each_its_batch_of_one_answer(standin, name, decoder, config):
-    loaded = load_model(str(standin(name)), "cpu", torch.float32)
+def test_a_batch_of_two_prompts_gives_each_its_batch_of_one_answer(loaded_standin, name, decoder, config):
+    loaded = loaded_standin(name)
     prompts = [user_prompt_ids(loaded.tokenizer, question) for question in QUESTIONS]
     assert len(prompts[0]) != len(prompts[1])
     ids = dict(mask_token_id=loaded.mask_token_id, eos_token_id=loaded.stop_token_ids)
