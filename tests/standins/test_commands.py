@@ -163,20 +163,35 @@ def test_lm_eval_runs_through_model_args_on_each_stand_in(standin, name, task_ma
     assert "exact_match,none" in results["results"]["standin_synthetic"]
 
 
+@pytest.fixture(scope="module")
+def adapter_of(standin):
+    """``adapter_of(name, model_args)``: the lm-eval adapter of stand-in ``name`` from ``pretrained=<its folder>,``
+    and ``model_args``, made (its model loaded) once per module; ``prepare`` only reads it."""
+    made = {}
+
+    def get(name: str, model_args: str):
+        if (name, model_args) not in made:
+            made[name, model_args] = ADAPTERS[RUNS[name][0]].create_from_arg_string(
+                f"pretrained={standin(name)},{model_args}")
+        return made[name, model_args]
+
+    return get
+
+
 @pytest.mark.parametrize("name", ["llada-8b-instruct", "dream-v0-instruct-7b"])
 @pytest.mark.parametrize("max_gen_toks", [192, 512])
-def test_model_args_follow_the_length_rules_of_refusion_eval(standin, name, max_gen_toks):
+def test_model_args_follow_the_length_rules_of_refusion_eval(standin, adapter_of, name, max_gen_toks):
     """The same task through refusion eval (DecoderChoice.config) and through lm-eval's model_args decodes
     with the same steps and blocks: steps follow the response length, LLaDA's blocks of 32."""
     decoder = RUNS[name][0]
-    adapter = ADAPTERS[decoder].create_from_arg_string(f"pretrained={standin(name)},device=cpu")
+    adapter = adapter_of(name, "device=cpu")
     prepared = adapter.prepare("What is 12 + 7?", {"max_gen_toks": max_gen_toks, "until": []})
     assert prepared.config == DecoderChoice(decoder, str(standin(name))).config(max_gen_toks)
     assert prepared.config.steps == max_gen_toks
     if decoder == "llada":
         assert prepared.config.block_length == 32
     # settings given in model_args stay as given
-    fixed = ADAPTERS[decoder].create_from_arg_string(f"pretrained={standin(name)},steps=64,gen_length=64")
+    fixed = adapter_of(name, "steps=64,gen_length=64")
     assert fixed.prepare("Q", {"max_gen_toks": 128}).config.steps == 64
 
 
