@@ -77,9 +77,9 @@ def test_option_parser_errors_are_one_line_too(main_of):
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.splitlines() == ["error: Invalid value for '--objective': 'foo' is not one of 'refusion', "
                                        "'ar', 'llada', 'dream'. (hint: refusion train --help lists the options)"]
-    out = main_of("bench", "--tps", "--bogus")
+    out = main_of("bench", "--tps", "--xyzzy")
     assert out.returncode == 2
-    assert out.stderr.splitlines() == ["error: No such option: --bogus (hint: refusion bench --help lists the options)"]
+    assert out.stderr.splitlines() == ["error: No such option: --xyzzy (hint: refusion bench --help lists the options)"]
 
 
 def test_no_command_shows_the_help(main_of):
