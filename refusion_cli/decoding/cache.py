@@ -149,6 +149,15 @@ class RowStore:
             self.counts.kv_bytes_copied += states[source, :, :columns].numel() * states.element_size()
 
 
+class CallKV:
+    """The cache of a packed call that keeps nothing: the model's K/V of the call's tokens come back as they are
+    ([1, kv heads, T, dim]), and ``rows_attention`` reads each lane's span of them (``RowsMask.call_keys``)."""
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
+               *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        return key_states, value_states
+
+
 def _grown(size: int, needed: int) -> int:
     """A store dimension of ``size`` that must hold ``needed``: as it is, or doubled (at least ``needed``)."""
     return size if size >= needed else max(needed, 2 * size)
@@ -176,6 +185,7 @@ class RowsMask:
     masks: list[torch.Tensor]  # per lane: additive mask [1, 1, n, columns] (0 on its committed columns)
     implementation: str  # the attention the model runs otherwise (sdpa, eager)
     packed: PackedRows | None = None  # set: one attention call for every lane (see Lanes' ``packed``)
+    call_keys: bool = False  # the keys are the call's own packed K/V (CallKV), a lane's those of its span
 
 
 def device_index(values: Sequence[Any], device: torch.device) -> torch.Tensor:
@@ -229,14 +239,21 @@ def rows_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
         packed = rows.packed
         queries = query[0][:, packed.gather].view(query.shape[1], packed.lanes, packed.queries, query.shape[3])
         queries = queries.transpose(0, 1)  # [lanes, heads, Q, dim]
-        keys, values = key[: packed.lanes, :, : packed.columns], value[: packed.lanes, :, : packed.columns]
+        if rows.call_keys:  # gathered as the queries are: each lane's own tokens, padding masked out
+            keys, values = (kv[0][:, packed.gather].view(kv.shape[1], packed.lanes, packed.queries, kv.shape[3])
+                            .transpose(0, 1) for kv in (key, value))
+        else:
+            keys, values = key[: packed.lanes, :, : packed.columns], value[: packed.lanes, :, : packed.columns]
         out = _attend(module, queries, keys, values, packed.mask, scaling, rows.implementation, own, kwargs)
         out = out.reshape(packed.lanes * packed.queries, *out.shape[2:])  # [lanes * Q, heads, dim]
         return out[packed.scatter][None], None  # [1, T, heads, dim]
     outs = []
     for lane, ((first, count, columns), mask) in enumerate(zip(rows.spans, rows.masks)):
         queries = query[:, :, first: first + count]  # [1, heads, n, dim]
-        keys, values = key[lane: lane + 1, :, :columns], value[lane: lane + 1, :, :columns]
+        if rows.call_keys:
+            keys, values = key[:, :, first: first + count], value[:, :, first: first + count]
+        else:
+            keys, values = key[lane: lane + 1, :, :columns], value[lane: lane + 1, :, :columns]
         outs.append(_attend(module, queries, keys, values, mask, scaling, rows.implementation, own, kwargs))
     return torch.cat(outs, 1), None  # [1, T, heads, dim]
 

@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterator, overload
 
 import torch
 
-from refusion_cli.decoding.cache import (PLACEHOLDER_MASK, CallCounts, RowsMask, RowStore, additive_mask,
+from refusion_cli.decoding.cache import (PLACEHOLDER_MASK, CallCounts, CallKV, RowsMask, RowStore, additive_mask,
                                          attending_by_rows, device_index, mask_argument, packed_rows)
 from refusion_cli.decoding.canvas import Block, Canvas, CanvasStep, MDMStep, even_schedule, report_to
 from refusion_cli.decoding.stats import (DecodeResult, DecodeStats, EosIds, RowClock, cache_argument, count_call,
@@ -170,14 +170,18 @@ class CanvasCalls:
 
     def _packed_call(self, slots: list[CanvasFeed | None], keep: dict) -> tuple[Any, float | None]:
         """The model's output and seconds for the feeds of the store's rows (None: a free row, which feeds
-        nothing) packed into [1, T], their K/V in the store."""
+        nothing) packed into [1, T], their K/V in the store; when no feed reads or keeps K/V (whole canvases
+        without a cache), no store: each row attends to its own tokens' K/V of the call (``cache.CallKV``)."""
+        own = not any(feed.cached for feed in slots if feed is not None)
+        if own:
+            slots = [feed for feed in slots if feed is not None]
         places: list[tuple[int, int, int]] = []  # per fed token: its store row, store column and position
         spans, alloweds, first = [], [], 0
         for slot, feed in enumerate(slots):
             if feed is None:
                 allowed = torch.zeros(0, 1, dtype=torch.bool, device=self.device)
             else:
-                allowed = self._allowed(feed)  # [Q, columns]
+                allowed = self._among(feed) if own else self._allowed(feed)  # [Q, columns]
                 column = feed.base + feed.start
                 places.extend((slot, column + offset, feed.start + offset) for offset in range(allowed.shape[0]))
             alloweds.append(allowed)
@@ -191,12 +195,13 @@ class CanvasCalls:
         attend = attending_by_rows(self.model) if hasattr(self.model.config, "_attn_implementation_internal") \
             else contextlib.nullcontext("sdpa")  # a stand-in model's config (it runs no attention of its own)
         with attend as implementation:
-            self.store.prepare(len(slots), max(span[2] for span in spans), write_rows, write_columns)
+            if not own:
+                self.store.prepare(len(slots), max(span[2] for span in spans), write_rows, write_columns)
             return timed_call(self.model, input_ids=torch.cat([feed.ids for feed in slots if feed is not None])[None],
                               position_ids=positions[None],
                               attention_mask=mask_argument(self.model.config, self.placeholder),
-                              lane_rows=RowsMask(spans, masks, implementation, packed), use_cache=True,
-                              **cache_argument(self.model, self.store), **keep)
+                              lane_rows=RowsMask(spans, masks, implementation, packed, call_keys=own), use_cache=True,
+                              **cache_argument(self.model, CallKV() if own else self.store), **keep)
 
     def _among(self, feed: CanvasFeed) -> torch.Tensor:
         """[Q, Q] bool: which fed tokens each fed token sees."""
