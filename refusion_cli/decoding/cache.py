@@ -405,18 +405,19 @@ class Lanes:
         """The packed call's per-lane attention (by the model's ``implementation`` otherwise), where its K/V goes
         ([T] store rows and columns), and the packed columns whose logits are read."""
         device = self.device
-        spans, masks, alloweds = [], [], []
+        spans, alloweds = [], []
         reading: list[int] = []
         offset = 0
         for (_, _, among), n, start, read in zip(inputs, lengths, starts, reads):
             allowed = torch.ones(n, start + n, dtype=torch.bool, device=device)  # [n, columns]
             allowed[:, start:] = among
             alloweds.append(allowed)
-            masks.append(additive_mask(allowed, self.dtype))  # [1, 1, n, columns]
             spans.append((offset, n, start + n))
             reading.extend(range(offset + n - read, offset + n))  # the lane's last ``read`` tokens
             offset += n
         packed = packed_rows(alloweds, self.dtype) if self.packed and len(inputs) > 1 else None
+        # each lane's own additive mask [1, 1, n, columns], when attention goes lane by lane
+        masks = [] if packed is not None else [additive_mask(allowed, self.dtype) for allowed in alloweds]
         length = device_index(lengths, device)
         write_rows = torch.arange(len(inputs), device=device).repeat_interleave(length)  # [T]
         write_columns = torch.cat([torch.arange(start, start + n, device=device)

@@ -154,15 +154,9 @@ class Canvas:
         return DecodeResult(tokens=tokens, stats=self.stats, trace=self.trace)
 
 
-def device_offsets(masked: torch.Tensor, count: int) -> torch.Tensor:
-    """The offsets of the ``count`` True entries of ``masked`` [B], ascending, without a wait (``nonzero`` would
-    read the count back)."""
-    return torch.sort((~masked).to(torch.uint8), stable=True).indices[:count]
-
-
 def report_to(clock: RowClock, callback: Callable[[MDMStep], None], stats: DecodeStats, record: MDMStep) -> None:
     """Hand a row's step to the caller's callback through the batch's clock."""
     clock.report(stats, callback, record)
 
 
-__all__ = ["Block", "Canvas", "CanvasStep", "MDMStep", "Written", "device_offsets", "even_schedule", "report_to"]
+__all__ = ["Block", "Canvas", "CanvasStep", "MDMStep", "Written", "even_schedule", "report_to"]

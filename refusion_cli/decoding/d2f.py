@@ -38,7 +38,8 @@ import torch
 
 from refusion_cli.decoding.config import ConfigError, check_non_negative, check_positive, check_probability
 from refusion_cli.decoding.dream import DreamConfig, check_filters, predict_tokens
-from refusion_cli.decoding.canvas import Block, Canvas, CanvasStep, Written, device_offsets
+from refusion_cli.decoding.cache import device_index
+from refusion_cli.decoding.canvas import Block, Canvas, CanvasStep, Written
 from refusion_cli.decoding.mdm import CanvasFeed, plain_logits, read_offsets, take_rows
 from refusion_cli.decoding.mdm_sampling import choose_positions
 from refusion_cli.decoding.readback import read
@@ -208,7 +209,7 @@ def choose(canvas: Canvas, block: PipelineBlock, rows: torch.Tensor, config: D2F
     n_masked = rows.shape[0]
     if n_masked == 0:
         return None
-    masked = device_offsets(canvas.masked(block.span), n_masked)  # block offsets of its masks
+    masked = device_index(canvas.masked_offsets(block.span), canvas.device)  # block offsets of its masks [n]
     tokens, token_prob, confidence = predict_tokens(rows, sampling, canvas.mask_token_id, generator)
     chosen = token_prob > config.skip_threshold  # [n]
     if block.complete:

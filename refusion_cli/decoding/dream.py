@@ -57,7 +57,7 @@ from types import MappingProxyType
 import torch
 
 from refusion_cli.decoding.config import ConfigError, check_non_negative, check_positive, check_probability
-from refusion_cli.decoding.canvas import Canvas, CanvasStep, device_offsets, even_schedule
+from refusion_cli.decoding.canvas import Canvas, CanvasStep, even_schedule
 from refusion_cli.decoding.cache import device_index
 from refusion_cli.decoding.mdm import CanvasPasses, ReadLogits, logit_chunks, take_rows
 from refusion_cli.decoding.mdm_sampling import (argmax_without, check_blocks, check_fast_options, choose_positions,
@@ -221,7 +221,7 @@ def dream_row(canvas: Canvas, config: DreamConfig, generator: torch.Generator | 
             reads = where[:1] if first_only else where
             # the logits [n, V] of ``reads`` (the model's dtype), or their head input for predict_chunks
             logits = yield from passes(canvas.ids, [block.start + offset for offset in reads])
-            masks = device_offsets(canvas.masked(block), len(where))  # ``where`` on the device
+            masks = device_index(where, canvas.device)  # ``where`` on the device
             taken = None
             if not where:  # the cached step after a block its full pass finished
                 picked, tokens = masks, masks

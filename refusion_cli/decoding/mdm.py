@@ -97,8 +97,9 @@ class CanvasCalls:
     """One model call for every row of a batch of canvases (driven by ``engine.Engine``).
 
     A call where no row reads or keeps K/V (whole canvases, no cache) and every canvas is as long is the plain
-    call [B, Q] (with one row: the reference's own call). Any other call is packed [1, T] (rows end to end, true position ids, no padding), each fed token's K/V
-    written at its column of its row's store, and attention done row by row against the row's store
+    call [B, Q] (with one row: the reference's own call). Any other call is packed [1, T] (rows end to end, true
+    position ids, no padding), each fed token's K/V written at its column of its row's store (none for whole
+    canvases: ``cache.CallKV``), and attention done row by row against the row's store
     (``cache.rows_attention``; ``packed``: one attention call per layer for every row). A row opens at its
     first feed, in the store's first free row; a closed row's store row stays free until a row opens there (a
     free row between open ones is a lane of no tokens), so no K/V ever moves.
@@ -144,7 +145,7 @@ class CanvasCalls:
         stacked = not any(feed.cached for feed in rows) and len(set(lengths)) == 1
         width = max(lengths) if stacked else sum(lengths)
         if stacked:
-            columns, where = _stacked_columns([[width - n + offset for offset in read] for read, n in zip(reads, lengths)])
+            columns, where = _stacked_columns(reads)
         else:
             columns, where = _packed_columns(reads, lengths)
         index = device_index(columns, self.device)  # [U]
