@@ -30,6 +30,9 @@ How each is counted, identically for every revision (``refusion_cli/bench/counts
   and indexing with a boolean tensor (a ``TorchFunctionMode`` sees every torch call), per call of
   ``Engine.step`` (the method wrapped in the child) and per model call; on a GPU also the calls of
   ``torch.cuda.synchronize`` and of CUDA events' and streams' ``synchronize`` (shown when there are any);
+- tensor ops per step: ATen ops (a ``TorchDispatchMode``; views apart) inside ``Engine.step`` and outside the
+  model's calls, a tensor made from host values counted as its copy to the device: a GPU's kernel launches
+  and copies of a step besides the model's;
 - attention calls: calls of ``scaled_dot_product_attention`` and of flex attention, divided by the model's
   layers times its calls; attention that runs neither (eager) is named in the column instead;
 - positions: the ``input_ids`` elements of every model call (a padded call counts its padding), per
@@ -120,7 +123,7 @@ def child(args: argparse.Namespace) -> None:
     print(json.dumps({
         "decoder": args.decoder, "batch_size": args.batch_size, "prompts": len(prompts), "tokens": tokens,
         "seconds": round(time.perf_counter() - started, 1), "config": dataclasses.asdict(config),
-        "counts": counts.as_dict(), "syncs_per_step": counts.syncs_per_step(),
+        "counts": counts.as_dict(), "syncs_per_step": counts.syncs_per_step(), "ops_per_step": counts.ops_per_step(),
         "syncs_per_call": counts.syncs_per_call(), "attention": counts.attention_label(),
         "positions_per_token": positions, "kv_copied_per_token": kv_copied,
         "answers": [result.tokens for result in results]}))
@@ -201,7 +204,8 @@ def row_cells(old: dict, new: dict) -> list[str]:
     device = (old["counts"]["device_syncs"], new["counts"]["device_syncs"])
     if any(device):
         syncs += f" (device syncs {device[0]:,} → {device[1]:,})"
-    return [syncs, pair(old["syncs_per_call"], new["syncs_per_call"]), pair(old["attention"], new["attention"]),
+    return [syncs, pair(old.get("ops_per_step"), new.get("ops_per_step")),
+            pair(old["syncs_per_call"], new["syncs_per_call"]), pair(old["attention"], new["attention"]),
             pair(old["positions_per_token"], new["positions_per_token"]),
             pair(old["kv_copied_per_token"], new["kv_copied_per_token"]),
             pair(old["counts"]["engine_steps"], new["counts"]["engine_steps"]),
@@ -215,13 +219,15 @@ def table(results: list[dict], before: str, after: str, command: str, chosen: di
              "Per decoder and batch size, counted, not timed (tools/engine_counts.py and "
              "refusion_cli/bench/counts.py say how): host syncs (points where a GPU run waits for the device) per "
              "engine step and per model call, attention calls per layer per model call, positions the model "
-             "computed per generated token (padding included), K/V bytes the cache code copied per generated "
+             "computed per generated token (padding included), tensor ops per engine step outside the model's calls "
+             "(each a kernel launch or a copy on a GPU), K/V bytes the cache code copied per generated "
              "token, the engine steps and model calls; the answers of both revisions are compared. Each decoder "
              "runs at its default config on its model (below); batch N decodes the prompts at most N at a time.",
              "",
-             "| decoder | batch | host syncs / step, before → after | host syncs / call | attention calls / layer "
-             "/ call | positions / token | K/V bytes copied / token | engine steps | model calls | same answers |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| decoder | batch | host syncs / step, before → after | tensor ops / step | host syncs / call | "
+             "attention calls / layer / call | positions / token | K/V bytes copied / token | engine steps | "
+             "model calls | same answers |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     pairs: dict[tuple[str, int], dict[str, dict]] = {}
     for result in results:
         pairs.setdefault((result["decoder"], result["batch_size"]), {})[result["revision"]] = result

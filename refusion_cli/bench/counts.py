@@ -19,6 +19,11 @@ attention calls per layer per model call, positions the model computed and K/V b
   ``compile_friendly_flex_attention``, wrapped for the block); per layer per model call. Attention that
   runs neither (eager, a kernel of a model's own) is not seen: :meth:`DecodeCounts.attention_label` then
   names the model's attention implementation instead of a 0;
+- tensor ops per step: the ATen ops (``TorchDispatchMode``; views apart) that ``Engine.step`` ran outside the
+  model's calls: the decoders' choices, the feeds and masks built for the next call, the readbacks. On a GPU
+  each is a kernel launch or a copy (a tensor made from host values, ``lift_fresh``, counts as its copy to the
+  device), so this says how the launches of a step grow with its rows; host work without torch (numpy) is not
+  an op;
 - K/V bytes copied: bytes written into tensors shaped like a layer's K/V ([rows, kv heads, columns, head
   dim]) by ``cat`` (not along the head dimension, where rotary embedding joins halves of a head),
   ``gather``, ``index_select``, ``pad``, item assignment, ``index_put`` and ``copy_``, less the bytes of the
@@ -43,6 +48,7 @@ from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 SYNCS = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero"}
 WRITES = {"cat", "gather", "index_select", "pad", "__setitem__", "index_put_", "index_put", "copy_"}
@@ -64,6 +70,7 @@ class DecodeCounts:
     engine_steps: int | None = 0  # Engine.step calls (None: the library has no engine)
     host_syncs: int = 0
     step_syncs: int = 0  # the host syncs made inside Engine.step
+    step_ops: int = 0  # tensor ops Engine.step ran outside the model's calls (views apart)
     device_syncs: int = 0  # torch.cuda.synchronize, CUDA events' and streams' synchronize
     sdpa_calls: int = 0
     flex_calls: int = 0
@@ -76,6 +83,9 @@ class DecodeCounts:
 
     def syncs_per_step(self) -> float | None:
         return self.step_syncs / self.engine_steps if self.engine_steps else None
+
+    def ops_per_step(self) -> float | None:
+        return self.step_ops / self.engine_steps if self.engine_steps else None
 
     def syncs_per_call(self) -> float | None:
         return self.host_syncs / self.model_calls if self.model_calls else None
@@ -140,6 +150,20 @@ class CostMode(TorchFunctionMode):
                 and tensor.shape[3] == self.head_dim)
 
 
+class OpsMode(TorchDispatchMode):
+    """Counts the ATen ops run inside the engine's steps (``steps``) and outside the model's calls (``model``)
+    into ``counts.step_ops``; views (an op that only reshapes) apart."""
+
+    def __init__(self, counts: DecodeCounts, steps: Tally, model: Tally):
+        super().__init__()
+        self.counts, self.steps, self.model = counts, steps, model
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if self.steps.depth and not self.model.depth and not func.is_view:
+            self.counts.step_ops += 1
+        return func(*args, **(kwargs or {}))
+
+
 def _bool_index(index: Any) -> bool:
     items = index if isinstance(index, tuple) else (index,)
     return any(isinstance(item, torch.Tensor) and item.dtype == torch.bool for item in items)
@@ -173,9 +197,15 @@ def counting(model: torch.nn.Module) -> Iterator[DecodeCounts]:
         ids = call_kwargs.get("input_ids", call_args[0] if call_args else None)
         counts.model_calls += 1
         counts.positions += ids.numel() if isinstance(ids, torch.Tensor) else 0
+        calling.depth += 1
 
+    def returned(*_: Any) -> None:
+        calling.depth -= 1
+
+    calling = Tally(counts, "model_calls")  # its depth only: inside a model call
     with contextlib.ExitStack() as stack:
         stack.callback(model.register_forward_pre_hook(fed, with_kwargs=True).remove)
+        stack.callback(model.register_forward_hook(returned, always_call=True).remove)
         engine = _engine_class()
         steps = None
         if engine is None:
@@ -193,6 +223,8 @@ def counting(model: torch.nn.Module) -> Iterator[DecodeCounts]:
                                 (torch.cuda.Stream, "synchronize")):
                 stack.enter_context(device_syncs.wrapping(owner, name))
         stack.enter_context(CostMode(counts, kv_heads, head_dim, steps))
+        if steps is not None:
+            stack.enter_context(OpsMode(counts, steps, calling))
         yield counts
 
 
@@ -242,4 +274,4 @@ class Tally:
                 delattr(owner, name)
 
 
-__all__ = ["CostMode", "DecodeCounts", "Tally", "counting", "model_shape"]
+__all__ = ["CostMode", "DecodeCounts", "OpsMode", "Tally", "counting", "model_shape"]

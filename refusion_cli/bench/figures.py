@@ -119,6 +119,7 @@ class BenchRow:
     settings: str = ""  # the config's fields that differ from the decoder's defaults (spec.settings_label)
     # --counts: the row's prompts decoded once more, untimed, under bench.counts' counter (None / "": not counted)
     syncs_per_step: float | None = None  # host syncs per engine step
+    ops_per_step: float | None = None  # tensor ops per engine step outside the model's calls
     attention_calls_per_layer: float | None = None  # None with an implementation: attention the counter cannot see
     attention_implementation: str = ""  # the model's attention (sdpa, eager, ...)
     counted_positions_per_token: float | None = None  # input_ids elements of every model call, padding included
@@ -176,7 +177,7 @@ def summarise(entry: BenchEntry, samples: Sequence[BenchSample], n_prompts: int,
 def with_counts(row: BenchRow, counts: DecodeCounts, tokens: int) -> BenchRow:
     """``row`` with what ``counts`` counted over decodes of ``tokens`` generated tokens (``--counts``)."""
     positions, kv_copied = counts.per_token(tokens)
-    return dataclasses.replace(row, syncs_per_step=counts.syncs_per_step(),
+    return dataclasses.replace(row, syncs_per_step=counts.syncs_per_step(), ops_per_step=counts.ops_per_step(),
                                attention_calls_per_layer=counts.attention_per_layer(),
                                attention_implementation=counts.attention, counted_positions_per_token=positions,
                                counted_kv_copied_per_token=kv_copied)

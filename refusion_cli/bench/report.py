@@ -202,11 +202,12 @@ TABLE_HEADER = ["decoder", "model", "settings", "gen length", "batch", "TPS", "T
                 "p50 ms", "p95 ms", "peak MiB", "MiB per row", "accuracy", "hit budget"]
 
 
-COUNTS_HEADER = ["syncs/step", "attn calls/layer", "counted positions/token", "counted K/V copied/token"]
+COUNTS_HEADER = ["syncs/step", "ops/step", "attn calls/layer", "counted positions/token", "counted K/V copied/token"]
 COUNTS_RULE = ("- Counted (--counts): each row's prompts decoded once more, untimed, as the row decodes them, under "
                "a counter of torch calls (refusion_cli/bench/counts.py): host syncs (item, tolist, bool / int / float "
-               "of a tensor, nonzero, boolean-mask indexing) per engine step; attention calls (scaled dot-product or "
-               "flex) per layer per model call, or the attention the model runs where it cannot see one; positions "
+               "of a tensor, nonzero, boolean-mask indexing) and tensor ops outside the model's calls (each a kernel "
+               "launch or a copy on a GPU) per engine step; attention calls (scaled dot-product or flex) per layer "
+               "per model call, or the attention the model runs where it cannot see one; positions "
                "fed to the model (padding included) and K/V bytes written beyond the K/V of the positions fed, per "
                "generated token, for every decoder (the columns without 'counted' are the causal cache's own counts)")
 
@@ -223,9 +224,9 @@ def table_cells(row: BenchRow, counted: bool = False) -> list[str]:
 
 
 def counts_cells(row: BenchRow) -> list[str]:
-    """The --counts columns of a row: syncs/step, attention calls/layer, positions/token, K/V copied/token."""
-    return [fmt(row.syncs_per_step, 2), attention_cell(row), fmt(row.counted_positions_per_token, 2),
-            fmt(row.counted_kv_copied_per_token, 0)]
+    """The --counts columns of a row: syncs/step, ops/step, attention calls/layer, positions/token, K/V copied/token."""
+    return [fmt(row.syncs_per_step, 2), fmt(row.ops_per_step, 1), attention_cell(row),
+            fmt(row.counted_positions_per_token, 2), fmt(row.counted_kv_copied_per_token, 0)]
 
 
 def is_counted(rows: Sequence[BenchRow]) -> bool:

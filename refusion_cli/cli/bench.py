@@ -83,9 +83,9 @@ def bench(
     warmup: Annotated[int, typer.Option("--warmup", help="untimed decodes before each row",
                                         rich_help_panel=MEASURE)] = 1,
     counts: Annotated[bool, typer.Option("--counts", help="after timing a row, decode its prompts once more, "
-                                         "untimed, counting host syncs per engine step, attention calls per layer "
-                                         "and positions and K/V bytes copied per token (columns syncs/step, attn "
-                                         "calls/layer, positions/token, K/V copied/token)",
+                                         "untimed, counting host syncs and tensor ops per engine step, attention "
+                                         "calls per layer and positions and K/V bytes copied per token (columns "
+                                         "syncs/step, ops/step, attn calls/layer, positions/token, K/V copied/token)",
                                          rich_help_panel=MEASURE)] = False,
     repeats: Annotated[int, typer.Option("--repeats", help="timed decodes of every prompt",
                                          rich_help_panel=MEASURE)] = 1,

@@ -218,7 +218,8 @@ class RowDecodes:
 
 TERMINAL_HEADER = ["decoder", "len", "batch", "TPS", "min", "med", "max", "thru", "× AR", "TPF", "fwd", "tok", "p50 ms",
                    "p95 ms", "MiB", "acc", "cut"]  # min / med / max: TPS over the repeats; cut: hit the budget
-COUNTS_TERMINAL_HEADER = ["syncs/step", "attn calls/layer", "positions/token", "K/V copied/token"]  # --counts
+# --counts
+COUNTS_TERMINAL_HEADER = ["syncs/step", "ops/step", "attn calls/layer", "positions/token", "K/V copied/token"]
 
 
 def result_table(rows: list[BenchRow]) -> Table:

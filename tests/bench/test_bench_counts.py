@@ -101,9 +101,10 @@ def test_bench_counts_writes_its_columns(monkeypatch, capsys, tmp_path):
     assert code == 0, err
     [row] = read_csv(tmp_path / "bench.csv")
     assert float(row["syncs_per_step"]) > 0 and row["attention_calls_per_layer"] == "1.0"
+    assert float(row["ops_per_step"]) > 0  # at least the token's argmax and its readback
     assert row["attention_implementation"] == "sdpa"
     assert row["counted_positions_per_token"] == row["positions_per_token"]  # a causal row's calls: no padding
-    assert "| syncs/step | attn calls/layer | counted positions/token | counted K/V copied/token |" in \
+    assert "| syncs/step | ops/step | attn calls/layer | counted positions/token | counted K/V copied/token |" in \
         (tmp_path / "bench.md").read_text()
     assert "syncs/step" in out and "K/V copied/token" in out
 
