@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Generator, Iterator, Protocol, TypeVar
 
+import numpy as np
 import torch
 from transformers import AttentionInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
@@ -43,10 +44,9 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from refusion_cli.decoding.readback import Readback
 from refusion_cli.decoding.stats import DecodeStats, count_call, float_logits, logits_at, timed_call
 
-def group_causal(groups: torch.Tensor) -> torch.Tensor:
-    """[Q] group ids -> [Q, Q] bool: query i sees key j iff j <= i and both are in one group."""
-    same = groups[:, None] == groups[None, :]
-    return same & torch.ones_like(same).tril()
+def group_causal(groups: np.ndarray) -> np.ndarray:
+    """[Q] group ids -> [Q, Q] bool (host): query i sees key j iff j <= i and both are in one group."""
+    return (groups[:, None] == groups[None, :]) & np.tri(len(groups), dtype=bool)
 
 
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -71,7 +71,7 @@ class Feed:
 
     ids: torch.Tensor
     positions: torch.Tensor
-    groups: torch.Tensor | None = None  # None: one group
+    groups: Sequence[int] | None = None  # the group of each new token, on the host (None: one group)
     # also answer the logits of the lane's last committed token, first: only while it has no K/V in
     # the cache (the lane's first call, or every call without reuse)
     context_logits: bool = False
@@ -188,35 +188,47 @@ class RowsMask:
     call_keys: bool = False  # the keys are the call's own packed K/V (CallKV), a lane's those of its span
 
 
-def device_index(values: Sequence[Any], device: torch.device) -> torch.Tensor:
-    """``values`` (ints, or tuples of ints) as a long tensor on ``device``, copied without waiting for the device
-    (from pinned memory on CUDA, where a plain copy would wait for the queue)."""
-    host = torch.tensor(values, dtype=torch.long)
+def device_index(values: Sequence[Any] | np.ndarray, device: torch.device) -> torch.Tensor:
+    """``values`` (ints, or tuples of ints) as a long tensor on ``device``."""
+    return to_device(torch.tensor(values, dtype=torch.long), device)
+
+
+def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A tensor built on the host, on ``device``: copied without waiting for the device (from pinned memory on
+    CUDA, where a plain copy would wait for the queue)."""
     if device.type != "cuda":
         return host.to(device)
     return host.pin_memory().to(device, non_blocking=True)
 
 
-def packed_rows(alloweds: list[torch.Tensor], dtype: torch.dtype) -> PackedRows:
-    """The layout of one attention call for every row of a packed call whose row ``i`` feeds
-    ``alloweds[i].shape[0]`` tokens (in row order) that see columns ``alloweds[i]`` [n, c] of its store row."""
-    device = alloweds[0].device
+def lane_masks(alloweds: list[np.ndarray], dtype: torch.dtype, device: torch.device,
+               packed: bool) -> tuple[PackedRows | None, list[torch.Tensor]]:
+    """The attention layout of a packed call whose lane ``i`` feeds ``alloweds[i].shape[0]`` tokens (in lane
+    order) that see columns ``alloweds[i]`` [n, c] (host, bool) of its store row: with ``packed``, one
+    attention call for every lane (:class:`PackedRows`), else each lane's additive mask [1, 1, n, c]. Built on
+    the host and copied to the device once, whatever the number of lanes."""
     lengths = [allowed.shape[0] for allowed in alloweds]
-    lanes, queries = len(lengths), max(lengths)
-    columns = max(allowed.shape[1] for allowed in alloweds)
-    allowed = torch.zeros(lanes, queries, columns, dtype=torch.bool, device=device)
+    lanes, queries = len(lengths), max(max(lengths), 1)
+    columns = max(max(allowed.shape[1] for allowed in alloweds), 1)
+    allowed = np.zeros((lanes, queries, columns), dtype=bool)
     allowed[:, :, 0] = True  # a padding query sees one column (its output is dropped), never none
+    for lane, lane_allowed in enumerate(alloweds):
+        allowed[lane, : lane_allowed.shape[0], : lane_allowed.shape[1]] = lane_allowed
+    minimum = torch.finfo(dtype).min  # exact in float64, as every float dtype's
+    additive = to_device(torch.tensor(np.where(allowed, 0.0, minimum)[:, None], dtype=dtype), device)
+    if not packed:  # [lanes, 1, Q, columns]: each lane's own corner
+        return None, [additive[lane: lane + 1, :, :n, : allowed_lane.shape[1]]
+                      for lane, (n, allowed_lane) in enumerate(zip(lengths, alloweds))]
     gather: list[int] = []
     scatter: list[int] = []
     first = 0
-    for lane, (lane_allowed, n) in enumerate(zip(alloweds, lengths)):
-        allowed[lane, :n, : lane_allowed.shape[1]] = lane_allowed
+    for lane, n in enumerate(lengths):
         gather.extend(range(first, first + n))
         gather.extend([first] * (queries - n))
         scatter.extend(range(lane * queries, lane * queries + n))
         first += n
-    return PackedRows(device_index(gather, device), device_index(scatter, device), additive_mask(allowed, dtype),
-                      lanes, queries, columns)
+    return PackedRows(device_index(gather, device), device_index(scatter, device), additive, lanes, queries,
+                      columns), []
 
 
 ROWS_ATTENTION = "refusion_rows"
@@ -366,7 +378,7 @@ class Lanes:
             if feed.context_logits and not state.pending_ids.numel():
                 raise RuntimeError("context_logits asked for a committed token whose K/V is already cached")
             inputs.append(self._row_input(state, feed))
-        lengths = [ids.numel() for ids, _, _ in inputs]
+        lengths = [sum(piece.numel() for piece in ids) for ids, _, _ in inputs]
         starts = [state.length if self.reuse else 0 for state in states]
         reads = [feeds[lane].ids.numel() + feeds[lane].context_logits for lane in self.rows]
         total = sum(lengths)
@@ -375,8 +387,8 @@ class Lanes:
             self.store.prepare(len(states), max(span[2] for span in mask.spans), write_rows, write_columns)
             out, seconds = timed_call(
                 self.model,
-                input_ids=torch.cat([ids for ids, _, _ in inputs])[None],  # [1, T]
-                position_ids=torch.cat([positions for _, positions, _ in inputs])[None],  # [1, T]
+                input_ids=torch.cat([piece for ids, _, _ in inputs for piece in ids])[None],  # [1, T]
+                position_ids=torch.cat([piece for _, positions, _ in inputs for piece in positions])[None],
                 attention_mask=mask_argument(self.model.config, PLACEHOLDER_MASK),
                 lane_rows=mask,
                 use_cache=True,
@@ -387,11 +399,12 @@ class Lanes:
         logits = out.logits[0]
         if logits.shape[0] != read_columns.numel():
             logits = logits[read_columns]
+        logits = float_logits(logits)  # every lane's at once
         results, offset = {}, 0
         for lane, state, feed, n, read in zip(self.rows, states, (feeds[lane] for lane in self.rows), lengths,
                                               reads):
             count_call(state.stats, n, seconds)
-            results[lane] = float_logits(logits[offset: offset + read])
+            results[lane] = logits[offset: offset + read]
             offset += read
             state.fed = feed
             if self.reuse:  # the pending tokens' K/V is in the store now, the fed tokens' right after
@@ -399,40 +412,37 @@ class Lanes:
                 state.pending_ids, state.pending_positions = state.pending_ids[:0], state.pending_positions[:0]
         return results
 
-    def _layout(self, inputs: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], lengths: list[int],
+    def _layout(self, inputs: list[tuple[list[torch.Tensor], list[torch.Tensor], np.ndarray]], lengths: list[int],
                 starts: list[int], reads: list[int],
                 implementation: str) -> tuple[RowsMask, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The packed call's per-lane attention (by the model's ``implementation`` otherwise), where its K/V goes
         ([T] store rows and columns), and the packed columns whose logits are read."""
-        device = self.device
         spans, alloweds = [], []
         reading: list[int] = []
         offset = 0
         for (_, _, among), n, start, read in zip(inputs, lengths, starts, reads):
-            allowed = torch.ones(n, start + n, dtype=torch.bool, device=device)  # [n, columns]
+            allowed = np.ones((n, start + n), dtype=bool)  # [n, columns]
             allowed[:, start:] = among
             alloweds.append(allowed)
             spans.append((offset, n, start + n))
             reading.extend(range(offset + n - read, offset + n))  # the lane's last ``read`` tokens
             offset += n
-        packed = packed_rows(alloweds, self.dtype) if self.packed and len(inputs) > 1 else None
-        # each lane's own additive mask [1, 1, n, columns], when attention goes lane by lane
-        masks = [] if packed is not None else [additive_mask(allowed, self.dtype) for allowed in alloweds]
-        length = device_index(lengths, device)
-        write_rows = torch.arange(len(inputs), device=device).repeat_interleave(length)  # [T]
-        write_columns = torch.cat([torch.arange(start, start + n, device=device)
-                                   for start, n in zip(starts, lengths)])  # [T]
-        read_columns = device_index(reading, device)
-        return RowsMask(spans, masks, implementation, packed), write_rows, write_columns, read_columns
+        packed, masks = lane_masks(alloweds, self.dtype, self.device, self.packed and len(inputs) > 1)
+        write_rows = np.repeat(np.arange(len(inputs)), lengths)  # [T]
+        write_columns = np.concatenate([np.arange(start, start + n) for start, n in zip(starts, lengths)])  # [T]
+        write_rows_device, write_columns_device = device_index(np.stack([write_rows, write_columns]), self.device)
+        read_columns = device_index(reading, self.device)
+        return RowsMask(spans, masks, implementation, packed), write_rows_device, write_columns_device, read_columns
 
-    def _row_input(self, state: _Lane, feed: Feed) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """A lane's pending + new tokens, their positions and what they see among themselves [Q, Q]."""
-        groups = feed.groups if feed.groups is not None else torch.zeros_like(feed.ids)
-        n_pending = state.pending_ids.numel()
-        all_groups = torch.cat([torch.full((n_pending,), -1, dtype=groups.dtype, device=groups.device), groups])
-        among = group_causal(all_groups)  # [Q, Q] with Q = pending + new
+    def _row_input(self, state: _Lane, feed: Feed) -> tuple[list[torch.Tensor], list[torch.Tensor], np.ndarray]:
+        """A lane's pending + new tokens, their positions and what they see among themselves [Q, Q] (host)."""
+        n_pending, n_new = state.pending_ids.numel(), feed.ids.numel()
+        groups = np.zeros(n_new, dtype=np.int64) if feed.groups is None else np.asarray(feed.groups, dtype=np.int64)
+        among = group_causal(np.concatenate([np.full(n_pending, -1), groups]))  # [Q, Q] with Q = pending + new
         among[n_pending:, :n_pending] = True  # new tokens see every pending committed token
-        return torch.cat([state.pending_ids, feed.ids]), torch.cat([state.pending_positions, feed.positions]), among
+        if not n_pending:
+            return [feed.ids], [feed.positions], among
+        return [state.pending_ids, feed.ids], [state.pending_positions, feed.positions], among
 
 
 class Lane:
@@ -448,7 +458,7 @@ class Lane:
         """Committed tokens, prompt included."""
         return self.lanes.length(self.lane)
 
-    def forward(self, ids: torch.Tensor, positions: torch.Tensor, groups: torch.Tensor | None = None,
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, groups: Sequence[int] | None = None,
                 context_logits: bool = False) -> LaneStep[torch.Tensor]:
         """Feed ``ids`` [Q] at true ``positions`` [Q] after the committed tokens; return float logits [Q, V].
 

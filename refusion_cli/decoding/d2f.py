@@ -34,6 +34,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from refusion_cli.decoding.config import ConfigError, check_non_negative, check_positive, check_probability
@@ -235,11 +236,10 @@ def record_all(canvas: Canvas, writes: list[Written | None], step: int) -> Canva
     return committed
 
 
-def block_causal(canvas: Canvas, block_size: int, start: int, end: int) -> torch.Tensor:
-    """[Q, Q] bool over canvas positions start..end-1: q sees k when k's block is q's or an earlier one
+def block_causal(canvas: Canvas, block_size: int, start: int, end: int) -> np.ndarray:
+    """[Q, Q] bool (host) over canvas positions start..end-1: q sees k when k's block is q's or an earlier one
     (the prompt is the first block)."""
-    positions = torch.arange(start, end, device=canvas.device)
-    block_of = torch.div(positions - canvas.prompt_length, block_size, rounding_mode="floor").clamp(min=-1)
+    block_of = np.maximum((np.arange(start, end) - canvas.prompt_length) // block_size, -1)
     return block_of[None, :] <= block_of[:, None]
 
 

@@ -30,10 +30,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, overload
 
+import numpy as np
 import torch
 
-from refusion_cli.decoding.cache import (PLACEHOLDER_MASK, CallCounts, CallKV, RowsMask, RowStore, additive_mask,
-                                         attending_by_rows, device_index, mask_argument, packed_rows)
+from refusion_cli.decoding.cache import (PLACEHOLDER_MASK, CallCounts, CallKV, RowsMask, RowStore, attending_by_rows,
+                                         device_index, lane_masks, mask_argument)
 from refusion_cli.decoding.canvas import Block, Canvas, CanvasStep, MDMStep, even_schedule, report_to
 from refusion_cli.decoding.stats import (DecodeResult, DecodeStats, EosIds, RowClock, cache_argument, count_call,
                                          kept_logits, logits_at, timed_call)
@@ -59,7 +60,7 @@ class CanvasFeed:
     prefix: int = 0  # cached columns left of the fed tokens that they see
     suffix: int = 0  # cached columns right of them that they see (the dual cache's)
     keep: int | None = None  # later calls read the K/V of the first ``keep`` fed positions (None: this call's none)
-    among: torch.Tensor | None = None  # [Q, Q] bool: fed token q sees fed token k (None: all, or the earlier ones)
+    among: np.ndarray | None = None  # [Q, Q] bool (host): fed token q sees fed token k (None: all, or the earlier ones)
     read: Sequence[int] | torch.Tensor | None = None  # ascending fed offsets whose logits come back (None: all)
     chunked: bool = False  # the row takes a HeadInput for its logits when the call reads more than LOGITS_CHUNK
     base: int = 0  # the store column of canvas position 0 for this stream
@@ -180,7 +181,7 @@ class CanvasCalls:
         spans, alloweds, first = [], [], 0
         for slot, feed in enumerate(slots):
             if feed is None:
-                allowed = torch.zeros(0, 1, dtype=torch.bool, device=self.device)
+                allowed = np.zeros((0, 1), dtype=bool)
             else:
                 allowed = self._among(feed) if own else self._allowed(feed)  # [Q, columns]
                 column = feed.base + feed.start
@@ -189,10 +190,7 @@ class CanvasCalls:
             spans.append((first, allowed.shape[0], allowed.shape[1]))
             first += allowed.shape[0]
         write_rows, write_columns, positions = device_index(places, self.device).T.contiguous()  # [T] each
-        packed = packed_rows(alloweds, self.dtype) if self.packed and len(slots) > 1 else None
-        masks = [] if packed is not None else [  # each row's own, when attention goes row by row
-            additive_mask(allowed, self.dtype) if allowed.shape[0] else allowed.new_zeros(1, 1, 0, 1, dtype=self.dtype)
-            for allowed in alloweds]
+        packed, masks = lane_masks(alloweds, self.dtype, self.device, self.packed and len(slots) > 1)
         attend = attending_by_rows(self.model) if hasattr(self.model.config, "_attn_implementation_internal") \
             else contextlib.nullcontext("sdpa")  # a stand-in model's config (it runs no attention of its own)
         with attend as implementation:
@@ -204,16 +202,16 @@ class CanvasCalls:
                               lane_rows=RowsMask(spans, masks, implementation, packed, call_keys=own), use_cache=True,
                               **cache_argument(self.model, CallKV() if own else self.store), **keep)
 
-    def _among(self, feed: CanvasFeed) -> torch.Tensor:
-        """[Q, Q] bool: which fed tokens each fed token sees."""
+    def _among(self, feed: CanvasFeed) -> np.ndarray:
+        """[Q, Q] bool (host): which fed tokens each fed token sees."""
         n = feed.ids.numel()
-        among = torch.ones(n, n, dtype=torch.bool, device=self.device) if feed.among is None else feed.among
-        return among.tril() if self.causal else among
+        among = np.ones((n, n), dtype=bool) if feed.among is None else feed.among
+        return np.tril(among) if self.causal else among
 
-    def _allowed(self, feed: CanvasFeed) -> torch.Tensor:
-        """[Q, columns] bool: the store columns of its row each fed token sees."""
+    def _allowed(self, feed: CanvasFeed) -> np.ndarray:
+        """[Q, columns] bool (host): the store columns of its row each fed token sees."""
         n, fed = feed.ids.numel(), feed.base + feed.start
-        allowed = torch.zeros(n, fed + n + feed.suffix, dtype=torch.bool, device=self.device)
+        allowed = np.zeros((n, fed + n + feed.suffix), dtype=bool)
         allowed[:, feed.base: feed.base + feed.prefix] = True
         allowed[:, fed: fed + n] = self._among(feed)
         if not self.causal:

@@ -41,9 +41,15 @@ def read_all(readbacks: list[Readback]) -> list[HostValues]:
     by_device: dict[torch.device, list[int]] = {}
     for index, tensor in enumerate(tensors):
         by_device.setdefault(tensor.device, []).append(index)
-    for device, indices in by_device.items():
+    for device, on_device in by_device.items():
         wide = torch.float32 if device.type == "mps" else torch.float64
-        packed = torch.cat([tensors[i].detach().reshape(-1).to(wide) for i in indices]).tolist()  # the one wait
+        by_dtype: dict[torch.dtype, list[int]] = {}
+        for index in on_device:
+            by_dtype.setdefault(tensors[index].dtype, []).append(index)
+        indices = [index for same in by_dtype.values() for index in same]  # the order of ``packed``
+        # a few ops whatever the number of tensors: one cat and one conversion per dtype, one cat of those
+        parts = [torch.cat([tensors[i].detach().reshape(-1) for i in same]).to(wide) for same in by_dtype.values()]
+        packed = (torch.cat(parts) if len(parts) > 1 else parts[0]).tolist()  # the one wait
         offset = 0
         for i in indices:
             count = tensors[i].numel()

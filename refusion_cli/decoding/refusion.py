@@ -167,7 +167,7 @@ def complete_slots(ctx: Lane, rows: torch.Tensor, positions: torch.Tensor, accep
     while not done and rounds < k:
         rounds += 1
         n_rows = rows.shape[0]
-        groups = torch.arange(n_rows, device=rows.device).repeat_interleave(k)  # [R*k] row of each token
+        groups = [row for row in range(n_rows) for _ in range(k)]  # [R*k] row of each token (host)
         # a) re-draft the unaccepted tokens of each row (unshifted MDM read)
         masked = torch.where(accepted, rows, mask_token_id)
         logits = (yield from ctx.forward(masked.flatten(), positions.flatten(), groups)).view(n_rows, k, -1)
@@ -207,7 +207,7 @@ def complete_slots(ctx: Lane, rows: torch.Tensor, positions: torch.Tensor, accep
         else:
             done = all(flags)
     if stale:  # the commit takes the K/V of the context's last call: compute it for the final tokens
-        groups = torch.arange(rows.shape[0], device=rows.device).repeat_interleave(k)
+        groups = [row for row in range(rows.shape[0]) for _ in range(k)]
         logits = (yield from ctx.forward(rows.flatten(), positions.flatten(), groups)).view(rows.shape[0], k, -1)
     return Completed(rows, rounds, logits, tokens, kind_list)
 

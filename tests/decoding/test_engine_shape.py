@@ -52,3 +52,12 @@ def test_packed_attention_is_one_call_a_layer_and_the_same_tokens(decoder, varia
     # every call of more than one row is one attention call a layer; the last rows of the run may run alone
     calls = by_batch.sdpa_calls // layers
     assert by_batch.sdpa_calls == calls * layers and calls < by_lane.sdpa_calls // layers
+
+
+def test_a_steps_tensor_ops_do_not_grow_with_the_rows_but_the_decoders_own():
+    """The runner builds a call's masks and indices on the host and copies them once, and the readback is a few
+    ops whatever the rows: what a row adds to a step is AR's own argmax and next position (a kernel each)."""
+    _, alone, _ = decode("ar", VARIANTS[0], packed=True, rows=1)
+    _, four, _ = decode("ar", VARIANTS[0], packed=True, rows=4)
+    assert alone.ops_per_step() is not None and four.ops_per_step() is not None
+    assert four.ops_per_step() <= alone.ops_per_step() + 2 * 3
