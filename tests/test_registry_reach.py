@@ -17,7 +17,7 @@ from refusion_cli.decoding.engine import run_decoder
 from refusion_cli.decoding import registry
 from refusion_cli.decoding.rows import shared_calls
 from refusion_cli.decoding.spec import DecoderChoice
-from refusion_cli.decoding.readback import Readback, read_all
+from refusion_cli.decoding.readback import Batched, Readback, read_all
 from refusion_cli.harness import lm_adapters
 from refusion_cli.harness.answers import SCRIPT_RULES, STOCK, answer_rule
 from refusion_cli.harness.manifest import EvalProtocol
@@ -73,7 +73,7 @@ def test_one_registry_entry_adds_a_decoder_everywhere(new_decoder):
     feed = next(program)
     try:
         while True:  # a model call for a feed, the host values for a readback (the engine's two kinds of wait)
-            reply = read_all([feed])[0] if isinstance(feed, Readback) else calls.forward({0: feed})[0]
+            reply = read_all([feed])[0] if isinstance(feed, (Readback, Batched)) else calls.forward({0: feed})[0]
             feed = program.send(reply)
     except StopIteration as stop:
         assert stop.value.tokens == alone.tokens

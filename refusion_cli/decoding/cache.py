@@ -41,7 +41,7 @@ from transformers import AttentionInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from refusion_cli.decoding.readback import Readback
+from refusion_cli.decoding.readback import Batched, Readback
 from refusion_cli.decoding.stats import DecodeStats, count_call, float_logits, logits_at, timed_call
 
 def group_causal(groups: np.ndarray) -> np.ndarray:
@@ -79,7 +79,7 @@ class Feed:
 
 T = TypeVar("T")
 # a lane program's step: yields feeds (sent their logits) or readbacks (sent host values), returns T
-LaneStep = Generator["Feed | Readback", Any, T]
+LaneStep = Generator["Feed | Readback | Batched", Any, T]
 
 
 @dataclass

@@ -15,6 +15,7 @@ from typing import Any, Generator, TypeVar
 
 import torch
 
+from refusion_cli.decoding.cache import to_device
 from refusion_cli.decoding.readback import read
 from refusion_cli.decoding.stats import DecodeResult, DecodeStats, EosIds, RowClock, cut_after_eos
 
@@ -131,10 +132,21 @@ class Canvas:
         offsets, tokens = values[0], values[1]
         if written.taken is not None:
             offsets, tokens = ([value for value, kept in zip(column, values[2]) if kept] for column in (offsets, tokens))
-        first = written.block.start - self.prompt_length
+        return self._recorded(written.block, step, offsets, tokens)
+
+    def commit(self, block: Block, step: int, offsets: list[int], tokens: list[int]) -> list[int]:
+        """Write ``tokens`` at block ``offsets`` (host values, distinct) on the device, one copy and one write,
+        and record them as :meth:`record` does; returns the tokens."""
+        if offsets:
+            places = to_device(torch.tensor([[block.start + offset for offset in offsets], tokens]), self.device)
+            self.ids[places[0]] = places[1]
+        return self._recorded(block, step, offsets, tokens)
+
+    def _recorded(self, block: Block, step: int, offsets: list[int], tokens: list[int]) -> list[int]:
+        first = block.start - self.prompt_length
         for offset, token in zip(offsets, tokens):
             self.response[first + offset] = token
-        record = MDMStep(written.block.index, step, [first + offset for offset in offsets], tokens)
+        record = MDMStep(block.index, step, [first + offset for offset in offsets], tokens)
         self.trace.append(record)
         if self.report is not None:
             self.report(self.stats, record)

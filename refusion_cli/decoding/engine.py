@@ -44,7 +44,7 @@ import torch
 from refusion_cli.decoding.batching import Generators, Prompt, Prompts, batch_prompts, row_callback, row_generators
 from refusion_cli.decoding.cache import SharedCalls
 from refusion_cli.decoding.memory import BatchChoice, ModelSize, fitting_batch, is_out_of_memory, memory_budget, reserve
-from refusion_cli.decoding.readback import Readback, read_all
+from refusion_cli.decoding.readback import Batched, Readback, read_all
 from refusion_cli.decoding.registry import calls_kind, decoder_spec, row_memory_bytes, row_options
 from refusion_cli.decoding.rows import RowOptions, RowProgram, commits, response_budget, shared_calls
 from refusion_cli.decoding.stats import CallbackTime, DecodeResult, DecodeStats, EosIds, RowClock
@@ -203,7 +203,7 @@ class Engine:
         """Send every row that waits on device values its values, read for all of them at once, until each
         waits on a model call (a row may need a second readback that depends on the first)."""
         while True:
-            rows = [row for row in self.running.values() if isinstance(row.feed, Readback)]
+            rows = [row for row in self.running.values() if isinstance(row.feed, (Readback, Batched))]
             if not rows:
                 return
             try:

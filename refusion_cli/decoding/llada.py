@@ -28,17 +28,19 @@ should be bidirectional (see ``registry.check_decoder_fits``); it is not checked
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
 import torch
 
-from refusion_cli.decoding.batching import gumbel_argmax, token_probs
+from refusion_cli.decoding.batching import token_probs
 from refusion_cli.decoding.config import ConfigError, check_non_negative
 from refusion_cli.decoding.canvas import Block, Canvas, CanvasStep, even_schedule
 from refusion_cli.decoding.mdm import CanvasPasses, plain_logits
-from refusion_cli.decoding.mdm_sampling import check_blocks, check_fast_options, choose_positions, forbid_mask, uniform
+from refusion_cli.decoding.mdm_sampling import check_blocks, check_fast_options, forbid_mask, uniform
+from refusion_cli.decoding.readback import decide
 from refusion_cli.decoding.stats import DecodeResult, wide_float
 
 REMASKING = ("low_confidence", "random")
@@ -80,10 +82,9 @@ FAST_DLLM_PRESETS: Mapping[str, LLaDAConfig] = MappingProxyType({
 
 def guided_logits(cond: CanvasPasses, uncond: CanvasPasses | None, canvas: Canvas, block: Block,
                   cfg_scale: float) -> CanvasStep[torch.Tensor]:
-    """1) The block's logits [B, V] in float64 (float32 on MPS), where the reference takes its argmax
-    and softmax. With guidance, a second pass with the prompt replaced by masks; the two are combined
-    in the model's own dtype first, as the reference combines the logits the model returns. The model
-    computes the logits of the block's positions only."""
+    """1) The block's logits [B, V] in the model's dtype. With guidance, a second pass with the prompt replaced by
+    masks; the two are combined in the model's own dtype, as the reference combines the logits the model
+    returns. The model computes the logits of the block's positions only."""
     positions = range(block.start, block.end)  # [B]
     logits = plain_logits((yield from cond(canvas.ids, positions)))
     if uncond is not None:
@@ -91,11 +92,43 @@ def guided_logits(cond: CanvasPasses, uncond: CanvasPasses | None, canvas: Canva
         unprompted[: canvas.prompt_length] = canvas.mask_token_id
         unconditional = plain_logits((yield from uncond(unprompted, positions)))
         logits = unconditional + (cfg_scale + 1) * (logits - unconditional)
-    return logits.to(wide_float(logits.device))
+    return logits
+
+
+def choose(logits: torch.Tensor, block_ids: torch.Tensor, counts: torch.Tensor, *noise: torch.Tensor,
+           mask_token_id: int, threshold: float | None, temperature: float,
+           remasking: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Steps 1-3 for N rows at once, on the device: ``logits`` [N, B, V] (the model's dtype; argmax and softmax in
+    float64, float32 on MPS, as the reference), the block's ids [N, B], the unmasking counts [N], and the rows'
+    draws (``temperature`` > 0: U(0, 1) [N, B, V] for the Gumbel noise; ``random``: U(0, 1) [N, B], last).
+
+    Returns, per row, the block offsets ranked best first (masked ones first, ties leftmost: a stable sort) [N, B],
+    the predicted token at each [N, B], and which go [N, B]: the first ``count`` (at most the masks), or with
+    ``threshold`` the first and every other whose token probability reaches it (among the masks)."""
+    wide = logits.to(wide_float(logits.device))
+    forbidden = forbid_mask(wide, mask_token_id)
+    if temperature == 0:
+        predicted = forbidden.argmax(-1)  # [N, B]
+    else:
+        predicted = (forbidden + temperature * -torch.log(-torch.log(noise[0]))).argmax(-1)
+    token_prob = token_probs(wide, predicted)  # [N, B]; the mask keeps its share, as in the reference
+    confidence = token_prob if remasking == "low_confidence" else noise[-1]
+    ranked = torch.where(block_ids == mask_token_id, confidence.to(wide.dtype), float("-inf"))
+    order = ranked.sort(dim=-1, descending=True, stable=True).indices  # [N, B]
+    if threshold is None:
+        taken = torch.arange(order.shape[1], device=order.device)[None] < counts[:, None]
+    else:
+        taken = token_prob.gather(-1, order) >= threshold
+        taken[:, 0] = True
+    return order, predicted.gather(-1, order), taken
 
 
 def llada_row(canvas: Canvas, config: LLaDAConfig, generator: torch.Generator | None) -> CanvasStep[DecodeResult]:
-    """One prompt's LLaDA decode as a row program (see mdm.canvas_row)."""
+    """One prompt's LLaDA decode as a row program (see mdm.canvas_row); its choice is made for every row waiting on
+    one at once (:func:`choose`)."""
+    decision = functools.partial(choose, mask_token_id=canvas.mask_token_id, threshold=config.threshold,
+                                 temperature=config.temperature, remasking=config.remasking)
+    key = ("llada", canvas.mask_token_id, config.threshold, config.temperature, config.remasking)
     cond = CanvasPasses(canvas.stats, config.use_cache, config.dual_cache)
     uncond = None
     if config.cfg_scale > 0:  # its K/V in the store columns after the conditional stream's
@@ -108,17 +141,16 @@ def llada_row(canvas: Canvas, config: LLaDAConfig, generator: torch.Generator | 
         for step in canvas.steps(block, config.steps_per_block, config.threshold, config.use_cache):
             # 1) predict
             logits = yield from guided_logits(cond, uncond, canvas, block, config.cfg_scale)  # [B, V]
-            predicted = gumbel_argmax(forbid_mask(logits, canvas.mask_token_id), config.temperature, generator)  # [B]
-            token_prob = token_probs(logits, predicted)  # [B]; the mask keeps its share, as in the reference
-            # 2) rank
-            if config.remasking == "low_confidence":
-                confidence = token_prob
-            else:
-                confidence = uniform((block.length,), generator, canvas.device)
-            # 3) unmask
+            noise = []  # the row's draws, in the reference's order
+            if config.temperature > 0:
+                noise.append(uniform(tuple(logits.shape), generator, canvas.device))
+            if config.remasking == "random":
+                noise.append(uniform((block.length,), generator, canvas.device))
+            # 2) rank and 3) unmask: every waiting row's at once
             count = schedule[step] if step < len(schedule) else 0  # past it: the cached step after a full block
-            offsets, taken = choose_positions(confidence, token_prob, canvas.masked(block),
-                                              n_masked=canvas.mask_count(block), count=count,
-                                              threshold=config.threshold)
-            yield from canvas.unmask(block, step, offsets, predicted[offsets], taken)
+            ranked, tokens, taken = yield from decide(key, decision, logits, canvas.ids[block.start: block.end],
+                                                      count, *noise)
+            n_masked = canvas.mask_count(block)
+            kept = range(n_masked if config.threshold is not None else min(count, n_masked))
+            canvas.commit(block, step, [ranked[i] for i in kept if taken[i]], [tokens[i] for i in kept if taken[i]])
     return canvas.result()

@@ -6,11 +6,17 @@ chosen, where an EOS was committed, the token just drawn) does not call ``.tolis
 readbacks of every running row, reads them in one transfer (:func:`read_all`: one wait for the device per
 round, whatever the number of rows) and sends each row its values: one flat host list per tensor, ints for
 integer and boolean tensors (``0`` / ``1``), floats for floating ones.
+
+A decision that is the same function for every row (LLaDA's unmasking) is yielded as :class:`Batched`
+(``values = yield from decide(key, function, *inputs)``): the engine stacks the inputs of every row waiting on
+the same ``key`` (and input shapes), calls ``function`` once on them and reads each row its row of the outputs
+with the round's other values, so a step's launches for it do not grow with the rows.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Callable, Hashable
 from typing import Generator
 
 import torch
@@ -25,7 +31,18 @@ class Readback:
     tensors: tuple[torch.Tensor, ...]
 
 
-ReadStep = Generator[Readback, HostValues, HostValues]
+@dataclass(frozen=True)
+class Batched:
+    """A row's inputs to a function computed for every row with the same ``key`` at once: ``function`` takes
+    each input stacked over those rows ([N, ...]; an int input becomes a long tensor [N]) and returns tensors
+    [N, ...]; the row is sent the host values of its row of each."""
+
+    key: Hashable
+    function: Callable[..., tuple[torch.Tensor, ...]]
+    inputs: tuple[torch.Tensor | int, ...]
+
+
+ReadStep = Generator["Readback | Batched", HostValues, HostValues]
 
 
 def read(*tensors: torch.Tensor) -> ReadStep:
@@ -33,9 +50,37 @@ def read(*tensors: torch.Tensor) -> ReadStep:
     return (yield Readback(tensors))
 
 
-def read_all(readbacks: list[Readback]) -> list[HostValues]:
-    """Every readback's values, read in one transfer per device (float64, float32 on Apple's MPS: every
+def decide(key: Hashable, function: Callable[..., tuple[torch.Tensor, ...]], *inputs: torch.Tensor | int) -> ReadStep:
+    """``yield from decide(key, function, a, b)`` in a row program: the host values of this row's outputs of
+    ``function`` on every waiting row's stacked inputs (see :class:`Batched`)."""
+    return (yield Batched(key, function, inputs))
+
+
+def computed(waits: list[Readback | Batched]) -> list[Readback]:
+    """Each :class:`Batched` made the readback of its row's outputs: one call of its function for every group of
+    them with one key and input shapes; a :class:`Readback` as it is."""
+    groups: dict[Hashable, list[Batched]] = {}
+    for wait in waits:
+        if isinstance(wait, Batched):
+            shapes = tuple((value.shape, value.dtype, value.device) if isinstance(value, torch.Tensor) else int
+                           for value in wait.inputs)
+            groups.setdefault((wait.key, shapes), []).append(wait)
+    ready: dict[int, Readback] = {}  # by id of the Batched
+    for members in groups.values():
+        device = next((value.device for value in members[0].inputs if isinstance(value, torch.Tensor)), None)
+        columns = [torch.stack(column) if isinstance(column[0], torch.Tensor)
+                   else torch.tensor(column, dtype=torch.long, device=device)
+                   for column in zip(*(member.inputs for member in members))]
+        outputs = members[0].function(*columns)
+        for row, member in enumerate(members):
+            ready[id(member)] = Readback(tuple(output[row] for output in outputs))
+    return [ready[id(wait)] if isinstance(wait, Batched) else wait for wait in waits]
+
+
+def read_all(waits: list[Readback | Batched]) -> list[HostValues]:
+    """Every wait's values, read in one transfer per device (float64, float32 on Apple's MPS: every
     token id and every float32 or bfloat16 value is exact in them)."""
+    readbacks = computed(waits)
     tensors = [tensor for readback in readbacks for tensor in readback.tensors]
     values: list[list] = [[] for _ in tensors]
     by_device: dict[torch.device, list[int]] = {}
@@ -63,4 +108,4 @@ def read_all(readbacks: list[Readback]) -> list[HostValues]:
     return out
 
 
-__all__ = ["HostValues", "ReadStep", "Readback", "read", "read_all"]
+__all__ = ["Batched", "HostValues", "ReadStep", "Readback", "decide", "read", "read_all"]

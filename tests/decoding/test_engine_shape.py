@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from refusion_cli.bench.counts import DecodeCounts, counting
-from refusion_cli.decoding import ARConfig, ReFusionConfig
+from refusion_cli.decoding import ARConfig, LLaDAConfig, ReFusionConfig
 from refusion_cli.decoding.engine import Engine, run_decoder
 from refusion_cli.decoding.variants import Variant
 from tests.decoding.test_batched import prompts_for
@@ -61,3 +61,20 @@ def test_a_steps_tensor_ops_do_not_grow_with_the_rows_but_the_decoders_own():
     _, four, _ = decode("ar", VARIANTS[0], packed=True, rows=4)
     assert alone.ops_per_step() is not None and four.ops_per_step() is not None
     assert four.ops_per_step() <= alone.ops_per_step() + 2 * 3
+
+
+@pytest.mark.parametrize("threshold", [None, 0.5])  # LLaDA's schedule, and Fast-dLLM's threshold
+def test_llada_chooses_for_every_row_at_once(threshold):
+    """LLaDA's choice is one batched function for the rows of a step: a row adds the copy and the write of its
+    chosen tokens (two ops) to a step, and decodes the tokens it decodes alone."""
+    model = tiny_qwen3(3, init_std=0.5)
+    config = LLaDAConfig(gen_length=8, steps=8, block_length=4, threshold=threshold)
+    counted, tokens = {}, {}
+    for rows in (1, 4):
+        with counting(model) as counts:
+            results = run_decoder("llada", model, prompts_for(1), config, mask_token_id=MASK_ID, eos_token_id=None,
+                                  engine=Engine(model, max_rows=rows))
+        counted[rows], tokens[rows] = counts.ops_per_step(), [result.tokens for result in results]
+    assert tokens[4] == tokens[1]
+    assert counted[1] is not None and counted[4] is not None
+    assert counted[4] <= counted[1] + 2 * 3
