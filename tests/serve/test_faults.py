@@ -103,7 +103,8 @@ def test_a_client_leaving_mid_stream_frees_its_row(refusion_tiny):
         with httpx.stream("POST", f"{base}/v1/completions", json=LONG, timeout=60, verify=False) as response:
             lines = response.iter_lines()  # kept: closing this iterator closes the connection
             assert next(lines).startswith("data: ")
-            assert metric(base, "refusion_running_rows") == 1
+            # the gauge is set when the step that sent the first token returns, which may be just after it arrives
+            wait_for(lambda: metric(base, "refusion_running_rows") == 1)
         wait_for(lambda: metric(base, "refusion_running_rows") == 0)
         cancelled = 'refusion_requests_total{decoder="ar",model="test-model",outcome="cancelled"} 1.0'
         assert cancelled in httpx.get(f"{base}/metrics", verify=False).text.splitlines()
