@@ -117,10 +117,14 @@ def gumbel_argmax(logits: torch.Tensor, temperature: float, generator: torch.Gen
     if temperature == 0:
         return logits.argmax(-1)
     noise_device = generator.device if generator is not None else logits.device
-    wide = wide_float(logits.device)
-    uniform = torch.rand(logits.shape, generator=generator, dtype=wide, device=noise_device)
-    gumbel = -torch.log(-torch.log(uniform.to(logits.device)))
-    return (logits.to(wide) + temperature * gumbel).argmax(-1)
+    uniform = torch.rand(logits.shape, generator=generator, dtype=wide_float(logits.device), device=noise_device)
+    return with_gumbel(logits, temperature, uniform.to(logits.device)).argmax(-1)
+
+
+def with_gumbel(logits: torch.Tensor, temperature: float, uniform: torch.Tensor) -> torch.Tensor:
+    """``logits`` in float64 (float32 on MPS) plus ``temperature`` times the Gumbel noise of the U(0, 1) draws
+    ``uniform`` (as ``logits``, on its device)."""
+    return logits.to(wide_float(logits.device)) + temperature * -torch.log(-torch.log(uniform))
 
 
 def token_probs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

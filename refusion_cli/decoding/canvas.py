@@ -90,10 +90,6 @@ class Canvas:
         for index, start in enumerate(range(self.prompt_length, self.length, block_length)):
             yield Block(index, start, min(start + block_length, self.length))
 
-    def masked(self, block: Block) -> torch.Tensor:
-        """[B] bool on the device: which positions of ``block`` still hold the mask token."""
-        return self.ids[block.start:block.end] == self.mask_token_id
-
     def masked_offsets(self, block: Block) -> list[int]:
         """The block offsets that still hold the mask token, ascending (from the host copy)."""
         first = block.start - self.prompt_length

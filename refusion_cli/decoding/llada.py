@@ -35,11 +35,12 @@ from types import MappingProxyType
 
 import torch
 
-from refusion_cli.decoding.batching import token_probs
+from refusion_cli.decoding.batching import token_probs, with_gumbel
 from refusion_cli.decoding.config import ConfigError, check_non_negative
 from refusion_cli.decoding.canvas import Block, Canvas, CanvasStep, even_schedule
 from refusion_cli.decoding.mdm import CanvasPasses, plain_logits
-from refusion_cli.decoding.mdm_sampling import check_blocks, check_fast_options, forbid_mask, uniform
+from refusion_cli.decoding.mdm_sampling import (best_first, check_blocks, check_fast_options, forbid_mask,
+                                                 masked_confidence, uniform)
 from refusion_cli.decoding.readback import decide
 from refusion_cli.decoding.stats import DecodeResult, wide_float
 
@@ -95,32 +96,23 @@ def guided_logits(cond: CanvasPasses, uncond: CanvasPasses | None, canvas: Canva
     return logits
 
 
-def choose(logits: torch.Tensor, block_ids: torch.Tensor, counts: torch.Tensor, *noise: torch.Tensor,
-           mask_token_id: int, threshold: float | None, temperature: float,
-           remasking: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def choose(logits: torch.Tensor, block_ids: torch.Tensor, *noise: torch.Tensor, mask_token_id: int,
+           threshold: float | None, temperature: float, remasking: str) -> tuple[torch.Tensor, ...]:
     """Steps 1-3 for N rows at once, on the device: ``logits`` [N, B, V] (the model's dtype; argmax and softmax in
-    float64, float32 on MPS, as the reference), the block's ids [N, B], the unmasking counts [N], and the rows'
-    draws (``temperature`` > 0: U(0, 1) [N, B, V] for the Gumbel noise; ``random``: U(0, 1) [N, B], last).
+    float64, float32 on MPS, as the reference), the block's ids [N, B], and the rows' draws (``temperature`` > 0:
+    U(0, 1) [N, B, V] for the Gumbel noise; ``random``: U(0, 1) [N, B], last).
 
-    Returns, per row, the block offsets ranked best first (masked ones first, ties leftmost: a stable sort) [N, B],
-    the predicted token at each [N, B], and which go [N, B]: the first ``count`` (at most the masks), or with
-    ``threshold`` the first and every other whose token probability reaches it (among the masks)."""
+    Returns, per row, the block offsets best first (the masks first: :func:`~mdm_sampling.best_first`) [N, B], the
+    predicted token at each [N, B] and, with ``threshold``, whether its probability reaches it [N, B]. The row
+    takes the first of them that its schedule says, or with ``threshold`` the first and those that reach it."""
     wide = logits.to(wide_float(logits.device))
     forbidden = forbid_mask(wide, mask_token_id)
-    if temperature == 0:
-        predicted = forbidden.argmax(-1)  # [N, B]
-    else:
-        predicted = (forbidden + temperature * -torch.log(-torch.log(noise[0]))).argmax(-1)
+    predicted = (forbidden if temperature == 0 else with_gumbel(forbidden, temperature, noise[0])).argmax(-1)
     token_prob = token_probs(wide, predicted)  # [N, B]; the mask keeps its share, as in the reference
     confidence = token_prob if remasking == "low_confidence" else noise[-1]
-    ranked = torch.where(block_ids == mask_token_id, confidence.to(wide.dtype), float("-inf"))
-    order = ranked.sort(dim=-1, descending=True, stable=True).indices  # [N, B]
-    if threshold is None:
-        taken = torch.arange(order.shape[1], device=order.device)[None] < counts[:, None]
-    else:
-        taken = token_prob.gather(-1, order) >= threshold
-        taken[:, 0] = True
-    return order, predicted.gather(-1, order), taken
+    order = best_first(masked_confidence(confidence, block_ids == mask_token_id))  # [N, B]
+    chosen = (order, predicted.gather(-1, order))
+    return chosen if threshold is None else (*chosen, token_prob.gather(-1, order) >= threshold)
 
 
 def llada_row(canvas: Canvas, config: LLaDAConfig, generator: torch.Generator | None) -> CanvasStep[DecodeResult]:
@@ -128,7 +120,7 @@ def llada_row(canvas: Canvas, config: LLaDAConfig, generator: torch.Generator | 
     one at once (:func:`choose`)."""
     decision = functools.partial(choose, mask_token_id=canvas.mask_token_id, threshold=config.threshold,
                                  temperature=config.temperature, remasking=config.remasking)
-    key = ("llada", canvas.mask_token_id, config.threshold, config.temperature, config.remasking)
+    key = (choose, *decision.keywords.items())  # rows of equal settings decide together
     cond = CanvasPasses(canvas.stats, config.use_cache, config.dual_cache)
     uncond = None
     if config.cfg_scale > 0:  # its K/V in the store columns after the conditional stream's
@@ -148,9 +140,12 @@ def llada_row(canvas: Canvas, config: LLaDAConfig, generator: torch.Generator | 
                 noise.append(uniform((block.length,), generator, canvas.device))
             # 2) rank and 3) unmask: every waiting row's at once
             count = schedule[step] if step < len(schedule) else 0  # past it: the cached step after a full block
-            ranked, tokens, taken = yield from decide(key, decision, logits, canvas.ids[block.start: block.end],
-                                                      count, *noise)
+            ranked, tokens, *reaches = yield from decide(key, decision, logits, canvas.ids[block.start: block.end],
+                                                         *noise)
             n_masked = canvas.mask_count(block)
-            kept = range(n_masked if config.threshold is not None else min(count, n_masked))
-            canvas.commit(block, step, [ranked[i] for i in kept if taken[i]], [tokens[i] for i in kept if taken[i]])
+            if reaches:  # Fast-dLLM: the best mask, and every other whose probability reaches the threshold
+                kept = [i for i in range(n_masked) if i == 0 or reaches[0][i]]
+            else:
+                kept = list(range(min(count, n_masked)))
+            canvas.commit(block, step, [ranked[i] for i in kept], [tokens[i] for i in kept])
     return canvas.result()

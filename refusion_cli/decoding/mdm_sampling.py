@@ -95,21 +95,31 @@ def choose_positions(
     position is always taken and every other masked one whose token probability is >= threshold,
     among the ``limit`` best ranked (None: all); otherwise ``count`` positions: the top ``count``,
     or, with ``alg_temp`` > 0 (Dream), drawn from softmax(confidence / alg_temp). Equal confidences
-    (frequent with bf16 probabilities) go leftmost first: torch.topk leaves the choice among ties
-    unspecified (the CPU's differs from the GPU's), so the ranking comes from a stable sort instead.
+    (frequent with bf16 probabilities) go leftmost first (:func:`best_first`).
     """
-    ranked = torch.where(masked, confidence.to(wide_float(confidence.device)), float("-inf"))  # [B]
+    ranked = masked_confidence(confidence, masked)  # [B]
     none = torch.zeros(0, dtype=torch.long, device=masked.device)
     if n_masked == 0:
         return none, None
     if threshold is not None:
-        best_first = ranked.sort(descending=True, stable=True).indices[: n_masked if limit is None else limit]
-        taken = token_prob[best_first] >= threshold
+        first = best_first(ranked)[: n_masked if limit is None else limit]
+        taken = token_prob[first] >= threshold
         taken[0] = True
-        return best_first, taken
+        return first, taken
     count = min(count, n_masked)
     if count == 0:
         return none, None
     if alg_temp > 0:
         return sample(torch.softmax(ranked / alg_temp, dim=-1), count, generator), None
-    return ranked.sort(descending=True, stable=True).indices[:count], None
+    return best_first(ranked)[:count], None
+
+
+def masked_confidence(confidence: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
+    """``confidence`` [..., B] at the ``masked`` positions, -inf elsewhere, in float64 (float32 on MPS)."""
+    return torch.where(masked, confidence.to(wide_float(confidence.device)), float("-inf"))
+
+
+def best_first(ranked: torch.Tensor) -> torch.Tensor:
+    """The positions of ``ranked`` [..., B] best first along the last dimension, equal ones leftmost first
+    (a stable sort: torch.topk leaves the order of ties unspecified, and the CPU's differs from the GPU's)."""
+    return ranked.sort(dim=-1, descending=True, stable=True).indices

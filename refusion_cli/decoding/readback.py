@@ -34,12 +34,12 @@ class Readback:
 @dataclass(frozen=True)
 class Batched:
     """A row's inputs to a function computed for every row with the same ``key`` at once: ``function`` takes
-    each input stacked over those rows ([N, ...]; an int input becomes a long tensor [N]) and returns tensors
-    [N, ...]; the row is sent the host values of its row of each."""
+    each input stacked over those rows ([N, ...]) and returns tensors [N, ...]; the row is sent the host values
+    of its row of each."""
 
     key: Hashable
     function: Callable[..., tuple[torch.Tensor, ...]]
-    inputs: tuple[torch.Tensor | int, ...]
+    inputs: tuple[torch.Tensor, ...]
 
 
 ReadStep = Generator["Readback | Batched", HostValues, HostValues]
@@ -50,7 +50,7 @@ def read(*tensors: torch.Tensor) -> ReadStep:
     return (yield Readback(tensors))
 
 
-def decide(key: Hashable, function: Callable[..., tuple[torch.Tensor, ...]], *inputs: torch.Tensor | int) -> ReadStep:
+def decide(key: Hashable, function: Callable[..., tuple[torch.Tensor, ...]], *inputs: torch.Tensor) -> ReadStep:
     """``yield from decide(key, function, a, b)`` in a row program: the host values of this row's outputs of
     ``function`` on every waiting row's stacked inputs (see :class:`Batched`)."""
     return (yield Batched(key, function, inputs))
@@ -62,16 +62,11 @@ def computed(waits: list[Readback | Batched]) -> list[Readback]:
     groups: dict[Hashable, list[Batched]] = {}
     for wait in waits:
         if isinstance(wait, Batched):
-            shapes = tuple((value.shape, value.dtype, value.device) if isinstance(value, torch.Tensor) else int
-                           for value in wait.inputs)
+            shapes = tuple((value.shape, value.dtype, value.device) for value in wait.inputs)
             groups.setdefault((wait.key, shapes), []).append(wait)
     ready: dict[int, Readback] = {}  # by id of the Batched
     for members in groups.values():
-        device = next((value.device for value in members[0].inputs if isinstance(value, torch.Tensor)), None)
-        columns = [torch.stack(column) if isinstance(column[0], torch.Tensor)
-                   else torch.tensor(column, dtype=torch.long, device=device)
-                   for column in zip(*(member.inputs for member in members))]
-        outputs = members[0].function(*columns)
+        outputs = members[0].function(*(torch.stack(column) for column in zip(*(m.inputs for m in members))))
         for row, member in enumerate(members):
             ready[id(member)] = Readback(tuple(output[row] for output in outputs))
     return [ready[id(wait)] if isinstance(wait, Batched) else wait for wait in waits]
