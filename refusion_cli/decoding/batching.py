@@ -116,9 +116,14 @@ def gumbel_argmax(logits: torch.Tensor, temperature: float, generator: torch.Gen
     """argmax(logits / T + Gumbel noise), in float64 (float32 on MPS); plain argmax at T = 0."""
     if temperature == 0:
         return logits.argmax(-1)
-    noise_device = generator.device if generator is not None else logits.device
-    uniform = torch.rand(logits.shape, generator=generator, dtype=wide_float(logits.device), device=noise_device)
-    return with_gumbel(logits, temperature, uniform.to(logits.device)).argmax(-1)
+    return with_gumbel(logits, temperature, uniform(tuple(logits.shape), generator, logits.device)).argmax(-1)
+
+
+def uniform(shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
+    """U(0, 1) float64 draws (float32 on MPS) from ``generator`` (on its own device), moved to ``device``."""
+    noise_device = generator.device if generator is not None else device
+    wide = wide_float(torch.device(device))
+    return torch.rand(shape, generator=generator, dtype=wide, device=noise_device).to(device)
 
 
 def with_gumbel(logits: torch.Tensor, temperature: float, uniform: torch.Tensor) -> torch.Tensor:

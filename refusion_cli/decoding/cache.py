@@ -41,7 +41,7 @@ from transformers import AttentionInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from refusion_cli.decoding.readback import Batched, Readback
+from refusion_cli.decoding.readback import Batched, Readback, device_index, joined, to_device
 from refusion_cli.decoding.stats import DecodeStats, count_call, float_logits, logits_at, timed_call
 
 def group_causal(groups: np.ndarray) -> np.ndarray:
@@ -67,10 +67,11 @@ def mask_argument(config, mask: torch.Tensor) -> torch.Tensor | dict[str, torch.
 
 @dataclass
 class Feed:
-    """What one lane feeds to a call: new tokens [Q] at true positions [Q], split into groups [Q]."""
+    """What one lane feeds to a call: new tokens [Q] at true positions [Q] (device tensors, or numpy arrays the
+    call copies to the device with every lane's in one transfer), split into groups [Q]."""
 
-    ids: torch.Tensor
-    positions: torch.Tensor
+    ids: torch.Tensor | np.ndarray
+    positions: torch.Tensor | np.ndarray
     groups: Sequence[int] | None = None  # the group of each new token, on the host (None: one group)
     # also answer the logits of the lane's last committed token, first: only while it has no K/V in
     # the cache (the lane's first call, or every call without reuse)
@@ -186,19 +187,6 @@ class RowsMask:
     implementation: str  # the attention the model runs otherwise (sdpa, eager)
     packed: PackedRows | None = None  # set: one attention call for every lane (see Lanes' ``packed``)
     call_keys: bool = False  # the keys are the call's own packed K/V (CallKV), a lane's those of its span
-
-
-def device_index(values: Sequence[Any] | np.ndarray, device: torch.device) -> torch.Tensor:
-    """``values`` (ints, or tuples of ints) as a long tensor on ``device``."""
-    return to_device(torch.tensor(values, dtype=torch.long), device)
-
-
-def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A tensor built on the host, on ``device``: copied without waiting for the device (from pinned memory on
-    CUDA, where a plain copy would wait for the queue)."""
-    if device.type != "cuda":
-        return host.to(device)
-    return host.pin_memory().to(device, non_blocking=True)
 
 
 def lane_masks(alloweds: list[np.ndarray], dtype: torch.dtype, device: torch.device,
@@ -335,7 +323,7 @@ class Lanes:
         if row != last:
             moved = self.rows[last]
             state = self.lanes[moved]
-            fed = state.fed.ids.numel() if state.fed is not None else 0
+            fed = len(state.fed.ids) if state.fed is not None else 0
             written = state.length + fed if self.reuse else 0  # committed, and fed until committed
             if self.store.keys and written:
                 self.store.move(last, row, written)
@@ -358,8 +346,8 @@ class Lanes:
         if self.reuse:
             state.length += n
         else:
-            state.pending_ids = torch.cat([state.pending_ids, fed.ids[:n]])
-            state.pending_positions = torch.cat([state.pending_positions, fed.positions[:n]])
+            state.pending_ids = joined([state.pending_ids, fed.ids[:n]], self.device)
+            state.pending_positions = joined([state.pending_positions, fed.positions[:n]], self.device)
 
     def forward(self, feeds: dict[int, Feed]) -> dict[int, torch.Tensor]:
         """One model call, counted once for every lane: each open lane feeds its tokens after its committed ones.
@@ -378,17 +366,17 @@ class Lanes:
             if feed.context_logits and not state.pending_ids.numel():
                 raise RuntimeError("context_logits asked for a committed token whose K/V is already cached")
             inputs.append(self._row_input(state, feed))
-        lengths = [sum(piece.numel() for piece in ids) for ids, _, _ in inputs]
+        lengths = [sum(len(piece) for piece in ids) for ids, _, _ in inputs]
         starts = [state.length if self.reuse else 0 for state in states]
-        reads = [feeds[lane].ids.numel() + feeds[lane].context_logits for lane in self.rows]
+        reads = [len(feeds[lane].ids) + feeds[lane].context_logits for lane in self.rows]
         total = sum(lengths)
         with attending_by_rows(self.model) as implementation:
             mask, write_rows, write_columns, read_columns = self._layout(inputs, lengths, starts, reads, implementation)
             self.store.prepare(len(states), max(span[2] for span in mask.spans), write_rows, write_columns)
             out, seconds = timed_call(
                 self.model,
-                input_ids=torch.cat([piece for ids, _, _ in inputs for piece in ids])[None],  # [1, T]
-                position_ids=torch.cat([piece for _, positions, _ in inputs for piece in positions])[None],
+                input_ids=joined([piece for ids, _, _ in inputs for piece in ids], self.device)[None],  # [1, T]
+                position_ids=joined([piece for _, positions, _ in inputs for piece in positions], self.device)[None],
                 attention_mask=mask_argument(self.model.config, PLACEHOLDER_MASK),
                 lane_rows=mask,
                 use_cache=True,
@@ -412,7 +400,7 @@ class Lanes:
                 state.pending_ids, state.pending_positions = state.pending_ids[:0], state.pending_positions[:0]
         return results
 
-    def _layout(self, inputs: list[tuple[list[torch.Tensor], list[torch.Tensor], np.ndarray]], lengths: list[int],
+    def _layout(self, inputs: list[tuple[list[Any], list[Any], np.ndarray]], lengths: list[int],
                 starts: list[int], reads: list[int],
                 implementation: str) -> tuple[RowsMask, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The packed call's per-lane attention (by the model's ``implementation`` otherwise), where its K/V goes
@@ -434,9 +422,10 @@ class Lanes:
         read_columns = device_index(reading, self.device)
         return RowsMask(spans, masks, implementation, packed), write_rows_device, write_columns_device, read_columns
 
-    def _row_input(self, state: _Lane, feed: Feed) -> tuple[list[torch.Tensor], list[torch.Tensor], np.ndarray]:
+    def _row_input(self, state: _Lane, feed: Feed) -> tuple[list[torch.Tensor | np.ndarray],
+                                                            list[torch.Tensor | np.ndarray], np.ndarray]:
         """A lane's pending + new tokens, their positions and what they see among themselves [Q, Q] (host)."""
-        n_pending, n_new = state.pending_ids.numel(), feed.ids.numel()
+        n_pending, n_new = state.pending_ids.numel(), len(feed.ids)
         groups = np.zeros(n_new, dtype=np.int64) if feed.groups is None else np.asarray(feed.groups, dtype=np.int64)
         among = group_causal(np.concatenate([np.full(n_pending, -1), groups]))  # [Q, Q] with Q = pending + new
         among[n_pending:, :n_pending] = True  # new tokens see every pending committed token
@@ -458,7 +447,8 @@ class Lane:
         """Committed tokens, prompt included."""
         return self.lanes.length(self.lane)
 
-    def forward(self, ids: torch.Tensor, positions: torch.Tensor, groups: Sequence[int] | None = None,
+    def forward(self, ids: torch.Tensor | np.ndarray, positions: torch.Tensor | np.ndarray,
+                groups: Sequence[int] | None = None,
                 context_logits: bool = False) -> LaneStep[torch.Tensor]:
         """Feed ``ids`` [Q] at true ``positions`` [Q] after the committed tokens; return float logits [Q, V].
 

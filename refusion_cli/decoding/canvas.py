@@ -15,8 +15,7 @@ from typing import Any, Generator, TypeVar
 
 import torch
 
-from refusion_cli.decoding.cache import to_device
-from refusion_cli.decoding.readback import read
+from refusion_cli.decoding.readback import read, to_device
 from refusion_cli.decoding.stats import DecodeResult, DecodeStats, EosIds, RowClock, cut_after_eos
 
 T = TypeVar("T")

@@ -39,11 +39,10 @@ import torch
 
 from refusion_cli.decoding.config import ConfigError, check_non_negative, check_positive, check_probability
 from refusion_cli.decoding.dream import DreamConfig, check_filters, predict_tokens
-from refusion_cli.decoding.cache import device_index
 from refusion_cli.decoding.canvas import Block, Canvas, CanvasStep, Written
 from refusion_cli.decoding.mdm import CanvasFeed, plain_logits, read_offsets, take_rows
 from refusion_cli.decoding.mdm_sampling import choose_positions
-from refusion_cli.decoding.readback import read
+from refusion_cli.decoding.readback import device_index, read
 from refusion_cli.decoding.stats import DecodeResult, eos_ids
 
 # forced_rank -> the Dream ranking that computes it (D2F's sampling_strategy default / margin_confidence / neg_entropy)

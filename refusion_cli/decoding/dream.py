@@ -56,13 +56,13 @@ from types import MappingProxyType
 
 import torch
 
+from refusion_cli.decoding.batching import uniform
 from refusion_cli.decoding.config import ConfigError, check_non_negative, check_positive, check_probability
 from refusion_cli.decoding.canvas import Canvas, CanvasStep, even_schedule
-from refusion_cli.decoding.cache import device_index
 from refusion_cli.decoding.mdm import CanvasPasses, ReadLogits, logit_chunks, take_rows
 from refusion_cli.decoding.mdm_sampling import (argmax_without, check_blocks, check_fast_options, choose_positions,
-                                               sample, uniform)
-from refusion_cli.decoding.readback import read
+                                               sample)
+from refusion_cli.decoding.readback import device_index, read
 from refusion_cli.decoding.stats import DecodeResult
 
 ALGORITHMS = ("origin", "maskgit_plus", "topk_margin", "entropy")

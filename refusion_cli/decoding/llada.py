@@ -35,12 +35,12 @@ from types import MappingProxyType
 
 import torch
 
-from refusion_cli.decoding.batching import token_probs, with_gumbel
+from refusion_cli.decoding.batching import token_probs, uniform, with_gumbel
 from refusion_cli.decoding.config import ConfigError, check_non_negative
 from refusion_cli.decoding.canvas import Block, Canvas, CanvasStep, even_schedule
 from refusion_cli.decoding.mdm import CanvasPasses, plain_logits
 from refusion_cli.decoding.mdm_sampling import (best_first, check_blocks, check_fast_options, forbid_mask,
-                                                 masked_confidence, uniform)
+                                                 masked_confidence)
 from refusion_cli.decoding.readback import decide
 from refusion_cli.decoding.stats import DecodeResult, wide_float
 

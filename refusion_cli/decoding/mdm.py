@@ -34,8 +34,9 @@ import numpy as np
 import torch
 
 from refusion_cli.decoding.cache import (PLACEHOLDER_MASK, CallCounts, CallKV, RowsMask, RowStore, attending_by_rows,
-                                         device_index, lane_masks, mask_argument)
+                                         lane_masks, mask_argument)
 from refusion_cli.decoding.canvas import Block, Canvas, CanvasStep, MDMStep, even_schedule, report_to
+from refusion_cli.decoding.readback import device_index
 from refusion_cli.decoding.stats import (DecodeResult, DecodeStats, EosIds, RowClock, cache_argument, count_call,
                                          kept_logits, logits_at, timed_call)
 

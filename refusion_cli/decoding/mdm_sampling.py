@@ -43,13 +43,6 @@ def check_fast_options(threshold: float | None, use_cache: bool, dual_cache: boo
 # choosing what to unmask
 
 
-def uniform(shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
-    """U(0, 1) float64 draws (float32 on MPS) from ``generator`` (on its own device), moved to ``device``."""
-    noise_device = generator.device if generator is not None else device
-    wide = wide_float(torch.device(device))
-    return torch.rand(shape, generator=generator, dtype=wide, device=noise_device).to(device)
-
-
 def sample(weights: torch.Tensor, count: int, generator: torch.Generator | None) -> torch.Tensor:
     """``count`` indices per row of ``weights`` [..., V] drawn without replacement (on the generator's device)."""
     draw_device = generator.device if generator is not None else weights.device

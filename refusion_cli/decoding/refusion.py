@@ -52,7 +52,10 @@ to the first one with a failing token are committed with that pass's K/V (throug
 accepted tokens, as on the fast path), and the rest go back to the plan. It costs one forward per
 completion step of more than one row. It combines with the other two.
 
-The prompt, batch and sampling helpers that every decoder shares are in
+What needs the logits is computed on the device for every row of a step at once (:func:`plan_choice`,
+:func:`verify_choice`, :func:`draft_choice`, yielded with ``readback.decide``); a row program keeps its slots,
+flags and tokens on the host and feeds the model host arrays, which the runner copies in one transfer for all
+rows. The prompt, batch and sampling helpers that every decoder shares are in
 :mod:`refusion_cli.decoding.batching`; this module holds only ReFusion's own algorithm.
 """
 
@@ -60,14 +63,15 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
+import numpy as np
 import torch
 
-from refusion_cli.decoding.batching import gumbel_argmax, next_token_probs, token_probs
+from refusion_cli.decoding.batching import next_token_probs, token_probs, uniform, with_gumbel
 from refusion_cli.decoding.cache import Lane, Lanes, LaneStep
 from refusion_cli.decoding.config import ReFusionConfig
-from refusion_cli.decoding.readback import read
+from refusion_cli.decoding.readback import decide, device_index
 from refusion_cli.decoding.stats import RowClock, DecodeResult, DecodeStats, EosIds, cut_after_eos, eos_ids, wide_float
 
 
@@ -100,116 +104,153 @@ KIND_NAMES = {FIRST: "first", VERIFIED: "verified", FORCED: "forced", CORRECTED:
 # the three steps
 
 
-def plan_slots(ctx: Lane, slots: list[int], slot_pos: torch.Tensor, config: ReFusionConfig,
+def plan_choice(sizes: list[int], logits: torch.Tensor, *noise: torch.Tensor, temperature: float,
+                slot_threshold: float) -> tuple[torch.Tensor, ...]:
+    """1) for every row waiting on it at once: ``logits`` [sum S, k, V] of each row's S masked slots, the rows
+    end to end (``sizes``: each row's S), and with ``temperature`` > 0 their U(0, 1) draws (as ``logits``, in
+    float64). Returns every slot's draft [sum S, k], its first token's probability [sum S] and whether it is
+    chosen [sum S]: its probability exceeds ``slot_threshold``, or none of its row's does and it is the row's
+    best (the first of equals)."""
+    drafts = (logits if temperature == 0 else with_gumbel(logits, temperature, noise[0])).argmax(-1)  # [sum S, k]
+    first_prob = token_probs(logits[:, 0], drafts[:, 0])  # [sum S]
+    # each row's slots side by side [rows, max S], padded with -1 (below every probability)
+    row_of, slot_of = device_index(np.stack([np.repeat(np.arange(len(sizes)), sizes),
+                                             np.concatenate([np.arange(size) for size in sizes])]), logits.device)
+    by_row = first_prob.new_full((len(sizes), max(sizes)), -1.0).index_put_((row_of, slot_of), first_prob)
+    over_by_row = by_row > slot_threshold
+    best = (slot_of == by_row.argmax(-1)[row_of]) & ~over_by_row.any(-1)[row_of]
+    return drafts, first_prob, (first_prob > slot_threshold) | best
+
+
+def plan_slots(ctx: Lane, slots: list[int], slot_pos: np.ndarray, config: ReFusionConfig,
                mask_token_id: int, generator: torch.Generator | None, context_next: bool = False
-               ) -> LaneStep[tuple[list[int], torch.Tensor, torch.Tensor, torch.Tensor | None]]:
-    """1) Draft every position of the masked ``slots``; return the chosen ones, all drafts [S, k], their
-    first tokens' probabilities [S] and, with ``context_next``, the causal head's logits after the last
-    committed token ([V]; else None)."""
+               ) -> LaneStep[tuple[list[int], np.ndarray, list[float], torch.Tensor | None]]:
+    """1) Draft every position of the masked ``slots`` (``slot_pos`` [n_slots, k]: every slot's positions);
+    return the chosen ones, all drafts [S, k] and their first tokens' probabilities [S] (host values), and, with
+    ``context_next``, the causal head's logits after the last committed token ([V]; else None)."""
     k = config.slot_size
-    positions = slot_pos[slots].flatten()  # [S*k]
-    masks = torch.full_like(positions, mask_token_id)
-    logits = yield from ctx.forward(masks, positions, context_logits=context_next)  # [(1+)S*k, V]
+    positions = slot_pos[slots].reshape(-1)  # [S*k]
+    logits = yield from ctx.forward(np.full_like(positions, mask_token_id), positions, context_logits=context_next)
     next_logits = logits[0] if context_next else None
-    logits = logits[1:] if context_next else logits  # [S*k, V], read unshifted
-    drafts = gumbel_argmax(logits, config.temperature, generator)  # [S*k]
-    first_prob = token_probs(logits, drafts).view(-1, k)[:, 0]  # [S]
-    over = first_prob > config.slot_threshold  # [S]; none over it: the single best slot
-    best = torch.zeros_like(over).scatter_(0, first_prob.argmax().view(1), True)
-    (flags,) = yield from read(over | (best & ~over.any()))
+    logits = (logits[1:] if context_next else logits).view(len(slots), k, -1)  # [S, k, V], read unshifted
+    noise = [uniform(tuple(logits.shape), generator, logits.device)] if config.temperature > 0 else []
+    decision = functools.partial(plan_choice, temperature=config.temperature, slot_threshold=config.slot_threshold)
+    drafts, first_prob, flags = yield from decide((plan_choice, *decision.keywords.items()), decision, logits,
+                                                  *noise, ragged=True)
     chosen = [index for index, flag in enumerate(flags) if flag]
-    return chosen, drafts.view(-1, k), first_prob, next_logits
+    return chosen, np.asarray(drafts, dtype=np.int64).reshape(-1, k), first_prob, next_logits
 
 
-def verify_drafts(ctx: Lane, drafts: torch.Tensor, positions: torch.Tensor,
-                  token_threshold: float) -> LaneStep[tuple[torch.Tensor, torch.Tensor]]:
-    """2) One causal pass over the concatenated drafts [R, k]; return accepted flags [R, k] and the
-    pass's logits [R*k, V].
+def verify_choice(sizes: list[int], logits: torch.Tensor, drafts: torch.Tensor, *carried: torch.Tensor,
+                  token_threshold: float, causal: bool = False) -> tuple[torch.Tensor, ...]:
+    """2) for every row waiting on it at once: the verification's ``logits`` [sum R, k, V] of the ``drafts``
+    [sum R, k] (each row's R slots end to end). Returns whether each token is accepted (not yet cumulative: its
+    AR probability exceeds ``token_threshold``; a slot's first token always) and the drafts, each [sum R, k],
+    with ``causal`` the causal head's token after each but the last [sum R, k - 1], then the ``carried`` values
+    [sum R, ...] as they are (read back with the decision)."""
+    accepted = next_token_probs(logits, drafts) > token_threshold
+    accepted[:, 0] = True
+    predicted = (logits[:, :-1].argmax(-1),) if causal else ()
+    return accepted, drafts, *predicted, *carried
+
+
+def verify_drafts(ctx: Lane, drafts: torch.Tensor | np.ndarray, positions: np.ndarray, token_threshold: float,
+                  groups: list[int] | None = None, *carried: torch.Tensor, causal: bool = False
+                  ) -> LaneStep[tuple[Any, ...]]:
+    """2) One causal pass over the concatenated drafts [R, k] (``groups``: rows that do not see each other); return
+    the accepted flags and the drafts (host values, flat), the pass's logits [R*k, V], with ``causal`` the causal
+    head's tokens (see :func:`verify_choice`) and the host values of the ``carried`` tensors [R, ...].
 
     A token is accepted when its AR probability exceeds ``token_threshold``; the first token of
     every slot is accepted as drafted. The flags are not yet cumulative.
     """
-    logits = yield from ctx.forward(drafts.flatten(), positions.flatten())
-    accepted = (next_token_probs(logits, drafts.flatten()) > token_threshold).view_as(drafts)
-    accepted[:, 0] = True
-    return accepted, logits
+    logits = yield from ctx.forward(drafts.reshape(-1), positions.reshape(-1), groups)
+    decision = functools.partial(verify_choice, token_threshold=token_threshold, causal=causal)
+    flags, tokens, *values = yield from decide((verify_choice, token_threshold, causal), decision,
+                                               logits.view(*drafts.shape, -1), drafts, *carried, ragged=True)
+    return flags, tokens, logits, *values
 
 
 @dataclass
 class Completed:
     """What the completion step ends with: the rows [R, k] (cut after the first row holding an accepted EOS),
     the rounds run, the logits [R, k, V] of the last call (the verification of exactly these rows, ready to be
-    committed), and on the host the rows' tokens and how each was accepted (FIRST / VERIFIED / FORCED or
-    CORRECTED), flat in row order."""
+    committed), and the rows' tokens and how each was accepted (FIRST / VERIFIED / FORCED or CORRECTED), flat in
+    row order (host values all but the logits)."""
 
-    rows: torch.Tensor
+    rows: np.ndarray
     rounds: int
     logits: torch.Tensor
     tokens: list[int]
     kinds: list[int]
 
 
-def complete_slots(ctx: Lane, rows: torch.Tensor, positions: torch.Tensor, accepted: torch.Tensor,
-                   config: ReFusionConfig, mask_token_id: int, stops: torch.Tensor | None, causal_fix: bool = False
+def draft_choice(sizes: list[int], logits: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """3a) for every row waiting on it at once: the argmax of the re-draft's ``logits`` [sum R, k, V]."""
+    return (logits.argmax(-1),)
+
+
+def complete_slots(ctx: Lane, rows: np.ndarray, positions: np.ndarray, accepted: np.ndarray,
+                   config: ReFusionConfig, mask_token_id: int, stops: set[int], causal_fix: bool = False
                    ) -> LaneStep[Completed]:
     """3) Re-draft and verify each chosen slot in its own row until every row is accepted.
 
     ``rows`` [R, k] drafts, ``accepted`` [R, k] cumulative flags from the global verification (not all set),
-    ``stops`` the EOS ids on the rows' device (None: no EOS). Each round reads its outcome back once.
+    ``stops`` the EOS ids, all on the host. The device computes what needs the logits (the re-drafts, the
+    verification's checks and with ``causal_fix`` the causal head's tokens), for every row at once; the rest is
+    the host's.
     """
     k = config.slot_size
     rounds = 0
-    kinds = torch.where(accepted, VERIFIED, 0)
+    kinds = np.where(accepted, VERIFIED, 0)
     kinds[:, 0] = FIRST
     stale = False  # causal_fix replaced a token after the last verification: its K/V is not that token's
-    done, tokens, kind_list = False, [], []
-    logits = rows.new_zeros(0)
+    done = False
     while not done and rounds < k:
         rounds += 1
         n_rows = rows.shape[0]
         groups = [row for row in range(n_rows) for _ in range(k)]  # [R*k] row of each token (host)
         # a) re-draft the unaccepted tokens of each row (unshifted MDM read)
-        masked = torch.where(accepted, rows, mask_token_id)
-        logits = (yield from ctx.forward(masked.flatten(), positions.flatten(), groups)).view(n_rows, k, -1)
-        rows = torch.where(accepted, rows, logits.argmax(-1))
+        logits = yield from ctx.forward(np.where(accepted, rows, mask_token_id).reshape(-1), positions.reshape(-1),
+                                        groups)
+        (drafted,) = yield from decide(draft_choice, draft_choice, logits.view(n_rows, k, -1), ragged=True)
+        rows = np.where(accepted, rows, np.reshape(drafted, (n_rows, k)))
         # b) verify every row causally; the token after the accepted prefix is always taken
-        logits = (yield from ctx.forward(rows.flatten(), positions.flatten(), groups)).view(n_rows, k, -1)
-        checked = next_token_probs(logits, rows) > config.token_threshold
-        passed = checked.clone()
-        passed[:, 0] = True
-        frontier = torch.zeros_like(accepted)  # each row's first unaccepted token
+        checks, _, logits, *causal = yield from verify_drafts(ctx, rows, positions, config.token_threshold, groups,
+                                                              causal=causal_fix)
+        logits = logits.view(n_rows, k, -1)
+        checked = np.reshape(checks, (n_rows, k)) > 0  # a slot's first token is checked as drafted
+        frontier = np.zeros_like(accepted)  # each row's first unaccepted token
         frontier[:, 1:] = accepted[:, :-1] & ~accepted[:, 1:]
-        fix = torch.zeros_like(accepted)
+        fix = np.zeros_like(accepted)
         if causal_fix:
             fix = frontier & ~checked
-            predicted = torch.zeros_like(rows)
-            predicted[:, 1:] = logits[:, :-1].argmax(-1)  # the causal head's token for each position
-            rows = torch.where(fix, predicted, rows)
-            after_fix = (fix.long().cumsum(-1) - fix.long()) > 0  # checked against the replaced token
-            passed = (passed | fix | accepted) & ~after_fix
+            predicted = np.zeros_like(rows)
+            predicted[:, 1:] = np.reshape(causal[0], (n_rows, k - 1))  # the causal head's token for each position
+            rows = np.where(fix, predicted, rows)
+            after_fix = (np.cumsum(fix, -1) - fix) > 0  # checked against the replaced token
+            passed = (checked | fix | accepted) & ~after_fix
         else:
-            passed |= frontier | accepted
-        now_accepted = passed.long().cumprod(-1).bool()
+            passed = checked | frontier | accepted
+        now_accepted = np.cumprod(passed, -1) > 0
         forced_kind = CORRECTED if causal_fix else FORCED
-        kinds = torch.where(now_accepted & ~accepted, torch.where(checked, VERIFIED, forced_kind), kinds)
+        kinds = np.where(now_accepted & ~accepted, np.where(checked, VERIFIED, forced_kind), kinds)
         accepted = now_accepted
+        stale = bool(fix.any())
         # c) an accepted EOS ends its row; later rows are dropped
-        eos_rows = (torch.isin(rows, stops) & accepted).any(-1) if stops is not None else accepted[:, 0] & False
-        flags, eos, tokens, kind_list, fixed = yield from read(accepted, eos_rows, rows, kinds, fix.any())
-        stale = bool(fixed[0])
-        if 1 in eos:
-            last = eos.index(1) + 1
+        eos_rows = (np.isin(rows, list(stops)) & accepted).any(-1)
+        if eos_rows.any():
+            last = int(eos_rows.argmax()) + 1
             rows, positions, accepted, kinds = rows[:last], positions[:last], accepted[:last], kinds[:last]
             logits = logits[:last]
-            tokens, kind_list = tokens[: last * k], kind_list[: last * k]
             accepted[-1] = True
-            done = all(flags[: (last - 1) * k])
+            done = bool(accepted[: last - 1].all())
         else:
-            done = all(flags)
+            done = bool(accepted.all())
     if stale:  # the commit takes the K/V of the context's last call: compute it for the final tokens
         groups = [row for row in range(rows.shape[0]) for _ in range(k)]
-        logits = (yield from ctx.forward(rows.flatten(), positions.flatten(), groups)).view(rows.shape[0], k, -1)
-    return Completed(rows, rounds, logits, tokens, kind_list)
+        logits = (yield from ctx.forward(rows.reshape(-1), positions.reshape(-1), groups)).view(rows.shape[0], k, -1)
+    return Completed(rows, rounds, logits, rows.reshape(-1).tolist(), kinds.reshape(-1).tolist())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -225,15 +266,13 @@ def refusion_row(lanes: Lanes, index: int, prompt: torch.Tensor, config: ReFusio
     sees every iteration, its time kept out of the latency by ``clock``."""
     stats = DecodeStats()
     ctx = lanes.open(index, stats, prompt)
-    stop_ids = eos_ids(eos_token_id)
-    stops = torch.tensor(stop_ids, dtype=torch.long, device=prompt.device) if stop_ids else None
     report = None if on_step is None or clock is None else functools.partial(clock.report, stats, on_step)
-    return decode_lane(ctx, stats, prompt.numel(), config, mask_token_id, stops, eos_token_id, generator,
+    return decode_lane(ctx, stats, prompt.numel(), config, mask_token_id, eos_token_id, generator,
                        causal_fix, causal_first, recheck, report)
 
 
 def decode_lane(ctx: Lane, stats: DecodeStats, n_prompt: int, config: ReFusionConfig, mask_token_id: int,
-                stops: torch.Tensor | None, eos_token_id: EosIds, generator: torch.Generator | None,
+                eos_token_id: EosIds, generator: torch.Generator | None,
                 causal_fix: bool, causal_first: bool, recheck: bool,
                 report: Callable[[StepTrace], None] | None) -> LaneStep[DecodeResult]:
     """One prompt's decode as a lane program (see engine.Engine); returns its result, ``seconds`` unset."""
@@ -242,7 +281,7 @@ def decode_lane(ctx: Lane, stats: DecodeStats, n_prompt: int, config: ReFusionCo
     slots_per_block = config.block_tokens // k
     stop_ids = set(eos_ids(eos_token_id))
     # true position ids of every response slot: [n_slots, k]
-    slot_pos = torch.arange(n_prompt, n_prompt + n_slots * k, device=device).view(n_slots, k)
+    slot_pos = np.arange(n_prompt, n_prompt + n_slots * k).reshape(n_slots, k)
     trace: list[StepTrace] = []
     response = [-1] * (n_slots * k)  # by offset, on the host; -1 = not committed
     # causal_first: the causal head's token for each offset and its probability, from the pass that
@@ -261,31 +300,36 @@ def decode_lane(ctx: Lane, stats: DecodeStats, n_prompt: int, config: ReFusionCo
                 remember_causal(causal_next, causal_prob, torch.zeros(1, dtype=torch.long, device=device),
                                 prompt_logits[None])
             chosen = [masked[i] for i in chosen_idx]
-            rows, positions = drafts[chosen_idx], slot_pos[chosen]  # [R, k]
-            from_causal = torch.zeros(len(chosen), dtype=torch.bool, device=device)  # [R]
+            rows: torch.Tensor | np.ndarray = drafts[chosen_idx]  # [R, k]
+            positions = slot_pos[chosen]  # [R, k]
+            carried = []
             if causal_first:  # after a committed neighbour, the surer of the causal head's token and the draft
-                starts = positions[:, 0] - n_prompt
+                rows = device_index(drafts[chosen_idx], device)
+                starts = device_index(positions[:, 0] - n_prompt, device)
                 heads = causal_next[starts]  # [R], -1: left neighbour still masked
-                from_causal = (heads >= 0) & (causal_prob[starts] >= first_prob[chosen_idx].to(causal_prob.dtype))
+                drafted = torch.tensor([first_prob[i] for i in chosen_idx], dtype=causal_prob.dtype)
+                from_causal = (heads >= 0) & (causal_prob[starts] >= drafted.to(device))
                 rows[:, 0] = torch.where(from_causal, heads, rows[:, 0])
+                carried.append(from_causal)
             # 2) verify
-            accepted, pass_logits = yield from verify_drafts(ctx, rows, positions, config.token_threshold)
-            flags, tokens, causal_starts = yield from read(accepted, rows, from_causal)
+            flags, tokens, pass_logits, *causal_starts = yield from verify_drafts(ctx, rows, positions,
+                                                                                  config.token_threshold, None,
+                                                                                  *carried)
             prefix, eos_at, n_commit = accepted_prefix(flags, tokens, stop_ids, k)
             if eos_at is not None or prefix >= k:
                 path, rounds = "fast", 0
                 kinds = [FIRST if i % k == 0 else VERIFIED for i in range(len(tokens))]
             else:
                 # 3) complete in parallel
-                completed = yield from complete_slots(ctx, rows, positions, accepted.long().cumprod(-1).bool(),
-                                                      config, mask_token_id, stops, causal_fix)
+                accepted = np.cumprod(np.reshape(flags, (-1, k)), axis=1) > 0
+                completed = yield from complete_slots(ctx, np.reshape(tokens, (-1, k)), positions, accepted, config,
+                                                      mask_token_id, stop_ids, causal_fix)
                 rows, rounds, pass_logits = completed.rows, completed.rounds, completed.logits
                 tokens, kinds, path = completed.tokens, completed.kinds, "completion"
                 kept = [1] * len(tokens)  # every completed row
                 if recheck and rows.shape[0] > 1:  # verify the rows again, each seeing those to its left
-                    checked, pass_logits = yield from verify_drafts(ctx, rows, positions[: rows.shape[0]],
+                    kept, _, pass_logits = yield from verify_drafts(ctx, rows, positions[: rows.shape[0]],
                                                                     config.token_threshold)
-                    (kept,) = yield from read(checked)
                     kept[:k] = [1] * k  # the first row saw its whole context already
                 _, eos_at, n_commit = accepted_prefix(kept, tokens, stop_ids, k)
             # 4) commit: the first n_commit fed tokens, with the K/V just computed
@@ -297,7 +341,7 @@ def decode_lane(ctx: Lane, stats: DecodeStats, n_prompt: int, config: ReFusionCo
             if causal_first:
                 remember_causal(causal_next, causal_prob, torch.tensor(offsets, device=device) + 1,
                                 pass_logits.reshape(-1, pass_logits.shape[-1])[:n_commit])
-                for row, causal in enumerate(causal_starts[: len(kinds) // k]):
+                for row, causal in enumerate(causal_starts[0][: len(kinds) // k]):
                     if causal:
                         kinds[row * k] = CAUSAL_FIRST
             masked = [s for s in masked if s not in done]

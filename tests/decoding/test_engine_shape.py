@@ -63,6 +63,18 @@ def test_a_steps_tensor_ops_do_not_grow_with_the_rows_but_the_decoders_own():
     assert four.ops_per_step() <= alone.ops_per_step() + 2 * 3
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_refusion_decides_for_every_row_at_once(variant):
+    """ReFusion's plan, verification and completion rounds are batched functions of the rows' logits; the rest of
+    its bookkeeping is the host's: a row adds at most two ops to a step (its K/V moved when a row before it leaves,
+    the readback of its values), and decodes the tokens it decodes alone."""
+    _, alone, alone_tokens = decode("refusion", variant, packed=True, rows=1)
+    _, four, four_tokens = decode("refusion", variant, packed=True, rows=4)
+    assert four_tokens == alone_tokens
+    assert alone.ops_per_step() is not None and four.ops_per_step() is not None
+    assert four.ops_per_step() <= alone.ops_per_step() + 2 * 3
+
+
 @pytest.mark.parametrize("threshold", [None, 0.5])  # LLaDA's schedule, and Fast-dLLM's threshold
 def test_llada_chooses_for_every_row_at_once(threshold):
     """LLaDA's choice is one batched function for the rows of a step: a row adds the copy and the write of its
