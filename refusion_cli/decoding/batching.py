@@ -11,8 +11,10 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING, Any, Callable, Sequence, cast
 
+import numpy as np
 import torch
 
+from refusion_cli.decoding.readback import device_index
 from refusion_cli.decoding.stats import EosIds, eos_ids, wide_float
 from refusion_cli.errors import UserError
 
@@ -142,3 +144,24 @@ def next_token_probs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor
     probs = torch.ones(tokens.shape, dtype=logits.dtype, device=logits.device)
     probs[..., 1:] = token_probs(logits[..., :-1, :], tokens[..., 1:])
     return probs
+
+
+# ---------------------------------------------------------------------------------------------
+# rows of different lengths, end to end (a ragged ``readback.decide``)
+
+
+def ragged_rows(sizes: list[int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For rows of ``sizes`` elements laid end to end: each element's row, its place in its row and the index of
+    its row's first element ([sum sizes] each), copied to ``device`` at once."""
+    firsts = np.repeat(np.cumsum([0, *sizes[:-1]]), sizes)
+    rows, places, first_of = device_index(
+        np.stack([np.repeat(np.arange(len(sizes)), sizes), np.arange(sum(sizes)) - firsts, firsts]), device)
+    return rows, places, first_of
+
+
+def side_by_side(values: torch.Tensor, sizes: list[int], rows: torch.Tensor, places: torch.Tensor,
+                 fill: float) -> torch.Tensor:
+    """``values`` [sum sizes] (rows end to end, :func:`ragged_rows`) as rows [len(sizes), max(sizes)], padded
+    with ``fill``."""
+    return values.new_full((len(sizes), max(sizes)), fill).index_put_((rows, places), values)
+

@@ -30,7 +30,10 @@ the schedule's steps 1, 2, ... follow, or the threshold rule. A cached step read
 logits shifted within the call, so the block's first position would read its own logits; it is
 never masked by then. Only the logits that predict a mask are computed (on a cached full pass, only
 those of the block's first mask). :func:`dream_row` is one prompt's program; ``engine.run_decoder``
-decodes a list of prompts as a batch, each row as alone (see mdm).
+decodes a list of prompts as a batch, each row as alone (see mdm). Without draws (temperature 0, a
+confidence ranking, no ``alg_temp``: Fast-dLLM's Dream) and with at most a chunk of reads, steps 1) and 2)
+are one function for every row of a step (:func:`rank_choice`, yielded with ``readback.decide``); a draw
+stays the row's own, from its own generator.
 
 Logits memory: plain Dream reads the logits before every mask of its one 512-token block, and its
 sampler (top-p sort with int64 indices, softmax, cumulative sum, float32 weights for the draw) makes
@@ -48,6 +51,7 @@ draws nothing), and cuBLAS may round a chunk's product differently, which can fl
 
 from __future__ import annotations
 
+import functools
 import itertools
 import struct
 from collections.abc import Mapping
@@ -56,14 +60,14 @@ from types import MappingProxyType
 
 import torch
 
-from refusion_cli.decoding.batching import uniform
+from refusion_cli.decoding.batching import ragged_rows, side_by_side, uniform
 from refusion_cli.decoding.config import ConfigError, check_non_negative, check_positive, check_probability
 from refusion_cli.decoding.canvas import Canvas, CanvasStep, even_schedule
-from refusion_cli.decoding.mdm import CanvasPasses, ReadLogits, logit_chunks, take_rows
-from refusion_cli.decoding.mdm_sampling import (argmax_without, check_blocks, check_fast_options, choose_positions,
-                                               sample)
-from refusion_cli.decoding.readback import device_index, read
-from refusion_cli.decoding.stats import DecodeResult
+from refusion_cli.decoding.mdm import CanvasPasses, ReadLogits, logit_chunks, one_chunk, take_rows
+from refusion_cli.decoding.mdm_sampling import (argmax_without, best_first, check_blocks, check_fast_options,
+                                               choose_positions, sample)
+from refusion_cli.decoding.readback import decide, device_index, read
+from refusion_cli.decoding.stats import DecodeResult, wide_float
 
 ALGORITHMS = ("origin", "maskgit_plus", "topk_margin", "entropy")
 
@@ -204,11 +208,32 @@ def transfer_count(n_masked: int, step: int, fractions: list[float]) -> int:
     return int(struct.unpack("f", struct.pack("f", n_masked * fractions[step]))[0])
 
 
+def rank_choice(sizes: list[int], logits: torch.Tensor, *, config: DreamConfig, mask_token_id: int,
+                head: torch.nn.Module | None = None) -> tuple[torch.Tensor, ...]:
+    """1) and 2) without draws (greedy, a confidence ranking, no ``alg_temp``), for every row waiting on it at once:
+    ``logits`` [sum n, V] of each row's n reads (the rows end to end, ``sizes``; with ``head``, the hidden states
+    [sum n, H] it makes them from). Returns each row's reads best first (places in its row; equal ones leftmost
+    first, as :func:`~mdm_sampling.choose_positions`), the token predicted at each and, with ``threshold``,
+    whether its probability reaches it, each [sum n]."""
+    if head is not None:
+        logits = head(logits)
+    tokens, token_prob, confidence = predict_tokens(logits, config, mask_token_id, None)  # [sum n]
+    rows, places, first_of = ragged_rows(sizes, logits.device)
+    ranked = side_by_side(confidence.to(wide_float(logits.device)), sizes, rows, places, float("-inf"))
+    order = best_first(ranked)[rows, places]  # [sum n]: each row's first n are its reads, best first
+    at = order + first_of
+    chosen = (order, tokens[at])
+    return chosen if config.threshold is None else (*chosen, token_prob[at] >= config.threshold)
+
+
 def dream_row(canvas: Canvas, config: DreamConfig, generator: torch.Generator | None) -> CanvasStep[DecodeResult]:
-    """One prompt's Dream decode as a row program (see mdm.canvas_row)."""
+    """One prompt's Dream decode as a row program (see mdm.canvas_row). Without draws its choice is made for every
+    row waiting on one at once (:func:`rank_choice`) where its reads' logits fit one chunk; otherwise, and with
+    ``origin``, top-p sampling or ``alg_temp``, the row makes it alone."""
     passes = CanvasPasses(canvas.stats, config.use_cache, config.dual_cache, shifted=True, chunked=True)
     fractions = transfer_fractions(config.steps_per_block, config.eps)
     mask_token_id = canvas.mask_token_id
+    greedy = config.temperature == 0 and config.alg_temp == 0 and config.alg != "origin"
     for block in canvas.blocks(config.block_tokens):
         passes.start_block(block)
         n_masked = block.length  # a block starts all masked
@@ -219,8 +244,28 @@ def dream_row(canvas: Canvas, config: DreamConfig, generator: torch.Generator | 
             # the cached sampler's full pass unmasks the block's first position only
             first_only = config.use_cache and step == 0 and (config.threshold is not None or config.steps_per_block > 1)
             reads = where[:1] if first_only else where
+            ranks = bool(where) and not first_only and config.alg != "origin"  # a step that ranks its masks
+            count = transfer_count(len(where), step, fractions) if ranks and config.threshold is None else 0
+            limit = None  # with a threshold and no cache: the most masks this step may unmask
+            if config.threshold is not None and not config.use_cache:
+                limit = unmasked_by[min(step, len(unmasked_by) - 1)] - (n_masked - len(where))
             # the logits [n, V] of ``reads`` (the model's dtype), or their head input for predict_chunks
             logits = yield from passes(canvas.ids, [block.start + offset for offset in reads])
+            if greedy and where and one_chunk(logits):
+                # every waiting row's choice at once (from the head's input where the call kept it: a chunk's worth)
+                inputs, head = (logits, None) if isinstance(logits, torch.Tensor) else (logits.states, logits.head)
+                decision = functools.partial(rank_choice, config=config, mask_token_id=mask_token_id, head=head)
+                ranked, best_tokens, *reaches = yield from decide((rank_choice, config, mask_token_id, head), decision,
+                                                                  inputs, ragged=True)
+                if first_only:
+                    kept = [0]
+                elif config.threshold is not None:  # the best, and every other among the ``limit`` best reaching it
+                    kept = [j for j in range(min(len(where), len(where) if limit is None else limit))
+                            if j == 0 or reaches[0][j]]
+                else:
+                    kept = list(range(min(count, len(where))))
+                canvas.commit(block, step, [where[ranked[j]] for j in kept], [best_tokens[j] for j in kept])
+                continue
             masks = device_index(where, canvas.device)  # ``where`` on the device
             taken = None
             if not where:  # the cached step after a block its full pass finished
@@ -239,10 +284,6 @@ def dream_row(canvas: Canvas, config: DreamConfig, generator: torch.Generator | 
             else:
                 # 1) predict every mask (as the reference), 2) unmask the best ranked
                 tokens, token_prob, confidence = predict_chunks(logits, config, mask_token_id, generator)
-                count = 0 if config.threshold is not None else transfer_count(len(where), step, fractions)
-                limit = None
-                if config.threshold is not None and not config.use_cache:
-                    limit = unmasked_by[min(step, len(unmasked_by) - 1)] - (n_masked - len(where))
                 rows, taken = choose_positions(confidence, token_prob, torch.ones_like(masks, dtype=torch.bool),
                                                n_masked=len(where), count=count, threshold=config.threshold,
                                                limit=limit, alg_temp=config.alg_temp, generator=generator)

@@ -287,6 +287,11 @@ def plain_logits(logits: ReadLogits) -> torch.Tensor:
     return logits
 
 
+def one_chunk(logits: ReadLogits) -> bool:
+    """Whether ``logits`` are at most a chunk's worth: computed logits, or a HeadInput of at most LOGITS_CHUNK rows."""
+    return isinstance(logits, torch.Tensor) or len(logits) <= LOGITS_CHUNK
+
+
 def logit_chunks(logits: ReadLogits) -> Iterator[torch.Tensor]:
     """The logits of ``logits``' rows in order, LOGITS_CHUNK rows ([n, V]) at a time, each computed when asked
     for (one empty chunk when there are no rows). A last chunk of fewer than SMALLEST_CHUNK rows takes

@@ -68,7 +68,8 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from refusion_cli.decoding.batching import next_token_probs, token_probs, uniform, with_gumbel
+from refusion_cli.decoding.batching import (next_token_probs, ragged_rows, side_by_side, token_probs, uniform,
+                                             with_gumbel)
 from refusion_cli.decoding.cache import Lane, Lanes, LaneStep
 from refusion_cli.decoding.config import ReFusionConfig
 from refusion_cli.decoding.readback import decide, device_index
@@ -114,11 +115,9 @@ def plan_choice(sizes: list[int], logits: torch.Tensor, *noise: torch.Tensor, te
     drafts = (logits if temperature == 0 else with_gumbel(logits, temperature, noise[0])).argmax(-1)  # [sum S, k]
     first_prob = token_probs(logits[:, 0], drafts[:, 0])  # [sum S]
     # each row's slots side by side [rows, max S], padded with -1 (below every probability)
-    row_of, slot_of = device_index(np.stack([np.repeat(np.arange(len(sizes)), sizes),
-                                             np.concatenate([np.arange(size) for size in sizes])]), logits.device)
-    by_row = first_prob.new_full((len(sizes), max(sizes)), -1.0).index_put_((row_of, slot_of), first_prob)
-    over_by_row = by_row > slot_threshold
-    best = (slot_of == by_row.argmax(-1)[row_of]) & ~over_by_row.any(-1)[row_of]
+    row_of, slot_of, _ = ragged_rows(sizes, logits.device)
+    by_row = side_by_side(first_prob, sizes, row_of, slot_of, -1.0)
+    best = (slot_of == by_row.argmax(-1)[row_of]) & ~(by_row > slot_threshold).any(-1)[row_of]
     return drafts, first_prob, (first_prob > slot_threshold) | best
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from refusion_cli.bench.counts import DecodeCounts, counting
-from refusion_cli.decoding import ARConfig, LLaDAConfig, ReFusionConfig
+from refusion_cli.decoding import ARConfig, DreamConfig, LLaDAConfig, ReFusionConfig
 from refusion_cli.decoding.engine import Engine, run_decoder
 from refusion_cli.decoding.variants import Variant
 from tests.decoding.test_batched import prompts_for
@@ -75,18 +75,30 @@ def test_refusion_decides_for_every_row_at_once(variant):
     assert four.ops_per_step() <= alone.ops_per_step() + 2 * 3
 
 
-@pytest.mark.parametrize("threshold", [None, 0.5])  # LLaDA's schedule, and Fast-dLLM's threshold
-def test_llada_chooses_for_every_row_at_once(threshold):
-    """LLaDA's choice is one batched function for the rows of a step: a row adds the copy and the write of its
-    chosen tokens (two ops) to a step, and decodes the tokens it decodes alone."""
-    model = tiny_qwen3(3, init_std=0.5)
-    config = LLaDAConfig(gen_length=8, steps=8, block_length=4, threshold=threshold)
+def assert_rows_add_two_ops(decoder: str, model: Any, config: Any) -> None:
+    """At 4 rows a step costs at most batch 1's ops + 2 per row (the copy and the write of a row's chosen tokens),
+    and every row decodes the tokens it decodes alone."""
     counted, tokens = {}, {}
     for rows in (1, 4):
         with counting(model) as counts:
-            results = run_decoder("llada", model, prompts_for(1), config, mask_token_id=MASK_ID, eos_token_id=None,
+            results = run_decoder(decoder, model, prompts_for(1), config, mask_token_id=MASK_ID, eos_token_id=None,
                                   engine=Engine(model, max_rows=rows))
         counted[rows], tokens[rows] = counts.ops_per_step(), [result.tokens for result in results]
     assert tokens[4] == tokens[1]
     assert counted[1] is not None and counted[4] is not None
     assert counted[4] <= counted[1] + 2 * 3
+
+
+@pytest.mark.parametrize("threshold", [None, 0.5])  # LLaDA's schedule, and Fast-dLLM's threshold
+def test_llada_chooses_for_every_row_at_once(threshold):
+    """LLaDA's choice is one batched function for the rows of a step."""
+    assert_rows_add_two_ops("llada", tiny_qwen3(3, init_std=0.5),
+                            LLaDAConfig(gen_length=8, steps=8, block_length=4, threshold=threshold))
+
+
+@pytest.mark.parametrize("cached", [False, True])  # Dream greedy, and Fast-dLLM's Dream (threshold, dual cache)
+def test_dream_without_draws_chooses_for_every_row_at_once(cached):
+    """Greedy Dream's prediction and ranking are one batched function for the rows of a step."""
+    config = DreamConfig(gen_length=16, steps=16, alg="maskgit_plus", temperature=0.0, top_p=None, block_length=8,
+                         threshold=0.5 if cached else None, use_cache=cached, dual_cache=cached)
+    assert_rows_add_two_ops("dream", tiny_qwen3(3, causal=False, init_std=0.5), config)
