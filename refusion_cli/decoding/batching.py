@@ -150,10 +150,15 @@ def next_token_probs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor
 # rows of different lengths, end to end (a ragged ``readback.decide``)
 
 
+def firsts_of(sizes: list[int]) -> np.ndarray:
+    """For runs of ``sizes`` elements laid end to end: the index of each element's run's first element (host)."""
+    return np.repeat(np.cumsum([0, *sizes[:-1]]), sizes)
+
+
 def ragged_rows(sizes: list[int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """For rows of ``sizes`` elements laid end to end: each element's row, its place in its row and the index of
     its row's first element ([sum sizes] each), copied to ``device`` at once."""
-    firsts = np.repeat(np.cumsum([0, *sizes[:-1]]), sizes)
+    firsts = firsts_of(sizes)
     rows, places, first_of = device_index(
         np.stack([np.repeat(np.arange(len(sizes)), sizes), np.arange(sum(sizes)) - firsts, firsts]), device)
     return rows, places, first_of

@@ -132,10 +132,17 @@ class Canvas:
     def commit(self, block: Block, step: int, offsets: list[int], tokens: list[int]) -> list[int]:
         """Write ``tokens`` at block ``offsets`` (host values, distinct) on the device, one copy and one write,
         and record them as :meth:`record` does; returns the tokens."""
-        if offsets:
-            places = to_device(torch.tensor([[block.start + offset for offset in offsets], tokens]), self.device)
+        return self.commit_blocks(step, [(block, offsets, tokens)])[0]
+
+    def commit_blocks(self, step: int, commits: list[tuple[Block, list[int], list[int]]]) -> list[list[int]]:
+        """:meth:`commit` of several blocks' (block, offsets, tokens), one copy and one write for all of them, each
+        recorded in turn; returns each one's tokens."""
+        positions = [block.start + offset for block, offsets, _ in commits for offset in offsets]
+        if positions:
+            places = to_device(torch.tensor([positions, [token for *_, tokens in commits for token in tokens]]),
+                               self.device)
             self.ids[places[0]] = places[1]
-        return self._recorded(block, step, offsets, tokens)
+        return [self._recorded(block, step, offsets, tokens) for block, offsets, tokens in commits]
 
     def _recorded(self, block: Block, step: int, offsets: list[int], tokens: list[int]) -> list[int]:
         first = block.start - self.prompt_length

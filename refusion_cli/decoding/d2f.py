@@ -26,24 +26,29 @@ position p is read from the logits of p - 1; for the first fed position those co
 that cached the position before it. The model computes the logits that predict a mask and no others
 (shifted: also those of the last position a call caches). :func:`d2f_row` is one prompt's program;
 ``engine.run_decoder`` ("llada-d2f", "dream-d2f") decodes a list of prompts as a batch, each row as
-alone (see mdm); ``result.trace`` holds one record per block and step that committed.
+alone (see mdm); ``result.trace`` holds one record per block and step that committed. Without draws
+(temperature 0, the scripts' setting) step 4) is one function for every decoding block of every row of a step
+(:func:`pipeline_choice`, yielded with ``readback.decide``); with draws each block draws from its row's own
+generator, in turn.
 """
 
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from refusion_cli.decoding.batching import firsts_of, ragged_rows
 from refusion_cli.decoding.config import ConfigError, check_non_negative, check_positive, check_probability
 from refusion_cli.decoding.dream import DreamConfig, check_filters, predict_tokens
 from refusion_cli.decoding.canvas import Block, Canvas, CanvasStep, Written
 from refusion_cli.decoding.mdm import CanvasFeed, plain_logits, read_offsets, take_rows
 from refusion_cli.decoding.mdm_sampling import choose_positions
-from refusion_cli.decoding.readback import device_index, read
-from refusion_cli.decoding.stats import DecodeResult, eos_ids
+from refusion_cli.decoding.readback import decide, device_index, read
+from refusion_cli.decoding.stats import DecodeResult, eos_ids, wide_float
 
 # forced_rank -> the Dream ranking that computes it (D2F's sampling_strategy default / margin_confidence / neg_entropy)
 FORCED_RANKS = {"probability": "maskgit_plus", "margin": "topk_margin", "entropy": "entropy"}
@@ -187,9 +192,14 @@ def d2f_row(canvas: Canvas, config: D2FConfig, shifted: bool,
                 before_first = read_logits[-1]
         cached += keep or 0
         # 4) commit: every decoding block's choice on the device, then one readback for all of them
-        writes = [choose(canvas, block, rows_of_block, config, sampling, generator)
-                  for block, rows_of_block in zip(decoding, mask_logits.split([len(where) for where in masks]))]
-        for block, committed in zip(decoding, (yield from record_all(canvas, writes, step))):
+        sizes = [len(where) for where in masks]
+        if config.temperature > 0:  # the draws are the row's own, block by block
+            writes = [choose(canvas, block, rows_of_block, config, sampling, generator)
+                      for block, rows_of_block in zip(decoding, mask_logits.split(sizes))]
+            commits = yield from record_all(canvas, writes, step)
+        else:  # every waiting row's blocks at once
+            commits = yield from commit_all(canvas, decoding, masks, mask_logits, config, step)
+        for block, committed in zip(decoding, commits):
             block.decoded += len(committed)
             eos_committed = eos_committed or bool(stops & set(committed))
         # 5) finish
@@ -217,6 +227,49 @@ def choose(canvas: Canvas, block: PipelineBlock, rows: torch.Tensor, config: D2F
                                    threshold=None)
         chosen = torch.where(chosen.any(), chosen, torch.zeros_like(chosen).index_fill_(0, best, True))
     return canvas.write(block.span, masked, tokens, chosen)
+
+
+def pipeline_choice(sizes: list[int], logits: torch.Tensor, block_first: torch.Tensor, complete: torch.Tensor, *,
+                    sampling: DreamConfig, mask_token_id: int, skip_threshold: float) -> tuple[torch.Tensor, ...]:
+    """4) without draws, for every row waiting on it at once: ``logits`` [sum M, V] that predict each row's M masks
+    (its decoding blocks' in turn; the rows end to end, ``sizes``), with the place in its row of each mask's block's
+    first mask and whether that block is complete [sum M]. Returns each mask's token and whether it is committed:
+    its probability exceeds ``skip_threshold``, or its block is complete with none that does and it is the block's
+    best by ``sampling``'s ranking (the leftmost of equals), each [sum M]."""
+    tokens, token_prob, confidence = predict_tokens(logits, sampling, mask_token_id, None)
+    chosen = token_prob > skip_threshold  # [sum M]
+    _, _, first_of = ragged_rows(sizes, logits.device)
+    block = first_of + block_first  # [sum M]: each mask's block, named by the index of its first mask
+    index = torch.arange(len(block), device=logits.device)
+    ranked = confidence.to(wide_float(logits.device))
+    best = ranked.new_full(ranked.shape, float("-inf")).scatter_reduce(0, block, ranked, "amax")  # by block
+    leftmost = index.new_full(index.shape, len(index)).scatter_reduce(
+        0, block, torch.where(ranked == best[block], index, len(index)), "amin")
+    any_chosen = torch.zeros_like(index).scatter_reduce(0, block, chosen.long(), "amax")
+    return tokens, chosen | (complete & (any_chosen[block] == 0) & (index == leftmost[block]))
+
+
+def commit_all(canvas: Canvas, decoding: list[PipelineBlock], masks: list[list[int]], logits: torch.Tensor,
+               config: D2FConfig, step: int) -> CanvasStep[list[list[int]]]:
+    """4) without draws: the tokens each decoding block commits (its ``masks``' canvas positions, predicted by
+    ``logits`` [M, V]), chosen for every row waiting on it at once (:func:`pipeline_choice`), written and recorded
+    (one trace record per block that committed any)."""
+    sizes = [len(where) for where in masks]
+    if not sum(sizes):
+        return [[] for _ in decoding]
+    decision = functools.partial(pipeline_choice, sampling=config.token_sampling, mask_token_id=canvas.mask_token_id,
+                                 skip_threshold=config.skip_threshold)
+    firsts = firsts_of(sizes)
+    complete = np.repeat([block.complete for block in decoding], sizes)
+    tokens, chosen = yield from decide((pipeline_choice, *decision.keywords.items()), decision, logits, firsts,
+                                       complete, ragged=True)
+    commits, at = [], 0
+    for block, where in zip(decoding, masks):
+        kept = [j for j in range(at, at + len(where)) if chosen[j]]
+        commits.append((block.span, [where[j - at] - block.span.start for j in kept], [tokens[j] for j in kept]))
+        at += len(where)
+    recorded = iter(canvas.commit_blocks(step, [commit for commit in commits if commit[1]]))
+    return [next(recorded) if offsets else [] for _, offsets, _ in commits]
 
 
 def record_all(canvas: Canvas, writes: list[Written | None], step: int) -> CanvasStep[list[list[int]]]:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from refusion_cli.bench.counts import DecodeCounts, counting
-from refusion_cli.decoding import ARConfig, DreamConfig, LLaDAConfig, ReFusionConfig
+from refusion_cli.decoding import ARConfig, D2FConfig, DreamConfig, LLaDAConfig, ReFusionConfig
 from refusion_cli.decoding.engine import Engine, run_decoder
 from refusion_cli.decoding.variants import Variant
 from tests.decoding.test_batched import prompts_for
@@ -102,3 +102,11 @@ def test_dream_without_draws_chooses_for_every_row_at_once(cached):
     config = DreamConfig(gen_length=16, steps=16, alg="maskgit_plus", temperature=0.0, top_p=None, block_length=8,
                          threshold=0.5 if cached else None, use_cache=cached, dual_cache=cached)
     assert_rows_add_two_ops("dream", tiny_qwen3(3, causal=False, init_std=0.5), config)
+
+
+@pytest.mark.parametrize("decoder", ["llada-d2f", "dream-d2f"])
+def test_d2f_without_draws_chooses_for_every_row_at_once(decoder):
+    """D2F's commits without draws, every decoding block of every row, are one batched function a step."""
+    config = D2FConfig(gen_length=16, block_size=4, block_add_threshold=0.5, decoded_token_threshold=0.5,
+                       skip_threshold=0.5)
+    assert_rows_add_two_ops(decoder, tiny_qwen3(3, causal=False, init_std=0.5), config)
