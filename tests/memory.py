@@ -10,8 +10,8 @@ import torch
 
 def out_of_memory_above(monkeypatch: pytest.MonkeyPatch, calls_class: Any, rows: int,
                         times: int | None = None) -> list[int]:
-    """Make every call of ``calls_class`` (``cache.Lanes``, ``mdm.CanvasCalls``) of more than ``rows`` rows raise
-    CUDA's out-of-memory error (only the first ``times`` such calls, if given); returns the list that receives
+    """Make every call of ``calls_class`` (``cache.CausalRunner``, ``mdm.CanvasRunner``) of more than ``rows`` rows
+    raise CUDA's out-of-memory error (only the first ``times`` such calls, if given); returns the list that receives
     the rows of each call that did."""
     forward = calls_class.forward
     failed: list[int] = []

@@ -45,7 +45,7 @@ def percentile(values: Sequence[float], q: float) -> float:
 @dataclass
 class CallTally:
     """The positions the causal calls of a row's timed decodes computed and the K/V bytes they copied (the
-    ``cache.Lanes`` counts of each engine); None once a decode ran calls that do not count them."""
+    ``cache.CausalRunner`` counts of each engine); None once a decode ran calls that do not count them."""
 
     positions: int | None = 0
     kv_copied: int | None = 0

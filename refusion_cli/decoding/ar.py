@@ -1,7 +1,7 @@
 """Autoregressive decoding with a KV cache: one token per forward (the AR baseline), greedy at temperature 0,
 else drawn from the top-p nucleus of softmax(logits / temperature) with the row's own generator.
 
-:func:`ar_row` is one prompt's program on a lane of :class:`~refusion_cli.decoding.cache.Lanes` (its
+:func:`ar_row` is one prompt's program on a lane of :class:`~refusion_cli.decoding.cache.CausalRunner` (its
 own rows of the shared KV cache); ``engine.run_decoder("ar", ...)`` runs one per prompt and every
 round feeds each running lane its last token in one model call; a finished lane leaves and the next
 prompt takes its row.
@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import torch
 
-from refusion_cli.decoding.cache import Lane, Lanes, LaneStep
+from refusion_cli.decoding.cache import CausalRunner, Lane, LaneStep
 from refusion_cli.decoding.config import ARConfig
 from refusion_cli.decoding.dream import filter_logits
 from refusion_cli.decoding.mdm_sampling import sample
@@ -32,7 +32,7 @@ class ARStep:
     tokens: list[int]
 
 
-def ar_row(lanes: Lanes, index: int, prompt: torch.Tensor, config: ARConfig, stops: set[int],
+def ar_row(lanes: CausalRunner, index: int, prompt: torch.Tensor, config: ARConfig, stops: set[int],
            on_step: Callable[[ARStep], None] | None = None, clock: RowClock | None = None,
            generator: torch.Generator | None = None) -> LaneStep[DecodeResult]:
     """Open lane ``index`` for ``prompt`` [P] and return its program; ``on_step`` sees every token, its time

@@ -1,9 +1,9 @@
 """The committed context the cached decoders attend to, for one prompt or many: K/V reused in place, or
 recomputed.
 
-Every model call of ReFusion and AR goes through :class:`Lanes`. Each prompt being decoded is a
+Every model call of ReFusion and AR goes through :class:`CausalRunner`. Each prompt being decoded is a
 *lane*: its committed tokens (prompt first, then response tokens in commit order) have their K/V in
-one row of a :class:`RowStore`, a preallocated store [rows, heads, columns, dim] per layer that the
+one row of a :class:`KVStore`, a preallocated store [rows, heads, columns, dim] per layer that the
 model writes in place. A call feeds, for each lane, new tokens (true position ids) after that lane's
 committed tokens; a lane never sees another lane. The new tokens of a lane are split into *groups*: a
 new token sees every committed token of its lane and the earlier new tokens of its own group. One
@@ -94,13 +94,13 @@ class _Lane:
 
 @dataclass
 class CallCounts:
-    """What the calls of a :class:`Lanes` cost besides the model: for ``refusion bench``'s counts."""
+    """What the calls of a :class:`CausalRunner` cost besides the model: for ``refusion bench``'s counts."""
 
     positions: int = 0  # tokens the model computed (the packed call has no padding)
     kv_bytes_copied: int = 0  # K/V moved: a closed lane's row filled from the last one, the store grown
 
 
-class RowStore:
+class KVStore:
     """K/V of every lane in place: per layer, keys and values [rows, heads, columns, dim], lane ``i`` of the
     store in row ``i``. The model calls :meth:`update` once per layer; before a call :meth:`prepare` says
     where each fed token's K/V goes and how large the store must be."""
@@ -185,7 +185,7 @@ class RowsMask:
     spans: list[tuple[int, int, int]]  # per lane: its first packed token, its token count, the store columns it sees
     masks: list[torch.Tensor]  # per lane: additive mask [1, 1, n, columns] (0 on its committed columns)
     implementation: str  # the attention the model runs otherwise (sdpa, eager)
-    packed: PackedRows | None = None  # set: one attention call for every lane (see Lanes' ``packed``)
+    packed: PackedRows | None = None  # set: one attention call for every lane (see CausalRunner's ``packed``)
     call_keys: bool = False  # the keys are the call's own packed K/V (CallKV), a lane's those of its span
 
 
@@ -286,8 +286,9 @@ def attending_by_rows(model: torch.nn.Module) -> Iterator[str]:
         config._attn_implementation_internal = before
 
 
-class Lanes:
-    """Independent decodes (lanes) sharing the model calls: one packed call, a row of the store each.
+class CausalRunner:
+    """The causal decoders' model runner: independent decodes (lanes) sharing the model calls, one packed call,
+    a row of the store each.
 
     Committed tokens without K/V in the store are *pending*: they are fed, plain causal over commit
     order, at the front of the lane's next call. With ``reuse`` the K/V of that call is kept, so a
@@ -304,7 +305,7 @@ class Lanes:
         self.dtype = next(model.parameters()).dtype
         self.packed = self.device.type == "cuda" if packed is None else packed
         self.counts = CallCounts()
-        self.store = RowStore(self.counts)
+        self.store = KVStore(self.counts)
         self.rows: list[int] = []  # the lane in each row of the store
         self.lanes: dict[int, _Lane] = {}
 
@@ -435,10 +436,10 @@ class Lanes:
 
 
 class Lane:
-    """One lane's view of :class:`Lanes`, for a decoder written as a generator: ``yield from
+    """One lane's view of :class:`CausalRunner`, for a decoder written as a generator: ``yield from
     lane.forward(...)`` hands a :class:`Feed` to the driver and returns the lane's logits."""
 
-    def __init__(self, lanes: Lanes, lane: int):
+    def __init__(self, lanes: CausalRunner, lane: int):
         self.lanes = lanes
         self.lane = lane
 
@@ -463,9 +464,9 @@ class Lane:
         self.lanes.commit(self.lane, n)
 
 
-class SharedCalls(Protocol):
-    """What the engine needs of the rows' shared model calls: :class:`Lanes`, or the masked-diffusion
-    samplers' ``mdm.CanvasCalls``."""
+class ModelRunner(Protocol):
+    """What the engine needs of the rows' shared model calls: :class:`CausalRunner`, or the masked-diffusion
+    samplers' ``mdm.CanvasRunner``."""
 
     def forward(self, feeds: dict[int, Any]) -> dict[int, Any]: ...
 

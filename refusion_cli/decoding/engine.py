@@ -7,7 +7,7 @@ ReFusion's variant) and returns at once; :meth:`Engine.step` makes one schedulin
 1. admit waiting requests, oldest first, while the rows fit: at most ``max_rows`` rows, and with a
    memory budget (``max_memory``, else none) the rows' bytes by ``decoding.memory``'s model within it;
    each opens a row (its registry entry's ``open_row``) in the shared-calls object of its kind
-   (``cache.Lanes`` for ReFusion and AR, ``mdm.CanvasCalls`` for the masked-diffusion decoders) and
+   (``cache.CausalRunner`` for ReFusion and AR, ``mdm.CanvasRunner`` for the masked-diffusion decoders) and
    runs up to its first feed;
 2. drop the rows whose request was cancelled;
 3. make one model call per kind for the running rows' feeds, send each row its logits, and retire the
@@ -42,7 +42,7 @@ from typing import Any, overload
 import torch
 
 from refusion_cli.decoding.batching import Generators, Prompt, Prompts, batch_prompts, row_callback, row_generators
-from refusion_cli.decoding.cache import SharedCalls
+from refusion_cli.decoding.cache import ModelRunner
 from refusion_cli.decoding.memory import BatchChoice, ModelSize, fitting_batch, is_out_of_memory, memory_budget, reserve
 from refusion_cli.decoding.readback import Batched, Readback, read_all
 from refusion_cli.decoding.registry import calls_kind, decoder_spec, row_memory_bytes, row_options
@@ -99,7 +99,7 @@ class Request:
 class _Row:
     request: Request
     program: RowProgram
-    calls: SharedCalls
+    calls: ModelRunner
     clock: RowClock
     nbytes: int  # what the memory model says the row holds at its largest call
     generator_state: torch.Tensor | None
@@ -153,7 +153,7 @@ class Engine:
         self.running: dict[int, _Row] = {}
         # the shared-calls object of each kind (registry.calls_kind), made at its first row; a caller may put its
         # own in first (a test records the calls this way)
-        self.calls: dict[tuple[str, bool], SharedCalls] = {}
+        self.calls: dict[tuple[str, bool], ModelRunner] = {}
 
     # --- submitting ---------------------------------------------------------------------------
 
@@ -301,7 +301,7 @@ class Engine:
             stats = DecodeStats(forwards=row.forwards, tokens=len(prefix), seconds=row.clock.latency())
             self._retire(row, Finished(DecodeResult(prefix, stats), stopped=True))
 
-    def _call(self, kind: tuple[str, bool], calls: SharedCalls, rows: list[_Row]) -> None:
+    def _call(self, kind: tuple[str, bool], calls: ModelRunner, rows: list[_Row]) -> None:
         """One model call of every row's feed, each row sent its reply."""
         try:
             replies = calls.forward({row.request.id: row.feed for row in rows})

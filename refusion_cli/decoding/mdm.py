@@ -3,8 +3,8 @@ K/V in place), the prefix and dual caches of Fast-dLLM, and the logits read at t
 canvas itself: ``canvas``; the choice of positions: ``mdm_sampling``).
 
 Calls: a sampler is a row program (a generator that yields a :class:`CanvasFeed` per model call and is sent its
-reply) on a prompt's canvas (:func:`canvas_row`); :class:`CanvasCalls` makes one call of every running row's
-feed. A row's K/V lives in its row of a ``cache.RowStore`` whose columns are the canvas positions: a fed token's
+reply) on a prompt's canvas (:func:`canvas_row`); :class:`CanvasRunner` makes one call of every running row's
+feed. A row's K/V lives in its row of a ``cache.KVStore`` whose columns are the canvas positions: a fed token's
 K/V is written at its position, and a later feed sees the columns it names (the prefix left of the fed tokens,
 the dual cache's suffix right of them) in place; nothing is copied or concatenated.
 
@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterator, overload
 import numpy as np
 import torch
 
-from refusion_cli.decoding.cache import (PLACEHOLDER_MASK, CallCounts, CallKV, RowsMask, RowStore, attending_by_rows,
+from refusion_cli.decoding.cache import (PLACEHOLDER_MASK, CallCounts, CallKV, RowsMask, KVStore, attending_by_rows,
                                          lane_masks, mask_argument)
 from refusion_cli.decoding.canvas import Block, Canvas, CanvasStep, MDMStep, even_schedule, report_to
 from refusion_cli.decoding.readback import device_index
@@ -95,8 +95,9 @@ ReadLogits = torch.Tensor | HeadInput  # the logits [R, V] of a row's read posit
 CanvasReply = tuple[ReadLogits, None]  # the read positions' logits (a HeadInput for a chunked feed)
 
 
-class CanvasCalls:
-    """One model call for every row of a batch of canvases (driven by ``engine.Engine``).
+class CanvasRunner:
+    """The masked-diffusion decoders' model runner: one model call for every row of a batch of canvases (driven by
+    ``engine.Engine``).
 
     A call where no row reads or keeps K/V (whole canvases, no cache) and every canvas is as long is the plain
     call [B, Q] (with one row: the reference's own call). Any other call is packed [1, T] (rows end to end, true
@@ -117,7 +118,7 @@ class CanvasCalls:
         self.dtype = next(model.parameters()).dtype
         self.packed = self.device.type == "cuda" if packed is None else packed
         self.counts = CallCounts()
-        self.store = RowStore(self.counts)
+        self.store = KVStore(self.counts)
         self.slots: list[int | None] = []  # the row (request) in each row of the store; None: free
         self.placeholder = PLACEHOLDER_MASK.to(self.device)
 
@@ -129,7 +130,7 @@ class CanvasCalls:
         while self.slots and self.slots[-1] is None:
             self.slots.pop()
         if not self.slots:
-            self.store = RowStore(self.counts)
+            self.store = KVStore(self.counts)
 
     def forward(self, feeds: dict[int, CanvasFeed]) -> dict[int, CanvasReply]:
         """One counted model call over every row's feed; each row gets its read logits back."""
@@ -349,7 +350,7 @@ class CanvasPasses:
     call is a full pass that keeps the K/V of the prefix, positions [0, block.start), and with ``dual_cache`` of
     the whole canvas; later calls feed [block.start, T) after the prefix, or, with ``dual_cache``, the block
     alone between the prefix and the suffix [block.end, T). ``shifted`` (Dream): a position is predicted by the
-    logits of the position before it. ``chunked``: the calls' feeds are chunked (see CanvasCalls).
+    logits of the position before it. ``chunked``: the calls' feeds are chunked (see CanvasRunner).
     """
 
     def __init__(self, stats: DecodeStats, use_cache: bool, dual_cache: bool = False, shifted: bool = False,
@@ -400,13 +401,13 @@ def canvas_row(prompt: torch.Tensor, gen_length: int,
                mask_token_id: int, eos_token_id: EosIds, generator: torch.Generator | None,
                on_step: Callable[[MDMStep], None] | None = None,
                clock: RowClock | None = None) -> CanvasStep[DecodeResult]:
-    """``program`` on the canvas of ``prompt`` [P] with ``gen_length`` masks: one row of :class:`CanvasCalls`;
+    """``program`` on the canvas of ``prompt`` [P] with ``gen_length`` masks: one row of :class:`CanvasRunner`;
     ``on_step`` sees every step, its time kept out of every row's latency by ``clock``."""
     report = None if on_step is None or clock is None else functools.partial(report_to, clock, on_step)
     canvas = Canvas(prompt, gen_length, mask_token_id=mask_token_id, eos_token_id=eos_token_id, report=report)
     return program(canvas, generator)
 
 
-__all__ = ["Block", "Canvas", "CanvasCalls", "CanvasFeed", "CanvasPasses", "CanvasStep", "HeadInput", "LOGITS_CHUNK",
+__all__ = ["Block", "Canvas", "CanvasFeed", "CanvasPasses", "CanvasRunner", "CanvasStep", "HeadInput", "LOGITS_CHUNK",
            "MDMStep", "ReadLogits", "attends_causally", "canvas_row", "even_schedule", "logit_chunks", "output_head",
-           "plain_logits", "read_offsets", "take_rows"]
+           "one_chunk", "plain_logits", "read_offsets", "take_rows"]

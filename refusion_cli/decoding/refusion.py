@@ -70,7 +70,7 @@ import torch
 
 from refusion_cli.decoding.batching import (next_token_probs, ragged_rows, side_by_side, token_probs, uniform,
                                              with_gumbel)
-from refusion_cli.decoding.cache import Lane, Lanes, LaneStep
+from refusion_cli.decoding.cache import CausalRunner, Lane, LaneStep
 from refusion_cli.decoding.config import ReFusionConfig
 from refusion_cli.decoding.readback import decide, device_index
 from refusion_cli.decoding.stats import RowClock, DecodeResult, DecodeStats, EosIds, cut_after_eos, eos_ids, wide_float
@@ -256,7 +256,7 @@ def complete_slots(ctx: Lane, rows: np.ndarray, positions: np.ndarray, accepted:
 # the loop
 
 
-def refusion_row(lanes: Lanes, index: int, prompt: torch.Tensor, config: ReFusionConfig, *, mask_token_id: int,
+def refusion_row(lanes: CausalRunner, index: int, prompt: torch.Tensor, config: ReFusionConfig, *, mask_token_id: int,
                  eos_token_id: EosIds, generator: torch.Generator | None, causal_fix: bool = False,
                  causal_first: bool = False, recheck: bool = False,
                  on_step: Callable[[StepTrace], None] | None = None,

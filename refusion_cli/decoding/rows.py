@@ -3,8 +3,8 @@ two model calls (step-level continuous batching).
 
 Every decoder is a row program (a generator that yields one feed per model call and is sent its
 logits back) over a shared-calls object that makes one call of every running row's feed:
-:class:`~refusion_cli.decoding.cache.Lanes` for the causal decoders (ReFusion, AR; one packed call, a row
-of the K/V store per lane), :class:`~refusion_cli.decoding.mdm.CanvasCalls` for the masked-diffusion ones (LLaDA,
+:class:`~refusion_cli.decoding.cache.CausalRunner` for the causal decoders (ReFusion, AR; one packed call, a row
+of the K/V store per lane), :class:`~refusion_cli.decoding.mdm.CanvasRunner` for the masked-diffusion ones (LLaDA,
 Dream, their Fast-dLLM settings, D2F). The engine drives them:
 
 - :func:`shared_calls` makes the calls object a group of rows shares (rows of one kind only);
@@ -27,12 +27,12 @@ from typing import Any, Generator, cast
 import torch
 
 from refusion_cli.decoding.ar import ARStep, ar_row
-from refusion_cli.decoding.cache import Lanes, SharedCalls
+from refusion_cli.decoding.cache import CausalRunner, ModelRunner
 from refusion_cli.decoding.config import ReFusionConfig
 from refusion_cli.decoding.d2f import D2FConfig, d2f_row
 from refusion_cli.decoding.dream import dream_row
 from refusion_cli.decoding.llada import llada_row
-from refusion_cli.decoding.mdm import Canvas, CanvasCalls, CanvasStep, MDMStep, canvas_row
+from refusion_cli.decoding.mdm import Canvas, CanvasRunner, CanvasStep, MDMStep, canvas_row
 from refusion_cli.decoding.refusion import StepTrace, refusion_row
 from refusion_cli.decoding.stats import RowClock, DecodeResult, EosIds, eos_ids
 from refusion_cli.decoding.variants import PAPER, Variant
@@ -40,7 +40,7 @@ from refusion_cli.decoding.variants import PAPER, Variant
 RowProgram = Generator[Any, Any, DecodeResult]
 
 NEXT, UNMASKED = "next", "unmasked"  # the commit kinds of AR and of the masked-diffusion samplers
-LANES, CANVAS = "lanes", "canvas"  # the shared-calls objects: cache.Lanes, mdm.CanvasCalls
+LANES, CANVAS = "lanes", "canvas"  # the shared-calls objects: cache.CausalRunner, mdm.CanvasRunner
 
 
 @dataclass(frozen=True)
@@ -53,11 +53,11 @@ class Commit:
     kind: str
 
 
-def shared_calls(kind: tuple[str, bool], model: torch.nn.Module, packed: bool | None = None) -> SharedCalls:
+def shared_calls(kind: tuple[str, bool], model: torch.nn.Module, packed: bool | None = None) -> ModelRunner:
     """A new calls object of ``kind`` (``(LANES, kv_reuse)`` or ``(CANVAS, True)``) on ``model``; ``packed``:
     one attention call per layer for every row (None: on CUDA)."""
     name, reuse = kind
-    return CanvasCalls(model, packed=packed) if name == CANVAS else Lanes(model, reuse=reuse, packed=packed)
+    return CanvasRunner(model, packed=packed) if name == CANVAS else CausalRunner(model, reuse=reuse, packed=packed)
 
 
 def response_budget(config: Any) -> int:
@@ -89,24 +89,24 @@ class RowOptions:
 # A decoder's row opener (``DecoderSpec.open_row``): open row ``index`` of ``calls`` for ``prompt`` [P] and return
 # its program; ``on_step`` sees the decoder's step records, ``clock`` keeps that time out of the row's latency.
 # ``calls`` is the shared-calls object of the decoder's kind (``shared_calls``): an opener casts it to its class.
-RowOpener = Callable[[SharedCalls, int, torch.Tensor, Any, RowOptions, "torch.Generator | None",
+RowOpener = Callable[[ModelRunner, int, torch.Tensor, Any, RowOptions, "torch.Generator | None",
                       "Callable[[Any], None] | None", "RowClock | None"], RowProgram]
 
 
-def ar_rows(calls: SharedCalls, index: int, prompt: torch.Tensor, config: Any, options: RowOptions,
+def ar_rows(calls: ModelRunner, index: int, prompt: torch.Tensor, config: Any, options: RowOptions,
             generator: torch.Generator | None, on_step: Callable[[Any], None] | None,
             clock: RowClock | None) -> RowProgram:
     """Autoregressive decoding (``ar.ar_lane``); ``generator`` draws its tokens at temperature > 0."""
-    return ar_row(cast(Lanes, calls), index, prompt, config, set(eos_ids(options.eos_token_id)), on_step, clock,
+    return ar_row(cast(CausalRunner, calls), index, prompt, config, set(eos_ids(options.eos_token_id)), on_step, clock,
                   generator)
 
 
-def refusion_rows(calls: SharedCalls, index: int, prompt: torch.Tensor, config: Any, options: RowOptions,
+def refusion_rows(calls: ModelRunner, index: int, prompt: torch.Tensor, config: Any, options: RowOptions,
                   generator: torch.Generator | None, on_step: Callable[[Any], None] | None,
                   clock: RowClock | None) -> RowProgram:
     """ReFusion (``refusion.decode_lane``), in the variant ``options`` names."""
     causal_fix, causal_first, recheck = options.variant
-    return refusion_row(cast(Lanes, calls), index, prompt, config, mask_token_id=options.mask_id,
+    return refusion_row(cast(CausalRunner, calls), index, prompt, config, mask_token_id=options.mask_id,
                         eos_token_id=options.eos_token_id, generator=generator, causal_fix=causal_fix,
                         causal_first=causal_first, recheck=recheck, on_step=on_step, clock=clock)
 
@@ -115,7 +115,7 @@ def canvas_rows(program: Callable[[Canvas, Any, RowOptions, torch.Generator | No
                 ) -> RowOpener:
     """The row opener of a masked-diffusion sampler whose canvas program is ``program(canvas, config, options,
     generator)``."""
-    def open_canvas_row(calls: SharedCalls, index: int, prompt: torch.Tensor, config: Any, options: RowOptions,
+    def open_canvas_row(calls: ModelRunner, index: int, prompt: torch.Tensor, config: Any, options: RowOptions,
                         generator: torch.Generator | None, on_step: Callable[[Any], None] | None,
                         clock: RowClock | None) -> RowProgram:
         return canvas_row(prompt, response_budget(config),

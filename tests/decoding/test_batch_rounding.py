@@ -55,7 +55,7 @@ DECODERS: dict[str, Any] = {
 
 
 class RecordedCalls:
-    """Shared calls (``mdm.CanvasCalls`` or ``cache.Lanes``) that keep every row's logits of every call."""
+    """Shared calls (``mdm.CanvasRunner`` or ``cache.CausalRunner``) that keep every row's logits of every call."""
 
     def __init__(self, calls: Any):
         self.calls = calls
@@ -74,7 +74,7 @@ class RecordedCalls:
     def close(self, row: int) -> None:
         self.calls.close(row)
 
-    def __getattr__(self, name: str) -> Any:  # what a row opener uses of its calls (Lanes.open)
+    def __getattr__(self, name: str) -> Any:  # what a row opener uses of its calls (CausalRunner.open)
         return getattr(self.calls, name)
 
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from refusion_cli.decoding import DreamConfig, mdm, run_decoder
-from refusion_cli.decoding.mdm import CanvasCalls, CanvasFeed, HeadInput, output_head
+from refusion_cli.decoding.mdm import CanvasRunner, CanvasFeed, HeadInput, output_head
 from refusion_cli.decoding.stats import DecodeStats
 from tests.decoding.scripted import FixedRowsModel, log_probs
 from tests.tiny import MASK_ID, tiny_qwen3
@@ -133,7 +133,7 @@ def test_a_call_with_a_chunked_row_gives_another_row_its_logits(bidirectional_mo
     monkeypatch.setattr(mdm, "LOGITS_CHUNK", 8)
     ids = torch.tensor([5, 17, 3] + [MASK_ID] * 12)
     reads = torch.arange(2, 14)
-    calls = CanvasCalls(bidirectional_model)
+    calls = CanvasRunner(bidirectional_model)
     replies = calls.forward({0: CanvasFeed(DecodeStats(), ids, read=reads, chunked=True),
                              1: CanvasFeed(DecodeStats(), ids, read=reads)})
     alone = bidirectional_model(input_ids=ids[None], logits_to_keep=reads).logits[0]

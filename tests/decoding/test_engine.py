@@ -61,14 +61,14 @@ def test_a_row_that_cannot_start_fails_its_request_alone():
 
 
 def test_after_a_call_out_of_memory_the_engine_gets_its_full_row_cap_back(monkeypatch):
-    from refusion_cli.decoding.cache import Lanes
+    from refusion_cli.decoding.cache import CausalRunner
     from tests.memory import out_of_memory_above
 
     model = tiny_qwen3(4, init_std=0.5)
     prompts = prompts_for(0) * 4  # 12 requests
     config = ARConfig(gen_length=12)
     alone = [run_decoder("ar", model, prompt, config, mask_token_id=None, eos_token_id=None) for prompt in prompts]
-    failed = out_of_memory_above(monkeypatch, Lanes, 2, times=1)  # one call of more than two rows runs out
+    failed = out_of_memory_above(monkeypatch, CausalRunner, 2, times=1)  # one call of more than two rows runs out
     engine, outcomes = Engine(model, max_rows=4), {}
     rows: list[int] = []
     engine.on_call = rows.append

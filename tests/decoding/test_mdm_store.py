@@ -10,7 +10,7 @@ import torch
 
 from refusion_cli.decoding import D2FConfig, DreamConfig, LLaDAConfig
 from refusion_cli.decoding.engine import Engine, run_decoder
-from refusion_cli.decoding.mdm import CanvasCalls
+from refusion_cli.decoding.mdm import CanvasRunner
 from refusion_cli.decoding.registry import calls_kind
 from tests.tiny import MASK_ID, tiny_qwen3
 
@@ -29,9 +29,9 @@ def model() -> torch.nn.Module:
     return tiny_qwen3(3, causal=False, init_std=0.5)
 
 
-def decode(model: torch.nn.Module, name: str, packed: bool) -> tuple[list[list[int]], Engine, CanvasCalls]:
+def decode(model: torch.nn.Module, name: str, packed: bool) -> tuple[list[list[int]], Engine, CanvasRunner]:
     engine = Engine(model, max_rows=2)
-    calls = CanvasCalls(model, packed=packed)
+    calls = CanvasRunner(model, packed=packed)
     engine.calls[calls_kind(name)] = calls
     results = run_decoder(name, model, PROMPTS, CACHED[name], mask_token_id=MASK_ID, eos_token_id=None,
                           batch_size=2, engine=engine)

@@ -10,7 +10,7 @@ import pytest
 
 from refusion_cli.decoding.config import ConfigError
 from refusion_cli.decoding.memory import fitting_batch, parse_memory, reserve
-from refusion_cli.decoding.mdm import CanvasCalls
+from refusion_cli.decoding.mdm import CanvasRunner
 from refusion_cli.harness import lm_adapters
 from tests.memory import out_of_memory_above
 from tests.harness.helpers import run_cli
@@ -30,7 +30,7 @@ def test_a_call_out_of_memory_requeues_its_rows_and_the_samples_equal_an_uninter
                                                                                            tmp_path):
     code, _, err = run_cli(capsys, monkeypatch, *eval_args(tmp_path / "alone", "--batch-size", "1"))
     assert code == 0, err
-    failed = out_of_memory_above(monkeypatch, CanvasCalls, 2)  # a call of more than two rows does not fit
+    failed = out_of_memory_above(monkeypatch, CanvasRunner, 2)  # a call of more than two rows does not fit
     code, _, err = run_cli(capsys, monkeypatch, *eval_args(tmp_path / "auto", "--batch-size", "auto", "--max-memory", "4GiB"))
     assert code == 0, err
     assert failed == [8, 4]  # the budget admitted all 8 requests; calls of 8 and 4 rows did not fit, 2 did

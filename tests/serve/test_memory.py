@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from refusion_cli.decoding.cache import Lanes
+from refusion_cli.decoding.cache import CausalRunner
 from refusion_cli.harness.suite import EVALS_DIR
 from refusion_cli.models.loading import load_model
 from refusion_cli.tasks.synthetic import read_jsonl
@@ -25,7 +25,7 @@ def refusion_tiny():
 
 def test_a_call_out_of_memory_requeues_its_rows_and_every_request_gets_its_batch_one_answer(refusion_tiny,
                                                                                              monkeypatch):
-    failed = out_of_memory_above(monkeypatch, Lanes, 2)  # a call of more than two rows does not fit
+    failed = out_of_memory_above(monkeypatch, CausalRunner, 2)  # a call of more than two rows does not fit
     models = served(["refusion"])
     body = lambda question: {"model": "refusion", "max_tokens": 48,  # noqa: E731
                              "messages": [{"role": "user", "content": question}]}
