@@ -35,18 +35,9 @@ confidence ranking, no ``alg_temp``: Fast-dLLM's Dream) and with at most a chunk
 are one function for every row of a step (:func:`rank_choice`, yielded with ``readback.decide``); a draw
 stays the row's own, from its own generator.
 
-Logits memory: plain Dream reads the logits before every mask of its one 512-token block, and its
-sampler (top-p sort with int64 indices, softmax, cumulative sum, float32 weights for the draw) makes
-several copies of them. So a step is predicted ``mdm.LOGITS_CHUNK`` masks at a time: a call that
-reads more positions than that computes no logits, the row applies the model's head to the final
-hidden states of a chunk of them, and the chunk is reduced to its tokens, token probabilities and
-confidences [n] before the next chunk's logits exist; the ranking then works on all the masks, as
-above. On the CPU this gives the same tokens as one [masks, V] pass, sampling included: a row's draw in
-``torch.multinomial`` does not depend on the rows beside it, and the head's rows are bit for bit those
-of one product of all the reads (in bfloat16 and float64; float32 on several threads rounds a product
-of other rows differently, as a batched call does: see ``mdm.SMALLEST_CHUNK``). On a GPU the chunked
-draws may consume the generator differently from one [masks, V] draw (sampling only; greedy decoding
-draws nothing), and cuBLAS may round a chunk's product differently, which can flip a near-tie.
+Logits memory: a step whose reads exceed ``mdm.LOGITS_CHUNK`` is predicted a chunk at a time from the
+head's input, so a row never holds more than a chunk of logits; the tokens are those of one pass
+(``docs/engine.md``, "Dream's logits a chunk at a time").
 """
 
 from __future__ import annotations
