@@ -299,6 +299,7 @@ class TricklingHub(socketserver.ThreadingTCPServer):
     class Handler(socketserver.BaseRequestHandler):
         def handle(self) -> None:
             self.request.recv(65536)
+            self.server.reached.set()
             try:
                 self.request.sendall(b"HTTP/1.1 200 OK\r\nX-Slow: ")
                 while not self.server.stop.wait(0.25):
@@ -310,20 +311,22 @@ class TricklingHub(socketserver.ThreadingTCPServer):
 def test_a_hub_that_never_finishes_answering_is_given_up_after_the_timeout(monkeypatch):
     server = TricklingHub(("127.0.0.1", 0), TricklingHub.Handler)
     server.stop = threading.Event()  # set: every handler returns
+    server.reached = threading.Event()  # set: a request came in (the timeout is not the child's start-up)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.server_address[1]}")
     start = time.monotonic()
     try:
         with pytest.raises(HubDataError) as error:
-            download.fetch_split(HubSplit("openai/gsm8k", "main", "test"), timeout=8)
+            download.fetch_split(HubSplit("openai/gsm8k", "main", "test"), timeout=3)
     finally:
         server.stop.set()
         server.shutdown()
         server.server_close()
     assert time.monotonic() - start < 60
+    assert server.reached.is_set()
     assert error.value.kind == "unreachable"
-    assert error.value.detail == f"http://127.0.0.1:{server.server_address[1]} did not deliver it within 8 s"
+    assert error.value.detail == f"http://127.0.0.1:{server.server_address[1]} did not deliver it within 3 s"
 
 
 def test_the_child_hands_back_the_split_it_loaded(monkeypatch, tmp_path):
