@@ -125,7 +125,10 @@ def embedded() -> dict[str, Any]:
     return {name: load_model(name, device="cpu", require_mask=name != "ar-tiny") for name in EMBEDDED}
 
 
-@pytest.mark.parametrize("name", list(DECODERS))
+# `make test-all`: LLaDA and Dream at their plain settings, whose rows the float64 sweeps of test_batched.py check by
+# default (as every setting of theirs); their Fast-dLLM and D2F rows run here by default
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.slow) if name in ("llada", "dream") else name
+                                  for name in DECODERS])
 def test_every_batched_answer_on_the_embedded_models_is_batch_1s(embedded, name):
     # the decoders without an embedded model (Dream's, D2F's) run on mdm-tiny: a misfit, still a model with ties
     spec = decoder_spec(name)

@@ -100,13 +100,25 @@ def toolkit_run(name: str, tokenizer: Any, answers: dict[str, list[int]], limit:
     return adapter, evaluation, TaskScorer(task_dict["tasks"], benchmark.metric, benchmark.metric_filter)
 
 
+class LazyRuns(dict):
+    """Each benchmark's :func:`toolkit_run`, made the first time a test asks for it (so a benchmark whose tests are
+    all deselected costs nothing)."""
+
+    def __init__(self, make: Any):
+        super().__init__()
+        self.make = make
+
+    def __missing__(self, name: str) -> tuple[Any, dict[str, Any], TaskScorer]:
+        self[name] = made = self.make(name)
+        return made
+
+
 def toolkit_runs_of(golden: dict[str, list[dict[str, Any]]], tokenizer: Any, answer_ids: Any,
                     limit: dict[str, int], tmp_path_factory: Any) -> dict[str, tuple[Any, dict[str, Any], TaskScorer]]:
-    """:func:`toolkit_run` for every benchmark, each golden record answered with ``answer_ids(record)``;
-    ``limit``: documents per task for each benchmark."""
-    return {name: toolkit_run(name, tokenizer, {r["prompt"]: answer_ids(r) for r in golden[name]}, limit[name],
-                              tmp_path_factory.mktemp(name))
-            for name in BENCHMARKS}
+    """:func:`toolkit_run` for each benchmark (when first asked for), each golden record answered with
+    ``answer_ids(record)``; ``limit``: documents per task for each benchmark."""
+    return LazyRuns(lambda name: toolkit_run(name, tokenizer, {r["prompt"]: answer_ids(r) for r in golden[name]},
+                                             limit[name], tmp_path_factory.mktemp(name)))
 
 
 def single(filtered: Any) -> Any:
