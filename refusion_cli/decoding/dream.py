@@ -56,7 +56,7 @@ from refusion_cli.decoding.config import ConfigError, check_non_negative, check_
 from refusion_cli.decoding.canvas import Canvas, CanvasStep, even_schedule
 from refusion_cli.decoding.mdm import CanvasPasses, ReadLogits, logit_chunks, one_chunk, take_rows
 from refusion_cli.decoding.mdm_sampling import (argmax_without, best_first, check_blocks, check_fast_options,
-                                               choose_positions, sample)
+                                               choose_positions, kept_places, sample)
 from refusion_cli.decoding.readback import decide, device_index, read
 from refusion_cli.decoding.stats import DecodeResult, wide_float
 
@@ -248,13 +248,8 @@ def dream_row(canvas: Canvas, config: DreamConfig, generator: torch.Generator | 
                 decision = functools.partial(rank_choice, config=config, mask_token_id=mask_token_id, head=head)
                 ranked, best_tokens, *reaches = yield from decide((rank_choice, config, mask_token_id, head), decision,
                                                                   inputs, ragged=True)
-                if first_only:
-                    kept = [0]
-                elif config.threshold is not None:  # the best, and every other among the ``limit`` best reaching it
-                    kept = [j for j in range(min(len(where), len(where) if limit is None else limit))
-                            if j == 0 or reaches[0][j]]
-                else:
-                    kept = list(range(min(count, len(where))))
+                kept = (kept_places(len(where), 1, None) if first_only
+                        else kept_places(len(where), count, reaches[0] if reaches else None, limit))
                 canvas.commit(block, step, [where[ranked[j]] for j in kept], [best_tokens[j] for j in kept])
                 continue
             masks = device_index(where, canvas.device)  # ``where`` on the device

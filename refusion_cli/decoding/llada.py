@@ -40,7 +40,7 @@ from refusion_cli.decoding.config import ConfigError, check_non_negative
 from refusion_cli.decoding.canvas import Block, Canvas, CanvasStep, even_schedule
 from refusion_cli.decoding.mdm import CanvasPasses, plain_logits
 from refusion_cli.decoding.mdm_sampling import (best_first, check_blocks, check_fast_options, forbid_mask,
-                                                 masked_confidence)
+                                                 kept_places, masked_confidence)
 from refusion_cli.decoding.readback import decide
 from refusion_cli.decoding.stats import DecodeResult, wide_float
 
@@ -143,9 +143,7 @@ def llada_row(canvas: Canvas, config: LLaDAConfig, generator: torch.Generator | 
             ranked, tokens, *reaches = yield from decide(key, decision, logits, canvas.ids[block.start: block.end],
                                                          *noise)
             n_masked = canvas.mask_count(block)
-            if reaches:  # Fast-dLLM: the best mask, and every other whose probability reaches the threshold
-                kept = [i for i in range(n_masked) if i == 0 or reaches[0][i]]
-            else:
-                kept = list(range(min(count, n_masked)))
+            # Fast-dLLM: the best mask, and every other whose probability reaches the threshold
+            kept = kept_places(n_masked, count, reaches[0] if reaches else None)
             canvas.commit(block, step, [ranked[i] for i in kept], [tokens[i] for i in kept])
     return canvas.result()

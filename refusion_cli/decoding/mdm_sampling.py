@@ -107,6 +107,15 @@ def choose_positions(
     return best_first(ranked)[:count], None
 
 
+def kept_places(n_masked: int, count: int, reaches: list[int] | None, limit: int | None = None) -> list[int]:
+    """:func:`choose_positions`' rule on the host, for a step whose ``n_masked`` masks were ranked best first on the
+    device: the places it unmasks, with a threshold (``reaches``: whether each one's token reaches it) the best
+    and every other among the ``limit`` best (None: all) that reaches it, else the first ``count``."""
+    if reaches is None:
+        return list(range(min(count, n_masked)))
+    return [j for j in range(min(n_masked, n_masked if limit is None else limit)) if j == 0 or reaches[j]]
+
+
 def masked_confidence(confidence: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
     """``confidence`` [..., B] at the ``masked`` positions, -inf elsewhere, in float64 (float32 on MPS)."""
     return torch.where(masked, confidence.to(wide_float(confidence.device)), float("-inf"))
