@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 
-.PHONY: test test-all venv clean models demo
+.PHONY: test test-all check venv clean models demo
 
 # The venv is (re)built only when pyproject.toml changes; torch first. Where pip would otherwise
 # fetch the multi-GB CUDA build, name the CPU wheel index: make test TORCH_INDEX=https://download.pytorch.org/whl/cpu
@@ -16,13 +16,19 @@ $(VENV)/.installed: pyproject.toml
 
 venv: $(VENV)/.installed
 
-# Two workers (pytest-xdist), a test file each at a time, one torch thread each (tests/conftest.py).
+# Two workers (pytest-xdist), a test file each at a time, longest first, one torch thread each (tests/conftest.py).
+XDIST := -n 2 --dist loadfile --no-loadscope-reorder
 test: venv
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n 2 --dist loadfile
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q $(XDIST)
 
 # Everything, the tests marked slow included (the rest of each exhaustive sweep): before a release.
 test-all: venv
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n 2 --dist loadfile -m ''
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q $(XDIST) -m ''
+
+# The package's types (mypy, [tool.mypy] of pyproject.toml): half a minute from a cold cache, a second warm.
+# CI runs it after `make test`; tests/test_types.py (slow) runs the same check under `make test-all`.
+check: venv
+	$(PY) -m mypy
 
 # The main job on the embedded models: ReFusion (the paper's decoder and the toolkit's variants), AR and LLaDA
 # decoding of the synthetic task, side by side.

@@ -34,6 +34,7 @@ Run them from the repository root, e.g. ``python -m tools.build_models`` (what `
   (run as a script, in a transformers 4 environment)
 - ``paper_parity``: golden files of what the paper's own harness makes of fixed documents and answers
 - ``paper_answers``: the unusual answers ``paper_parity`` gives the paper's harness (a module, not a script)
+- ``test_durations``: seconds per test file of a full test run, the order ``make test`` hands files to its workers
 
 They import the library; the library never imports them (an import-linter contract in pyproject.toml),
 and they are not part of the installed package.

@@ -3,21 +3,14 @@ a temporary folder; under xdist the workers share it, so that each stand-in is b
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from filelock import FileLock
 
+from tests.envs import shared_folder
 from tools.standins import ADAPTERS, build_standin
-
-
-def shared_folder(tmp_path_factory) -> Path:
-    """A folder of this run that every xdist worker sees (the workers' temporary folders share their parent)."""
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        return tmp_path_factory.getbasetemp().parent
-    return tmp_path_factory.getbasetemp()
 
 
 @pytest.fixture(scope="session")
