@@ -6,6 +6,7 @@ import json
 import os
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 from refusion_cli.decoding import ReFusionConfig, run_decoder
 from refusion_cli.errors import UserError
 from refusion_cli.models import load_model
+from refusion_cli.models.loading import stop_ids
 from tools.standins import qwen3_tokenizer
 
 
@@ -71,19 +73,29 @@ def test_a_response_ends_at_any_eos_id_of_the_generation_config(refusion_layout,
     ([151645, None], "None is not a token id"),
     ([151645, True], "True is not a token id"),
     ("151643", "'151643' is not a token id"),
-    ([151645, 200000], "200000 is not a token id (the vocabulary has 151671 ids)"),
     (-1, "-1 is not a token id"),
 ])
-def test_a_generation_config_eos_that_is_no_token_id_is_one_error(refusion_layout, tmp_path, listed, message):
-    """A broken eos_token_id in generation_config.json is a UserError at load time, not a traceback or a wrong stop."""
+def test_an_eos_that_is_no_token_id_is_one_error_naming_its_file(listed, message):
+    """Every kind of broken eos_token_id is a UserError naming the file, not a traceback or a wrong stop (read
+    from a checkpoint's files in the test below, with an id past the vocabulary)."""
+    with pytest.raises(UserError, match=r"lists eos_token_id .* in its generation_config.json: ") as caught:
+        stop_ids(151645, SimpleNamespace(eos_token_id=listed), SimpleNamespace(eos_token_id=151645),
+                 vocab_size=151671, name="ckpt")
+    assert message in str(caught.value)
+    with pytest.raises(UserError, match=r"lists eos_token_id .* in its config.json: "):  # no generation config
+        stop_ids(151645, None, SimpleNamespace(eos_token_id=listed), vocab_size=151671, name="ckpt")
+
+
+def test_a_generation_config_eos_that_is_no_token_id_is_one_error(refusion_layout, tmp_path):
+    """A broken eos_token_id in generation_config.json is a UserError at load time."""
     path = tmp_path / "bad-eos"
     path.mkdir()
     for item in refusion_layout.iterdir():
         (path / item.name).write_bytes(item.read_bytes())
-    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": listed}))
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [151645, 200000]}))
     with pytest.raises(UserError, match="lists eos_token_id .* in its generation_config.json: ") as caught:
         load_model(str(path), device="cpu")
-    assert message in str(caught.value)
+    assert "200000 is not a token id (the vocabulary has 151671 ids)" in str(caught.value)
 
 
 def test_no_such_directory(tmp_path):

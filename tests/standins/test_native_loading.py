@@ -14,7 +14,7 @@ from refusion_cli.decoding.mdm import attends_causally
 from refusion_cli.errors import UserError
 from refusion_cli.models import load_model
 from refusion_cli.models.chat import user_prompt_ids
-from refusion_cli.models.loading import check_model_fits, inspect_checkpoint
+from refusion_cli.models.loading import check_model_fits, inspect_checkpoint, resolve_checkpoint
 
 # what each stand-in must load as: class, mask id, EOS, stop ids, bidirectional, shifted
 EXPECTED = {
@@ -30,14 +30,15 @@ QUESTIONS = ("What is 12 + 7?", "Mia has 12 apples. She buys 7 more and gives 5 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_each_checkpoint_loads_with_stock_classes_and_its_ids(standin, name):
     model_class, mask_id, eos_id, stops, bidirectional, shifted = EXPECTED[name]
-    for trust in (False, True):  # --trust-remote-code changes nothing for these
-        loaded = load_model(str(standin(name)), "cpu", torch.float32, trust_remote_code=trust,
-                            require_mask=mask_id is not None)
-        assert type(loaded.model).__name__ == model_class
-        assert type(loaded.model).__module__.startswith("transformers.models.")  # never the checkpoint's own code
-        assert (loaded.mask_token_id, loaded.eos_token_id, loaded.stop_token_ids) == (mask_id, eos_id, stops)
-        assert (loaded.bidirectional, loaded.shifted) == (bidirectional, shifted)
-        assert attends_causally(loaded.model) is not bidirectional
+    loaded = load_model(str(standin(name)), "cpu", torch.float32, require_mask=mask_id is not None)
+    assert type(loaded.model).__name__ == model_class
+    assert type(loaded.model).__module__.startswith("transformers.models.")  # never the checkpoint's own code
+    assert (loaded.mask_token_id, loaded.eos_token_id, loaded.stop_token_ids) == (mask_id, eos_id, stops)
+    assert (loaded.bidirectional, loaded.shifted) == (bidirectional, shifted)
+    assert attends_causally(loaded.model) is not bidirectional
+    # --trust-remote-code changes nothing for these: the record the load follows (classes, config, layout) is equal
+    trusted = resolve_checkpoint(str(standin(name)), trust_remote_code=True)
+    assert not trusted.remote and trusted == resolve_checkpoint(str(standin(name)), trust_remote_code=False)
     flags = {module.is_causal for module in loaded.model.modules() if hasattr(module, "is_causal")}
     assert flags == {not bidirectional}  # SDPA and flash attention read the modules' flag when no mask is passed
 
