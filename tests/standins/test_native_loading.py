@@ -75,10 +75,13 @@ def loaded_standin(standin):
     return get
 
 
-@pytest.mark.parametrize("name, decoder, config", [
+@pytest.mark.parametrize("name, decoder, config", [  # each model plain or cached by default (the tiny models'
+    # sweeps in tests/decoding/test_batched.py batch both ways); the other two under `make test-all`
     ("llada-8b-instruct", "llada", LLaDAConfig(gen_length=16, steps=8, block_length=8)),
-    ("llada-8b-instruct", "llada", LLaDAConfig(gen_length=16, steps=8, block_length=8, use_cache=True)),
-    ("dream-v0-instruct-7b", "dream", DreamConfig(gen_length=16, steps=8, temperature=0.0)),
+    pytest.param("llada-8b-instruct", "llada", LLaDAConfig(gen_length=16, steps=8, block_length=8, use_cache=True),
+                 marks=pytest.mark.slow),
+    pytest.param("dream-v0-instruct-7b", "dream", DreamConfig(gen_length=16, steps=8, temperature=0.0),
+                 marks=pytest.mark.slow),
     ("dream-v0-instruct-7b", "dream", DreamConfig(gen_length=16, steps=8, temperature=0.0, block_length=8,
                                                   use_cache=True)),
 ], ids=["llada", "llada-cache", "dream", "dream-cache"])
