@@ -49,11 +49,16 @@ def group_causal(groups: np.ndarray) -> np.ndarray:
     return (groups[:, None] == groups[None, :]) & np.tri(len(groups), dtype=bool)
 
 
-def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """[Q, K] or [B, Q, K] bool -> [1 or B, 1, Q, K] float mask (0 where allowed, the dtype's minimum elsewhere)."""
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
-    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-    return mask.view(-1, 1, *allowed.shape[-2:])
+def additive_mask(allowed: np.ndarray | torch.Tensor, dtype: torch.dtype,
+                  device: torch.device | None = None) -> torch.Tensor:
+    """[Q, K] or [B, Q, K] bool -> [1 or B, 1, Q, K] float mask (0 where allowed, the dtype's minimum elsewhere),
+    built on the host and copied to ``device`` (default: the CPU, or the device of a tensor ``allowed``) once."""
+    if isinstance(allowed, torch.Tensor):
+        device = device or allowed.device
+        allowed = allowed.cpu().numpy()
+    minimum = torch.finfo(dtype).min  # exact in float64, as every float dtype's
+    mask = torch.tensor(np.where(allowed, 0.0, minimum).reshape(-1, 1, *allowed.shape[-2:]), dtype=dtype)
+    return mask if device is None else to_device(mask, device)
 
 
 def mask_argument(config, mask: torch.Tensor) -> torch.Tensor | dict[str, torch.Tensor]:
@@ -202,8 +207,7 @@ def lane_masks(alloweds: list[np.ndarray], dtype: torch.dtype, device: torch.dev
     allowed[:, :, 0] = True  # a padding query sees one column (its output is dropped), never none
     for lane, lane_allowed in enumerate(alloweds):
         allowed[lane, : lane_allowed.shape[0], : lane_allowed.shape[1]] = lane_allowed
-    minimum = torch.finfo(dtype).min  # exact in float64, as every float dtype's
-    additive = to_device(torch.tensor(np.where(allowed, 0.0, minimum)[:, None], dtype=dtype), device)
+    additive = additive_mask(allowed, dtype, device)  # [lanes, 1, Q, columns]
     if not packed:  # [lanes, 1, Q, columns]: each lane's own corner
         return None, [additive[lane: lane + 1, :, :n, : allowed_lane.shape[1]]
                       for lane, (n, allowed_lane) in enumerate(zip(lengths, alloweds))]

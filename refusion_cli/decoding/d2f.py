@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from refusion_cli.decoding.batching import firsts_of, ragged_rows
+from refusion_cli.decoding.batching import firsts_of
 from refusion_cli.decoding.config import ConfigError, check_non_negative, check_positive, check_probability
 from refusion_cli.decoding.dream import DreamConfig, check_filters, predict_tokens
 from refusion_cli.decoding.canvas import Block, Canvas, CanvasStep, Written
@@ -238,8 +238,7 @@ def pipeline_choice(sizes: list[int], logits: torch.Tensor, block_first: torch.T
     best by ``sampling``'s ranking (the leftmost of equals), each [sum M]."""
     tokens, token_prob, confidence = predict_tokens(logits, sampling, mask_token_id, None)
     chosen = token_prob > skip_threshold  # [sum M]
-    _, _, first_of = ragged_rows(sizes, logits.device)
-    block = first_of + block_first  # [sum M]: each mask's block, named by the index of its first mask
+    block = device_index(firsts_of(sizes), logits.device) + block_first  # [sum M]: each mask's block, named by the index of its first mask
     index = torch.arange(len(block), device=logits.device)
     ranked = confidence.to(wide_float(logits.device))
     best = ranked.new_full(ranked.shape, float("-inf")).scatter_reduce(0, block, ranked, "amax")  # by block
