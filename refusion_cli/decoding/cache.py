@@ -51,11 +51,8 @@ def group_causal(groups: np.ndarray) -> np.ndarray:
 
 def additive_mask(allowed: np.ndarray | torch.Tensor, dtype: torch.dtype,
                   device: torch.device | None = None) -> torch.Tensor:
-    """[Q, K] or [B, Q, K] bool -> [1 or B, 1, Q, K] float mask (0 where allowed, the dtype's minimum elsewhere),
-    built on the host and copied to ``device`` (default: the CPU, or the device of a tensor ``allowed``) once."""
-    if isinstance(allowed, torch.Tensor):
-        device = device or allowed.device
-        allowed = allowed.cpu().numpy()
+    """[Q, K] or [B, Q, K] bool on the host -> [1 or B, 1, Q, K] float mask (0 where allowed, the dtype's minimum
+    elsewhere), built on the host and copied to ``device`` (None: left on the host) once."""
     minimum = torch.finfo(dtype).min  # exact in float64, as every float dtype's
     mask = torch.tensor(np.where(allowed, 0.0, minimum).reshape(-1, 1, *allowed.shape[-2:]), dtype=dtype)
     return mask if device is None else to_device(mask, device)

@@ -238,7 +238,8 @@ def pipeline_choice(sizes: list[int], logits: torch.Tensor, block_first: torch.T
     best by ``sampling``'s ranking (the leftmost of equals), each [sum M]."""
     tokens, token_prob, confidence = predict_tokens(logits, sampling, mask_token_id, None)
     chosen = token_prob > skip_threshold  # [sum M]
-    block = device_index(firsts_of(sizes), logits.device) + block_first  # [sum M]: each mask's block, named by the index of its first mask
+    # [sum M]: each mask's block, named by the index of its first mask (its row's start + its place in the row)
+    block = device_index(firsts_of(sizes), logits.device) + block_first
     index = torch.arange(len(block), device=logits.device)
     ranked = confidence.to(wide_float(logits.device))
     best = ranked.new_full(ranked.shape, float("-inf")).scatter_reduce(0, block, ranked, "amax")  # by block
