@@ -1,7 +1,7 @@
-"""`refusion bench --endpoint`: against a `refusion serve` process it gives the in-process bench's answers and token
-counts; bad input (an unreachable endpoint, a wrong model name, a server that is not OpenAI's or that fails
-mid-run) is one line and exit 2, with the levels measured before written. A scripted stand-in server plays the
-bad ones."""
+"""`refusion bench --endpoint`: against `refusion serve` (its app, in this process) it gives the in-process bench's
+answers and token counts; bad input (an unreachable endpoint, a wrong model name, a server that is not OpenAI's or
+that fails mid-run) is one line and exit 2, with the levels measured before written. A scripted stand-in server
+plays the bad ones."""
 
 from __future__ import annotations
 
@@ -17,16 +17,21 @@ import pytest
 from refusion_cli.bench.endpoint import parse_endpoint
 from refusion_cli.bench.served import AR, DLLM, Crossover, ServedRow, crossovers, row_kind
 from refusion_cli.errors import UserError
+from refusion_cli.models.loading import load_model
 from tests.bench.helpers import error_line, read_csv, run_bench_cli
 from tests.ports import free_port
-from tests.serve.helpers import serve_process
+from tests.serve.helpers import running_server, served
 
 LIMIT, LENGTH = 3, 32
 
 
 @pytest.fixture(scope="module")
 def refusion_server() -> Iterator[str]:
-    with serve_process(["-m", "refusion_cli"], "--decoder=refusion", "--max-batch=4") as (_, base):
+    """``refusion serve --decoder=refusion --max-batch=4`` on refusion-tiny, in this process (tests/serve/test_cli.py
+    starts the command as a process of its own)."""
+    checkpoint = "refusion-tiny"
+    with running_server({checkpoint: load_model(checkpoint, "cpu")}, served(["refusion"], checkpoint=checkpoint),
+                        max_batch=4) as (base, _):
         yield base
 
 

@@ -37,11 +37,6 @@ def cli_env() -> dict[str, str]:
             "HOME": os.environ.get("HOME", "/tmp"), **cache_env()}
 
 
-def refusion(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "refusion_cli", "eval", *args], capture_output=True, text=True,
-                          env=cli_env(), cwd=REPO, timeout=timeout)
-
-
 def records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
@@ -63,12 +58,13 @@ def direct_outputs(checkpoint: Path, decoder: str, config, n: int) -> list[str]:
     return texts
 
 
-def test_synthetic_run_writes_every_file_and_matches_direct_decoding(causal_checkpoint, tmp_path):
+def test_synthetic_run_writes_every_file_and_matches_direct_decoding(causal_checkpoint, tmp_path, capsys,
+                                                                      monkeypatch):
     run_dir = tmp_path / "run"
-    out = refusion("--task", "synthetic", "--decoder", "refusion", "ar", "--model", str(causal_checkpoint),
-                   "--limit", "5", "--set", "gen_length=48", "--output", str(run_dir))
-    assert out.returncode == 0, out.stderr
-    assert "accuracy (%) / TPS" in out.stdout and "TPF" in out.stdout
+    code, out, err = run_cli(capsys, monkeypatch, "--task", "synthetic", "--decoder", "refusion", "ar", "--model",
+                             str(causal_checkpoint), "--limit", "5", "--set", "gen_length=48", "--output", str(run_dir))
+    assert code == 0, err
+    assert "accuracy (%) / TPS" in out and "TPF" in out
     metrics = json.loads((run_dir / "metrics.json").read_text())["results"]
     assert [m["decoder"] for m in metrics] == ["refusion", "ar"]
     configs = {"refusion": build_config("refusion", {"gen_length": 48}, base=preset_config("synthetic_tiny")),

@@ -55,13 +55,14 @@ def options(name: str, directory: Path) -> list[str]:
 
 
 def split(default: set[str]) -> list:
-    """The stand-ins, those outside ``default`` marked slow (``make test-all``): chat and bench each run two by
-    default, together four; eval and lm-eval run the four of the paper's own comparison by default, and the
-    Llama 3 stand-in (the AR decoder, as Qwen3-8B's) runs eval in its Table 1 test."""
+    """The stand-ins, those outside ``default`` marked slow (``make test-all``). By default each command runs on one
+    stand-in of each kind between them: chat on ReFusion's, bench on Dream's, eval on ReFusion's and LLaDA's,
+    lm-eval on ReFusion's and Dream's; the Llama 3 stand-in (the AR decoder, as Qwen3-8B's) runs eval in its
+    Table 1 test, and tests/standins/test_native_loading.py loads and decodes every stand-in."""
     return [name if name in default else pytest.param(name, marks=pytest.mark.slow) for name in sorted(RUNS)]
 
 
-@pytest.mark.parametrize("name", split({"refusion", "llada-8b-instruct"}))
+@pytest.mark.parametrize("name", split({"refusion"}))
 def test_chat_answers_on_each_stand_in(standin, name, monkeypatch, capsys):
     code, out, err = run(monkeypatch, capsys, "chat", *options(name, standin(name)), "--set",
                          f"gen_length={GEN_LENGTH}", "--prompt", "What is 12 + 7?")
@@ -69,7 +70,7 @@ def test_chat_answers_on_each_stand_in(standin, name, monkeypatch, capsys):
     assert out.strip() and "tokens/forward" in out + err  # the answer, then its counts
 
 
-@pytest.mark.parametrize("name", split({"qwen3-8b", "dream-v0-instruct-7b"}))
+@pytest.mark.parametrize("name", split({"dream-v0-instruct-7b"}))
 def test_bench_times_batch_1_and_2_on_each_stand_in(standin, name, monkeypatch, capsys, tmp_path):
     code, _, err = run(monkeypatch, capsys, "bench", "--tps", *options(name, standin(name)), "--gen-length",
                        str(GEN_LENGTH), "--limit", "2", "--batch-size", "1,2", "--repeats", "1", "--warmup", "0",
@@ -80,7 +81,7 @@ def test_bench_times_batch_1_and_2_on_each_stand_in(standin, name, monkeypatch, 
     assert {int(row["batch_size"]) for row in rows} == {1, 2}
 
 
-@pytest.mark.parametrize("name", split(set(RUNS) - {"llama-3-8b-instruct"}))  # Llama 3: its Table 1 test below
+@pytest.mark.parametrize("name", split({"refusion", "llada-8b-instruct"}))  # Llama 3: its Table 1 test below
 def test_eval_runs_synthetic_and_humaneval_on_each_stand_in(standin, name, monkeypatch, capsys, tmp_path):
     output = tmp_path / "eval"
     code, _, err = run(monkeypatch, capsys, "eval", "--task", "synthetic", "humaneval", *options(name, standin(name)),
@@ -97,14 +98,15 @@ def test_eval_runs_synthetic_and_humaneval_on_each_stand_in(standin, name, monke
     assert Path(sandbox["interpreter"]).exists()
 
 
-def test_a_llama_3_run_stands_beside_the_papers_llama_3_row(monkeypatch, capsys, tmp_path):
+def test_a_llama_3_run_stands_beside_the_papers_llama_3_row(standin, monkeypatch, capsys, tmp_path):
     """A model folder named as the checkpoint is matched to its Table 1 row (ar: Llama-3-8B-Instruct, not Qwen3-8B),
     and the paper protocol ends its responses at <|eot_id|>, the tokenizer's EOS."""
+    import shutil
+
     from refusion_cli.harness.manifest import hub_name, table1
-    from tools.standins import build_standin
 
     [llama] = [row for row in table1()[1] if row.name == "Llama-3-8B-Instruct"]  # its numbers: the registry's
-    model = build_standin("llama-3-8b-instruct", tmp_path / hub_name(llama.checkpoint))
+    model = Path(shutil.copytree(standin("llama-3-8b-instruct"), tmp_path / hub_name(llama.checkpoint)))
     output = tmp_path / "eval"
     code, _, err = run(monkeypatch, capsys, "eval", "--task", "humaneval", "--decoder", "ar", "--model", str(model),
                        "--device", "cpu", "--set", f"gen_length={GEN_LENGTH}", "--limit", "1",
@@ -149,7 +151,7 @@ def test_refusion_lm_eval_takes_device_from_model_args(standin, task_folder, mon
     assert "standin_synthetic" in json.loads(results.read_text())["results"]
 
 
-@pytest.mark.parametrize("name", split(set(RUNS) - {"llama-3-8b-instruct"}))
+@pytest.mark.parametrize("name", split({"refusion", "dream-v0-instruct-7b"}))
 def test_lm_eval_runs_through_model_args_on_each_stand_in(standin, name, task_manager):
     import refusion_cli.harness.lm_adapters  # noqa: F401  (registers the adapters)
     from lm_eval.evaluator import simple_evaluate
