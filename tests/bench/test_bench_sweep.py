@@ -1,7 +1,7 @@
 """`refusion bench --sweep`: each decoder over a grid of its parallelism settings, and the frontier files.
 
 Through the real entry point, in-process, on the embedded models: AR, ReFusion (and its causal_fix and recheck
-variants) and LLaDA, 2 prompts, gen_length 32, no warm-up. One sweep (module fixture) serves the file and frontier tests.
+variants) and LLaDA, 1 prompt, gen_length 32, no warm-up. One sweep (module fixture) serves the file and frontier tests.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from refusion_cli.decoding.dream import DreamConfig
 from tests.bench.helpers import bench, error_line, read_csv, run_bench_cli, watch
 
 LENGTH = 32
-COMMON = ["--limit", "2", "--gen-length", str(LENGTH), "--warmup", "0", "--device", "cpu"]
+PROMPTS = 1
+COMMON = ["--limit", str(PROMPTS), "--gen-length", str(LENGTH), "--warmup", "0", "--device", "cpu"]
 # two grid points, as --set gives them to a run without --sweep
 REFUSION_POINT = ["refusion.slot_size=4", "refusion.block_size=16", "refusion.slot_threshold=0.6",
                   "refusion.token_threshold=0.2"]
@@ -45,6 +46,8 @@ def sweep_run(tmp_path_factory) -> Path:
     return output
 
 
+@pytest.mark.slow  # `make test-all` (16 s, a second bench run); by default the plan test below checks that each
+# sweep row carries its grid point's settings over the usual row's
 def test_a_sweep_row_is_what_a_run_with_that_setting_measures(sweep_run, tmp_path):
     alone = tmp_path / "alone"
     assert run_quietly(["--decoder", "refusion", "llada", "--set", *REFUSION_POINT, *LLADA_POINT, "--recheck",
@@ -59,7 +62,7 @@ def test_a_sweep_row_is_what_a_run_with_that_setting_measures(sweep_run, tmp_pat
 
     for swept, single in (("refusion k=4 b=16 τ=0.6/0.2", "refusion"), ("llada τ=0.7 cache", "llada"),
                           ("refusion (recheck) k=4 b=16 τ=0.6/0.2", "refusion (recheck)")):
-        assert decodes(sweep_run, swept) == decodes(alone, single) and len(decodes(alone, single)) == 2
+        assert decodes(sweep_run, swept) == decodes(alone, single) and len(decodes(alone, single)) == PROMPTS
         for column in ("accuracy", "tokens", "forwards", "tpf", "config"):
             assert row(sweep_run, swept)[column] == row(alone, single)[column], column
 

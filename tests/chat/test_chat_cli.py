@@ -54,6 +54,8 @@ def run_chat(*args: str, stdin: str | None = None) -> subprocess.CompletedProces
                           stdin=subprocess.DEVNULL if stdin is None else None)
 
 
+@pytest.mark.slow  # `make test-all` (a terminal session of its own); by default the embedded model's session
+# below runs in a terminal, and Ctrl-C is checked in a piped run and in tests/chat/test_chat_parts.py
 def test_ctrl_c_stops_an_answer_and_ctrl_d_leaves(causal_checkpoint):
     # a long budget and thresholds of 1 (one slot per iteration, every slot through the completion
     # rounds), so the answer is still being decoded when Ctrl-C arrives, even on a fast machine

@@ -110,7 +110,7 @@ def test_refusion_rows_draw_from_their_own_generators(models):
                     generator=[torch.Generator(), torch.Generator()])
 
 
-@pytest.mark.parametrize("max_new", [1, 12, 30])
+@pytest.mark.parametrize("max_new", [pytest.param(1, marks=SLOW), pytest.param(12, marks=SLOW), 30])  # 30: every end
 def test_ar_rows_decode_as_alone(models, max_new):
     lengths = []
     for seed in MODEL_SEEDS:

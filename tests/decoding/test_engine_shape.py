@@ -18,6 +18,8 @@ from tests.tiny import MASK_ID, tiny_qwen3
 CONFIGS: dict[str, Any] = {"ar": ARConfig(gen_length=12),
                            "refusion": ReFusionConfig(gen_length=16, slot_size=4, block_size=8)}
 VARIANTS: list[Variant] = [(False, False, False), (True, True, True)]  # the paper's, and every ablation at once
+# `make test-all` runs every ablation at once too; tests/decoding/test_batched.py batches the ablations by default
+VARIANT_CASES = [VARIANTS[0], pytest.param(VARIANTS[1], marks=pytest.mark.slow)]
 
 
 @functools.cache
@@ -33,7 +35,7 @@ def decode(decoder: str, variant: Variant, packed: bool, rows: int = 4) -> tuple
 
 
 @pytest.mark.parametrize("decoder", ["ar", "refusion"])
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", VARIANT_CASES)
 def test_one_readback_a_step_whatever_the_rows(decoder, variant):
     for rows in (1, 4):
         engine, counts, _ = decode(decoder, variant, packed=False, rows=rows)
@@ -42,7 +44,7 @@ def test_one_readback_a_step_whatever_the_rows(decoder, variant):
 
 
 @pytest.mark.parametrize("decoder", ["ar", "refusion"])
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", VARIANT_CASES)
 def test_packed_attention_is_one_call_a_layer_and_the_same_tokens(decoder, variant):
     _, by_lane, lane_tokens = decode(decoder, variant, packed=False)
     _, by_batch, batch_tokens = decode(decoder, variant, packed=True)
@@ -63,7 +65,7 @@ def test_a_steps_tensor_ops_do_not_grow_with_the_rows_but_the_decoders_own():
     assert four.ops_per_step() <= alone.ops_per_step() + 2 * 3
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", VARIANT_CASES)
 def test_refusion_decides_for_every_row_at_once(variant):
     """ReFusion's plan, verification and completion rounds are batched functions of the rows' logits; the rest of
     its bookkeeping is the host's: a row adds at most two ops to a step (its K/V moved when a row before it leaves,

@@ -13,19 +13,26 @@ from refusion_cli.harness.runner import EvalOptions, run_eval
 from tools.same_answers import compare
 
 
-def evaluate(tmp_path, name, batch_size):
-    options = EvalOptions(tasks=["synthetic"], decoders=["refusion", "ar", "llada"], output=tmp_path / name,
+def evaluate(tmp_path, name, batch_size, decoders):
+    options = EvalOptions(tasks=["synthetic"], decoders=list(decoders), output=tmp_path / name,
                           overrides=["gen_length=32"], limit=6, device="cpu", batch_size=batch_size)
     return run_eval(options)
 
 
-def test_a_batched_run_has_the_answers_of_batch_1_for_every_decoder(tmp_path):
-    alone, batched = evaluate(tmp_path, "b1", 1), evaluate(tmp_path, "b4", 4)
+def batched_and_alone(tmp_path, decoders):
+    """The same run at batch 1 and at batch 4: every sample's answer the same (tools/same_answers.py), and the
+    counts; both runs' results."""
+    alone, batched = evaluate(tmp_path, "b1", 1, decoders), evaluate(tmp_path, "b4", 4, decoders)
     lines = compare(tmp_path / "b1", tmp_path / "b4")
-    assert len(lines) == 3 and all(line.startswith("same: synthetic/") for line in lines), lines
+    assert len(lines) == len(decoders) and all(line.startswith("same: synthetic/") for line in lines), lines
     for one, four in zip(alone, batched):
         assert (one.accuracy, one.tokens, one.forwards, one.batch_size, four.batch_size) == (
             four.accuracy, four.tokens, four.forwards, 1, 4)
+    return alone, batched
+
+
+def test_a_batched_refusion_and_ar_run_has_the_answers_of_batch_1(tmp_path):
+    alone, batched = batched_and_alone(tmp_path, ("refusion", "ar"))
     records = [json.loads(line) for line in (tmp_path / "b4" / "samples" / "synthetic" / "ar__ar-tiny.jsonl").open()]
     assert {r["batch_rows"] for r in records} == {4}  # 6 requests, 4 rows at most: a finished row's place is refilled
     # TPS is still per request (tokens over each one's latency); the throughput, tokens over the run's wall time,
@@ -37,6 +44,11 @@ def test_a_batched_run_has_the_answers_of_batch_1_for_every_decoder(tmp_path):
     summary = (tmp_path / "b4" / "summary.md").read_text()
     assert "throughput (tokens/s over the run's wall time; batch 4)" in summary
     assert "throughput (" not in (tmp_path / "b1" / "summary.md").read_text()
+
+
+@pytest.mark.slow  # `make test-all`; tests/decoding/test_batched.py batches LLaDA rows by default
+def test_a_batched_llada_run_has_the_answers_of_batch_1(tmp_path):
+    batched_and_alone(tmp_path, ("llada",))
 
 
 @pytest.mark.parametrize("value, size", [(None, 1), ("1", 1), (16, 16), ("32", 32), ("auto", "auto"),

@@ -22,14 +22,19 @@ from refusion_cli.models.loading import load_model
 from refusion_cli.tasks.synthetic import read_jsonl
 
 LIMIT = 6  # of the first 6 problems, every variant answers at least one otherwise than the paper's decoder
-LABELS = ["refusion:refusion-tiny", "refusion (causal fix):refusion-tiny", "refusion (causal first):refusion-tiny",
-          "refusion (causal fix + first):refusion-tiny", "refusion (recheck):refusion-tiny",
-          "refusion (causal fix + first + recheck):refusion-tiny"]
+ALL_LABELS = ["refusion:refusion-tiny", "refusion (causal fix):refusion-tiny", "refusion (causal first):refusion-tiny",
+              "refusion (causal fix + first):refusion-tiny", "refusion (recheck):refusion-tiny",
+              "refusion (causal fix + first + recheck):refusion-tiny"]
+# (causal_fix, causal_first, recheck) asked -> the rows: by default one flag, its row beside the paper's; every
+# combination of the three under `make test-all`
+RUNS = [pytest.param((True, False, False), ALL_LABELS[:2], id="causal-fix"),
+        pytest.param((True, True, True), ALL_LABELS, id="every-flag", marks=pytest.mark.slow)]
 
 
-def variant_run(output, **flags):
+def variant_run(output, flags):
+    causal_fix, causal_first, recheck = flags
     options = EvalOptions(tasks=["synthetic"], decoders=["refusion"], output=output, limit=LIMIT, device="cpu",
-                          causal_fix=True, causal_first=True, recheck=True, **flags)
+                          causal_fix=causal_fix, causal_first=causal_first, recheck=recheck)
     return run_eval(options)
 
 
@@ -44,26 +49,27 @@ def direct_tokens(variant) -> list[list[int]]:
     return [result.tokens for result in results]
 
 
-def test_each_variant_is_a_row_of_its_own_decodes_and_resumes(tmp_path):
-    results = variant_run(tmp_path / "run")
-    assert [r.label for r in results] == LABELS and {r.decoder for r in results} == {"refusion"}
-    assert len({r.config_hash for r in results}) == 6  # no row reuses another's samples
+@pytest.mark.parametrize("flags, labels", RUNS)
+def test_each_variant_is_a_row_of_its_own_decodes_and_resumes(tmp_path, flags, labels):
+    results = variant_run(tmp_path / "run", flags)
+    assert [r.label for r in results] == labels and {r.decoder for r in results} == {"refusion"}
+    assert len({r.config_hash for r in results}) == len(labels)  # no row reuses another's samples
     loaded = load_model("refusion-tiny", "cpu")
     journals = sorted((tmp_path / "run" / "samples" / "synthetic").glob("*.jsonl"))
     records = [json.loads(line) for path in journals for line in path.read_text().splitlines()]
-    assert len(journals) == 6 and len(records) == 6 * LIMIT
+    assert len(journals) == len(labels) and len(records) == len(labels) * LIMIT
     paper = None
-    for result, variant in zip(results, [(False, False, False), *asked_variants(True, True, True)]):
+    for result, variant in zip(results, [(False, False, False), *asked_variants(*flags)], strict=True):
         lines = sorted((r for r in records if r["config_hash"] == result.config_hash), key=lambda r: r["doc_id"])
         expected = [loaded.tokenizer.decode(tokens, skip_special_tokens=True) for tokens in direct_tokens(variant)]
         assert [line["output"] for line in lines] == expected
         assert result.tokens == sum(line["tokens"] for line in lines) and result.samples == LIMIT
         paper = paper or expected
         assert (expected != paper) == any(variant)  # the flags reached the decoder
-    again = variant_run(tmp_path / "run")
-    assert [(r.label, r.resumed, r.decoded) for r in again] == [(label, LIMIT, 0) for label in LABELS]
+    again = variant_run(tmp_path / "run", flags)
+    assert [(r.label, r.resumed, r.decoded) for r in again] == [(label, LIMIT, 0) for label in labels]
     summary = (tmp_path / "run" / "summary.md").read_text()
-    assert all(f"| {label} |" in summary for label in LABELS)
+    assert all(f"| {label} |" in summary for label in labels)
 
 
 def test_variants_need_the_refusion_decoder():

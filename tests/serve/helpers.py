@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import torch
 import uvicorn
 
@@ -192,5 +193,9 @@ def ask(base: str, body: dict[str, Any], *, chat: bool, stream: bool, timeout: f
     return reply
 
 
-MODES = [(chat, stream) for chat in (True, False) for stream in (False, True)]
-MODE_IDS = ["chat", "chat-stream", "completion", "completion-stream"]
+# the field tests' modes (chat, stream): chat streamed and completions whole by default, each endpoint and each way
+# of answering once; chat whole and completions streamed under `make test-all`
+FIELD_MODES = [pytest.param(True, False, id="chat", marks=pytest.mark.slow),
+               pytest.param(True, True, id="chat-stream"),
+               pytest.param(False, False, id="completion"),
+               pytest.param(False, True, id="completion-stream", marks=pytest.mark.slow)]

@@ -13,7 +13,7 @@ from refusion_cli.harness.suite import EVALS_DIR
 from refusion_cli.models.chat import user_prompt_ids
 from refusion_cli.models.loading import load_model
 from refusion_cli.tasks.synthetic import read_jsonl
-from tests.serve.helpers import MODE_IDS, MODES, ask, decode_alone, metric, running_server, served
+from tests.serve.helpers import FIELD_MODES, ask, decode_alone, metric, running_server, served
 
 QUESTION = "Tom has 3 apples and buys 4 more. How many apples does he have?"
 # AR runs past 96 tokens without an end id on this question, chat or completion
@@ -47,7 +47,7 @@ def text_of(loaded, tokens: list[int], skip_special: bool = True) -> str:
     return loaded.tokenizer.decode(tokens, skip_special_tokens=skip_special)
 
 
-@pytest.mark.parametrize("chat,stream", MODES, ids=MODE_IDS)
+@pytest.mark.parametrize("chat,stream", FIELD_MODES)
 @pytest.mark.parametrize("model", ["ar", "refusion"])
 def test_ignore_eos_gives_exactly_max_tokens(server, refusion_tiny, model, chat, stream):
     base, models = server
@@ -60,7 +60,7 @@ def test_ignore_eos_gives_exactly_max_tokens(server, refusion_tiny, model, chat,
     assert reply.finish == {0: "length"}
 
 
-@pytest.mark.parametrize("chat,stream", MODES, ids=MODE_IDS)
+@pytest.mark.parametrize("chat,stream", FIELD_MODES)
 def test_ignore_eos_runs_past_the_end_id_and_skip_special_tokens_shows_it(server, refusion_tiny, chat, stream):
     base, models = server
     ids = prompt_ids(refusion_tiny, chat)
@@ -77,7 +77,7 @@ def test_ignore_eos_runs_past_the_end_id_and_skip_special_tokens_shows_it(server
     assert end_text in shown.texts[0] and end_text not in hidden.texts[0]
 
 
-@pytest.mark.parametrize("chat,stream", MODES, ids=MODE_IDS)
+@pytest.mark.parametrize("chat,stream", FIELD_MODES)
 def test_min_tokens_runs_past_an_early_end_id(server, refusion_tiny, chat, stream):
     base, models = server
     ids = prompt_ids(refusion_tiny, chat)
@@ -93,7 +93,7 @@ def test_min_tokens_runs_past_an_early_end_id(server, refusion_tiny, chat, strea
     assert reply.finish[0] == ("stop" if ends else "length")
 
 
-@pytest.mark.parametrize("chat,stream", MODES, ids=MODE_IDS)
+@pytest.mark.parametrize("chat,stream", FIELD_MODES)
 def test_a_stop_string_early_in_an_ar_answer_ends_the_row(server, refusion_tiny, chat, stream):
     """The row leaves the batch at the step whose token completes the stop string: its model calls are saved,
     not only its text cut."""
@@ -123,7 +123,7 @@ def test_a_stop_string_ends_a_refusion_row_too(server, refusion_tiny):
     assert cut.usage["forwards"] < full.usage["forwards"]
 
 
-@pytest.mark.parametrize("chat,stream", MODES, ids=MODE_IDS)
+@pytest.mark.parametrize("chat,stream", FIELD_MODES)
 def test_n_choices_are_rows_of_their_own_seeded_seed_plus_i(server, refusion_tiny, chat, stream):
     base, models = server
     fields = {"max_tokens": 24, "n": 3, "seed": 7, "decoder_options": {"temperature": 1.0}}

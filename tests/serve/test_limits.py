@@ -39,7 +39,9 @@ def chat(question: str = QUESTION, **fields) -> dict:
     return {"messages": [{"role": "user", "content": question}], **fields}
 
 
-@pytest.mark.parametrize("decoder", list(DECODERS))
+# `make test-all`: LLaDA and Dream plain as well; their Fast-dLLM rows (the same canvas, cached) run by default
+@pytest.mark.parametrize("decoder", [pytest.param(name, marks=pytest.mark.slow) if name in ("llada", "dream")
+                                     else name for name in DECODERS])
 def test_no_answer_holds_more_than_max_tokens(server, decoder):
     """At 1, 7 and 20 tokens (slots of 4 or 8 round 7 and 20 up), chat (``max_completion_tokens``) and
     completions (``max_tokens``), streamed or not: at most that many tokens, the stream's text and usage those of

@@ -227,6 +227,8 @@ def launch_train(launcher_options: list[str], config: TrainConfig, output: Path)
     return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow  # `make test-all` (22 s: accelerate and two training processes start); by default the tests above
+# check the batches, accumulation and resume of one process
 def test_two_processes_give_the_training_and_validation_losses_of_one(setup, tmp_path):
     one = with_eval_data(replace(setup, output=tmp_path / "one", steps=3, save_every=2), tmp_path)
     train_model(one)
