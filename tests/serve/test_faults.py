@@ -189,6 +189,8 @@ main()
 """
 
 
+@pytest.mark.slow  # `make test-all` (a serve process of its own); by default the test above fails the open
+# requests of a dead scheduler in this process, and tests/serve/test_cli.py ends a serve process with SIGTERM
 def test_a_dead_scheduler_makes_the_process_exit_non_zero():
     with serve_process(["-c", DYING_SERVER], "--decoder", "ar", "--model", "refusion-tiny",
                        "--max-batch", "1") as (server, base):
