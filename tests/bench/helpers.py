@@ -3,7 +3,10 @@ to check that nothing overwrote them, the CSV files read back, and a watch on Be
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import io
+import subprocess
 import sys
 from pathlib import Path
 
@@ -24,6 +27,20 @@ def bench(patch: pytest.MonkeyPatch, args: list[str]) -> int:
     with pytest.raises(SystemExit) as exit_info:
         main()
     return exit_info.value.code
+
+
+def bench_captured(args: list[str], interrupt_after_rows: int | None = None) -> subprocess.CompletedProcess:
+    """``refusion bench --tps ARGS`` in this process, its streams captured off a terminal without pytest's
+    fixtures (a module fixture has none): its exit code, stdout and stderr; with ``interrupt_after_rows``, Ctrl-C
+    after that many rows."""
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(stdout), \
+            contextlib.redirect_stderr(stderr):
+        if interrupt_after_rows is not None:
+            watch(patch, "row_done", interrupt_at=interrupt_after_rows)
+        code = bench(patch, args)
+    return subprocess.CompletedProcess(["refusion", "bench", "--tps", *args], code, stdout.getvalue(),
+                                       stderr.getvalue())
 
 
 def run_bench_cli(args: list[str], monkeypatch, capsys) -> tuple[int, str, str]:

@@ -7,8 +7,6 @@ counts, the columns and the relations between them are.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 import subprocess
 import sys
@@ -19,7 +17,7 @@ import pytest
 
 from refusion_cli.bench.prompts import load_prompts
 from refusion_cli.tasks.synthetic import is_correct
-from tests.bench.helpers import bench, read_csv
+from tests.bench.helpers import bench_captured, read_csv
 from tests.envs import cache_env
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,14 +45,10 @@ def bench_run(causal_checkpoint, bidirectional_checkpoint, tmp_path_factory):
     """The run through the real entry point, in this process (a process of its own would add ~10 s of imports;
     tests/cli/test_app.py starts one), its streams captured off a terminal."""
     output = tmp_path_factory.mktemp("bench")
-    stdout, stderr = io.StringIO(), io.StringIO()
-    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(stdout), \
-            contextlib.redirect_stderr(stderr):
-        code = bench(patch, ["--decoder", "refusion", "ar", "llada", *model_args(causal_checkpoint,
-                                                                                bidirectional_checkpoint),
-                             "--limit", str(N_PROMPTS), "--gen-length", *map(str, LENGTHS), "--warmup", "1",
-                             "--repeats", str(REPEATS), "--ablation", "--output", str(output)])
-    out = subprocess.CompletedProcess(["refusion", "bench"], code, stdout.getvalue(), stderr.getvalue())
+    out = bench_captured(["--decoder", "refusion", "ar", "llada",
+                          *model_args(causal_checkpoint, bidirectional_checkpoint), "--limit", str(N_PROMPTS),
+                          "--gen-length", *map(str, LENGTHS), "--warmup", "1", "--repeats", str(REPEATS),
+                          "--ablation", "--output", str(output)])
     assert out.returncode == 0, out.stderr
     return out, output
 

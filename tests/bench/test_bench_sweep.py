@@ -6,9 +6,6 @@ variants) and LLaDA, 1 prompt, gen_length 32, no warm-up. One sweep (module fixt
 
 from __future__ import annotations
 
-import contextlib
-import csv
-import io
 from pathlib import Path
 
 import pytest
@@ -18,7 +15,7 @@ from refusion_cli.bench.runner import BenchSettings, plan_entries
 from refusion_cli.bench.sweep import SWEEP_GRIDS, setting_label, sweep_configs
 from refusion_cli.decoding.config import ReFusionConfig
 from refusion_cli.decoding.dream import DreamConfig
-from tests.bench.helpers import bench, error_line, read_csv, run_bench_cli, watch
+from tests.bench.helpers import bench_captured, error_line, read_csv, run_bench_cli
 
 LENGTH = 32
 PROMPTS = 1
@@ -31,11 +28,7 @@ LLADA_POINT = ["llada.threshold=0.7", "llada.use_cache=true"]
 
 def run_quietly(args: list[str], interrupt_after_rows: int | None = None) -> int:
     """``refusion bench --tps ARGS`` in this process, its output swallowed; its exit code."""
-    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(io.StringIO()), \
-            contextlib.redirect_stderr(io.StringIO()):
-        if interrupt_after_rows is not None:
-            watch(patch, "row_done", interrupt_at=interrupt_after_rows)
-        return bench(patch, args)
+    return bench_captured(args, interrupt_after_rows).returncode
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ number of prompts) or leave it without replacement (batch_size above the prompts
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 
