@@ -13,6 +13,7 @@ equal. The timeout is SIGALRM, so scoring runs on the main thread only, as lm-ev
 
 from __future__ import annotations
 
+import functools
 import re
 import signal
 from typing import Any
@@ -110,20 +111,33 @@ class _Alarm:
         signal.alarm(0)
 
 
-def math_equivalent(answer: str, gold: str) -> bool:
-    """Whether sympy finds the two normalised LaTeX answers equal (an answer it cannot parse never is)."""
+@functools.lru_cache(maxsize=4096)
+def parsed_latex(text: str) -> Any:
+    """sympy's reading of ``text``, or None where it cannot read it. Parsing is deterministic and its
+    expressions immutable, so each text is parsed once a process: "[invalidanswer]", the answer of every
+    problem without a final-answer sentence, takes sympy's parser a tenth of a second. A timeout is not kept."""
     import sympy
     from sympy.parsing.latex import parse_latex
     from sympy.parsing.latex.errors import LaTeXParsingError
 
     try:
+        return parse_latex(text)
+    except (LaTeXParsingError, sympy.SympifyError, TypeError):
+        return None
+
+
+def math_equivalent(answer: str, gold: str) -> bool:
+    """Whether sympy finds the two normalised LaTeX answers equal (an answer it cannot parse never is)."""
+    import sympy
+
+    try:
         with _Alarm(MATH_EQUIV_TIMEOUT_S):
-            try:
-                parsed = parse_latex(answer), parse_latex(gold)
-            except (LaTeXParsingError, sympy.SympifyError, TypeError):
+            first = parsed_latex(answer)
+            second = None if first is None else parsed_latex(gold)  # the gold is read once the answer was
+            if first is None or second is None:
                 return False
             try:
-                difference = parsed[0] - parsed[1]
+                difference = first - second
             except TypeError:
                 return False
             try:
