@@ -22,7 +22,7 @@ def samples(output):
 
 
 def eval_args(output, *batch):
-    return ["--task", "synthetic", "--decoder", "llada", "--limit", "8", "--set", "gen_length=32",
+    return ["--task", "synthetic", "--decoder", "llada", "--limit", "8", "--set", "gen_length=16",
             "--device", "cpu", *batch, "--output", str(output)]
 
 

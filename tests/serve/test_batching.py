@@ -56,9 +56,9 @@ def metric_max_rows(text: str) -> int:
 
 def test_a_request_joining_while_another_runs_gets_its_batch_one_answer(refusion_tiny):
     models = served(["refusion", "ar"])  # both run in the lanes of one KV cache
-    long_prompt, joining_question = "hello hello hello", QUESTIONS[1]  # AR runs 512 tokens on this prompt
+    long_prompt, joining_question = "hello hello hello", QUESTIONS[1]  # AR runs to max_tokens on this prompt
     with running_server(refusion_tiny, models) as (base, state):
-        body = {"model": "ar", "max_tokens": 512, "stream": True, "prompt": long_prompt}
+        body = {"model": "ar", "max_tokens": 256, "stream": True, "prompt": long_prompt}
         with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=120, verify=False) as response:
             lines = response.iter_lines()  # kept: closing this iterator closes the connection
             first = next(lines)
@@ -71,7 +71,7 @@ def test_a_request_joining_while_another_runs_gets_its_batch_one_answer(refusion
                        for line in [first, *rest] if line != "data: [DONE]" and json.loads(line[6:])["choices"])
     assert joined["choices"][0]["message"]["content"] == in_process(refusion_tiny, models["refusion"],
                                                                     joining_question, 64)[0]
-    assert streamed == in_process(refusion_tiny, models["ar"], long_prompt, 512, completion=True)[0]
+    assert streamed == in_process(refusion_tiny, models["ar"], long_prompt, 256, completion=True)[0]
     assert metric_max_rows(calls_with_two) == 2  # the joining row shared calls with the running one
 
 

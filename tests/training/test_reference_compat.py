@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from refusion_cli.models.loading import load_model
 from refusion_cli.training.config import TrainConfig
@@ -45,12 +45,12 @@ def test_fine_tuning_qwen3_puts_the_mask_at_the_reference_id(qwen3_checkpoint, t
     data = write_jsonl(tmp_path / "data.jsonl", arithmetic_records(4))
     result = train_model(TrainConfig(data=data, output=tmp_path / "run", model=str(qwen3_checkpoint), steps=1,
                                      batch_size=2, lr=1e-3, max_length=64, save_every=1))
-    tokenizer = AutoTokenizer.from_pretrained(result.final)
-    assert tokenizer.convert_tokens_to_ids([BEGIN_TOKEN, MASK]) == [REFERENCE_BEGIN_ID, REFERENCE_MASK_ID]
-    assert len(tokenizer) == REFERENCE_MASK_ID + 1
     config = json.loads((result.final / "config.json").read_text())
     assert config["mask_token_id"] == REFERENCE_MASK_ID and config["vocab_size"] == REFERENCE_MASK_ID + 1
-    loaded = load_model(str(result.final), device="cpu")
+    loaded = load_model(str(result.final), device="cpu")  # the saved tokenizer, through AutoTokenizer
+    tokenizer = loaded.tokenizer
+    assert tokenizer.convert_tokens_to_ids([BEGIN_TOKEN, MASK]) == [REFERENCE_BEGIN_ID, REFERENCE_MASK_ID]
+    assert len(tokenizer) == REFERENCE_MASK_ID + 1
     assert loaded.mask_token_id == REFERENCE_MASK_ID
     assert loaded.model.get_input_embeddings().weight.shape[0] == REFERENCE_MASK_ID + 1  # 151671 rows
 
