@@ -25,8 +25,10 @@ The hub probe is :mod:`refusion_cli.models.hub`; the device and dtype are parsed
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -130,20 +132,48 @@ def load_model(
                        checkpoint.bidirectional, checkpoint.source, stops, checkpoint.shifted, adapter)
 
 
+TOKENIZERS_KEPT = 4  # the tokenizers a process keeps for the next load of the same files (load_tokenizer)
+_tokenizers: OrderedDict[tuple[Any, ...], Any] = OrderedDict()  # by tokenizer_key, the latest used last
+
+
 def load_tokenizer(checkpoint: Checkpoint) -> Any:
     """The checkpoint's tokenizer: a stock class for LLaDA and Dream, remote code only for a remote checkpoint
-    (the config is the record's: transformers does not read it again)."""
+    (the config is the record's: transformers does not read it again).
+
+    The same files give the same object (a tokenizer of Qwen's 151k tokens takes seconds to build; eval,
+    bench and serve load a checkpoint once per decoder): callers read it and never change it."""
     import transformers
 
+    key = tokenizer_key(checkpoint)
+    if key in _tokenizers:
+        _tokenizers.move_to_end(key)
+        return _tokenizers[key]
     layout_class = checkpoint.layout.tokenizer_class if checkpoint.layout is not None else None
     try:
         if layout_class is not None:
-            return checkpoint.read(getattr(transformers, layout_class).from_pretrained)
-        return checkpoint.read(transformers.AutoTokenizer.from_pretrained, config=checkpoint.config,
-                               trust_remote_code=checkpoint.remote)
+            tokenizer = checkpoint.read(getattr(transformers, layout_class).from_pretrained)
+        else:
+            tokenizer = checkpoint.read(transformers.AutoTokenizer.from_pretrained, config=checkpoint.config,
+                                        trust_remote_code=checkpoint.remote)
     except LOAD_ERRORS as exc:
         raise UserError(f"cannot load the tokenizer of '{checkpoint.name}': {first_line(exc)}",
                         hint=_load_hint(checkpoint)) from exc
+    _tokenizers[key] = tokenizer
+    while len(_tokenizers) > TOKENIZERS_KEPT:
+        _tokenizers.popitem(last=False)
+    return tokenizer
+
+
+def tokenizer_key(checkpoint: Checkpoint) -> tuple[Any, ...]:
+    """What identifies the files a tokenizer loads from: the checkpoint's fingerprint (a hub commit, a GGUF
+    file's, a folder's config and weights) and, for a folder, every other file's name, size and mtime."""
+    files: list[tuple[str, int, int]] = []
+    if checkpoint.kind in (Kind.EMBEDDED, Kind.FOLDER):
+        for path in sorted(Path(checkpoint.source).iterdir()):
+            if path.is_file() and path.suffix not in (".safetensors", ".bin"):
+                stat = path.stat()
+                files.append((path.name, stat.st_size, stat.st_mtime_ns))
+    return checkpoint.fingerprint, checkpoint.remote, tuple(files)
 
 
 def model_class(checkpoint: Checkpoint) -> Any:

@@ -13,6 +13,7 @@ objective trains (False for ``llada``), so the saved checkpoint loads with the r
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -188,8 +189,11 @@ def load_checkpoint_for_training(checkpoint: str | Checkpoint) -> TrainableModel
         checkpoint = resolve_checkpoint(checkpoint)
     loaded = load_model(checkpoint, device="cpu", dtype=torch.float32, require_mask=False)
     model = loaded.model.train().requires_grad_(True)
-    mask_id = ensure_mask_token(model, loaded.tokenizer)
-    return TrainableModel(model, loaded.tokenizer, mask_id, pad_id_of(loaded.tokenizer))
+    tokenizer = loaded.tokenizer
+    if find_mask_id(model.config, tokenizer) is None:  # tokens are added to a copy: the loader's is shared
+        tokenizer = copy.deepcopy(tokenizer)
+    mask_id = ensure_mask_token(model, tokenizer)
+    return TrainableModel(model, tokenizer, mask_id, pad_id_of(tokenizer))
 
 
 def prepare_for_objective(model: torch.nn.Module, objective: Objective) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -15,6 +16,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 from refusion_cli.decoding import ReFusionConfig, run_decoder
 from refusion_cli.errors import UserError
 from refusion_cli.models import load_model
+from refusion_cli.models.checkpoint import embedded_path
 from refusion_cli.models.loading import stop_ids
 from tools.standins import qwen3_tokenizer
 
@@ -199,3 +201,16 @@ def test_a_checkpoint_trained_for_shifted_logits_fits_dream_not_llada(bidirectio
         check_model_fits(fits, str(copy))
         with pytest.raises(UserError, match=f"the {refused} decoder does not fit this model"):
             check_model_fits(refused, str(copy))
+
+
+def test_the_same_files_give_the_same_tokenizer_and_an_edited_file_a_new_one(tmp_path):
+    """A process reads a checkpoint's tokenizer once (eval, bench and serve load a checkpoint per decoder), and
+    again once one of its files changed."""
+    folder = tmp_path / "checkpoint"
+    shutil.copytree(embedded_path("refusion-tiny"), folder)
+    first = load_model(str(folder), device="cpu").tokenizer
+    assert load_model(str(folder), device="cpu").tokenizer is first
+    (folder / "chat_template.jinja").write_text("{% for message in messages %}[{{ message['content'] }}]{% endfor %}")
+    edited = load_model(str(folder), device="cpu").tokenizer
+    assert edited is not first
+    assert edited.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False) == "[hi]"

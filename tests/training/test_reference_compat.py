@@ -53,6 +53,9 @@ def test_fine_tuning_qwen3_puts_the_mask_at_the_reference_id(qwen3_checkpoint, t
     assert len(tokenizer) == REFERENCE_MASK_ID + 1
     assert loaded.mask_token_id == REFERENCE_MASK_ID
     assert loaded.model.get_input_embeddings().weight.shape[0] == REFERENCE_MASK_ID + 1  # 151671 rows
+    # the tokens went into the run's tokenizer only: the checkpoint's, as a process loads it again, has none
+    base = load_model(str(qwen3_checkpoint), device="cpu", require_mask=False).tokenizer
+    assert len(base) == QWEN3_VOCAB and MASK not in base.get_vocab()
 
 
 def test_a_tokenizer_with_a_mask_keeps_its_id_and_gets_no_begin_token():
