@@ -24,7 +24,7 @@ from refusion_cli.decoding.memory import (ModelSize, RowMemory, ar_memory, d2f_m
                                            refusion_memory, row_bytes)
 from refusion_cli.decoding.llada import FAST_DLLM_PRESETS as LLADA_FAST_DLLM_PRESETS
 from refusion_cli.decoding.llada import LLaDAConfig
-from refusion_cli.decoding.rows import (CANVAS, LANES, RowOpener, RowOptions, ar_rows, d2f_rows, dream_rows,
+from refusion_cli.decoding.rows import (CANVAS, CAUSAL, RowOpener, RowOptions, ar_rows, d2f_rows, dream_rows,
                                         llada_rows, refusion_rows)
 from refusion_cli.decoding.stats import EosIds
 from refusion_cli.decoding.variants import PAPER, Variant
@@ -183,7 +183,7 @@ def default_model(decoder: str) -> str:
 
 def calls_kind(decoder: str, kv_reuse: bool = True) -> tuple[str, bool]:
     """Which shared-calls object rows of ``decoder`` run in (``rows.shared_calls``); rows of one kind share one."""
-    return (CANVAS, True) if decoder_spec(decoder).bidirectional else (LANES, kv_reuse)
+    return (CANVAS, True) if decoder_spec(decoder).bidirectional else (CAUSAL, kv_reuse)
 
 
 def row_options(decoder: str, mask_token_id: int | None, eos_token_id: EosIds,

@@ -40,7 +40,7 @@ from refusion_cli.decoding.variants import PAPER, Variant
 RowProgram = Generator[Any, Any, DecodeResult]
 
 NEXT, UNMASKED = "next", "unmasked"  # the commit kinds of AR and of the masked-diffusion samplers
-LANES, CANVAS = "lanes", "canvas"  # the shared-calls objects: cache.CausalRunner, mdm.CanvasRunner
+CAUSAL, CANVAS = "causal", "canvas"  # the model runners: cache.CausalRunner, mdm.CanvasRunner
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ class Commit:
 
 
 def shared_calls(kind: tuple[str, bool], model: torch.nn.Module, packed: bool | None = None) -> ModelRunner:
-    """A new calls object of ``kind`` (``(LANES, kv_reuse)`` or ``(CANVAS, True)``) on ``model``; ``packed``:
+    """A new calls object of ``kind`` (``(CAUSAL, kv_reuse)`` or ``(CANVAS, True)``) on ``model``; ``packed``:
     one attention call per layer for every row (None: on CUDA)."""
     name, reuse = kind
     return CanvasRunner(model, packed=packed) if name == CANVAS else CausalRunner(model, reuse=reuse, packed=packed)
@@ -141,6 +141,6 @@ def commits(record: Any) -> list[Commit]:
     raise TypeError(f"not a decoder step record: {type(record).__name__}")
 
 
-__all__ = ["CANVAS", "LANES", "NEXT", "UNMASKED", "Commit", "RowOpener", "RowOptions", "RowProgram", "ar_rows",
+__all__ = ["CANVAS", "CAUSAL", "NEXT", "UNMASKED", "Commit", "RowOpener", "RowOptions", "RowProgram", "ar_rows",
            "canvas_rows", "commits", "d2f_rows", "dream_rows", "llada_rows", "refusion_rows", "response_budget",
            "shared_calls"]

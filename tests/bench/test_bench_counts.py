@@ -43,8 +43,8 @@ def test_an_ar_decode_alone_takes_a_step_a_call_and_a_position_per_token(ar_tiny
     assert (counts.engine_steps, counts.model_calls, counts.positions) == (tokens, tokens, prompt + tokens - 1)
     assert counts.sdpa_calls == layers * tokens and counts.attention_per_layer() == 1.0
     assert counts.per_token(tokens)[0] == (prompt + tokens - 1) / tokens
-    [lanes] = engine.calls.values()  # the cache's own count of the K/V it moved agrees
-    assert counts.kv_copied == lanes.counts.kv_bytes_copied
+    [runner] = engine.calls.values()  # the causal runner's own count of the K/V it moved agrees
+    assert counts.kv_copied == runner.counts.kv_bytes_copied
 
 
 @pytest.mark.parametrize("packed", [False, True], ids=["row-by-row", "packed"])
