@@ -41,18 +41,18 @@ def pytest_collection_modifyitems(session, config, items):
     items[:] = [item for path in sorted(files, key=lambda path: -seconds(path)) for item in files[path]]
 
 
-def pytest_configure(config):
+@pytest.hookimpl(hookwrapper=True)
+def pytest_collection(session):
     """No garbage collection while the test modules import torch, transformers and lm-eval: each full collection
-    would scan their growing heap (3 of a worker's 15 s of collection); see pytest_collection_finish."""
+    would scan their growing heap (3 of a worker's 15 s of collection). Their objects live as long as the process,
+    so afterwards the collector stops scanning them (a full collection, which the eval and bench runners ask for
+    after each model, took 0.2-0.3 s of a worker's heap). Under xdist the controller collects nothing."""
     gc.disable()
-
-
-def pytest_collection_finish(session):
-    """The test modules are imported, and torch, transformers and lm-eval behind them: their objects live as long
-    as the process, so the garbage collector stops scanning them (a full collection, which the eval and bench
-    runners ask for after each model, took 0.2-0.3 s of a worker's heap)."""
-    gc.freeze()
-    gc.enable()
+    try:
+        yield
+    finally:
+        gc.freeze()
+        gc.enable()
 
 
 @pytest.fixture(scope="session", autouse=True)
