@@ -17,6 +17,7 @@ Every result names the method it used (``PeakMemory.method``).
 
 from __future__ import annotations
 
+import gc
 import platform
 import sys
 from dataclasses import asdict, dataclass
@@ -93,6 +94,9 @@ class PeakMemory:
         return self.delta_bytes / MIB
 
     def __enter__(self) -> PeakMemory:
+        # garbage left by earlier work is freed now: freed inside the block (an automatic collection), it would
+        # lower the memory below the start and hide what the block allocates
+        gc.collect()
         if self.device.type == "cuda":
             synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)

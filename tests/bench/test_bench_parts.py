@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 
 import pytest
@@ -122,6 +123,21 @@ def test_peak_memory_on_the_cpu_sees_a_large_allocation():
     if "VmHWM" in peak.method:
         assert peak.delta_mib >= 48
     assert machine.dtype == "float32" and machine.threads >= 1 and machine.cpu
+
+
+def test_peak_memory_is_not_hidden_by_garbage_freed_inside_the_block():
+    """Garbage of earlier work (a cycle holding 128 MiB) freed by a collection inside the block does not hide the
+    block's own 64 MiB: it is freed before the start."""
+    device = torch.device("cpu")
+    cycle: list = [torch.ones(128 * 1024 * 1024 // 4)]
+    cycle.append(cycle)
+    del cycle
+    with PeakMemory(device) as peak:
+        gc.collect()  # as an automatic collection would, at any allocation
+        block = torch.ones(64 * 1024 * 1024 // 4)
+        del block
+    if "VmHWM" in peak.method:
+        assert peak.delta_mib >= 48
 
 
 def test_prompt_files_with_a_byte_order_mark_or_bad_fields(tmp_path):
