@@ -5,7 +5,6 @@ shows its help: ``refusion --help`` lists the commands from :data:`COMMANDS` alo
 
 from __future__ import annotations
 
-import gc
 import importlib
 import os
 import signal
@@ -18,6 +17,7 @@ from typer.core import TyperCommand, TyperGroup
 
 from refusion_cli import __version__
 from refusion_cli.cli import lm_eval  # light: lm-eval itself loads when the command runs
+from refusion_cli.cli.libraries import libraries_imported
 from refusion_cli.cli.options import spread_values
 from refusion_cli.cli.output import DEBUG_ENV, console, fail, fail_handled, show_traceback
 from refusion_cli.errors import UserError
@@ -96,22 +96,11 @@ class Commands(TyperGroup):
 
 
 def load_command(name: str) -> Any:
-    """The click command of ``name``, built from its function.
-
-    Its module brings torch, transformers and lm-eval: millions of objects that live as long as the process.
-    The garbage collector stays off while they load and leaves them out of its scans afterwards
-    (``gc.freeze``): a second less for every command to start, and a full collection (each model freed)
-    scans what the command made, not the libraries."""
+    """The click command of ``name``, built from its function; its module and the libraries it brings are
+    kept out of the garbage collector's scans (:func:`~refusion_cli.cli.libraries.libraries_imported`)."""
     entry = COMMANDS[name]
-    if entry.module in sys.modules:  # imported before (a test, a second run in one process): nothing to spare
-        module = sys.modules[entry.module]
-    else:
-        gc.disable()
-        try:
-            module = importlib.import_module(entry.module)
-        finally:
-            gc.freeze()
-            gc.enable()
+    with libraries_imported():
+        module = importlib.import_module(entry.module)
     function = getattr(module, entry.function)
     single = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
     single.command(name, cls=Command, **entry.settings)(function)

@@ -33,6 +33,7 @@ import typer
 from refusion_cli.cli.options import (DECODER_NAMES, PATH_OPTION, CausalFirstOpt, CausalFixOpt, DecodersOpt, DeviceOpt,
                                       DtypeOpt, ModelsOpt, MultiValues, PresetOpt, RecheckOpt, SeedOpt, SetOpt,
                                       TrustRemoteCodeOpt, panel_option, option_values, route_stray_values, split_commas)
+from refusion_cli.cli.libraries import libraries_imported
 from refusion_cli.cli.output import console
 from refusion_cli.errors import UserError
 from refusion_cli.paths import check_output_dir, fresh_run_dir
@@ -122,17 +123,18 @@ def bench(
         help="more values of --decoder, --gen-length, --model, --set")] = None,
 ) -> None:
     """Compare decoders' speed (TPS, tokens per forward, latency, memory) and accuracy on the same prompts."""
-    import torch  # here, not at the top: `refusion bench --help` stays fast
+    with libraries_imported():  # here, not at the top: `refusion bench --help` stays fast
+        import torch
 
-    from refusion_cli.bench.machine import bench_machine
-    from refusion_cli.bench.prompts import SYNTHETIC_TEST, load_prompts
-    from refusion_cli.bench.report import ROWS_FILE, budget_warning, machine_line
-    from refusion_cli.bench.resume import load_earlier, run_record
-    from refusion_cli.bench.runner import budget_notes, plan_entries, resolve_models
-    from refusion_cli.bench.served import check_load_options
-    from refusion_cli.cli.bench_run import BenchRun, models_line, result_table
-    from refusion_cli.cli.output import print_table, quiet_library_output
-    from refusion_cli.decoding.memory import parse_memory
+        from refusion_cli.bench.machine import bench_machine
+        from refusion_cli.bench.prompts import SYNTHETIC_TEST, load_prompts
+        from refusion_cli.bench.report import ROWS_FILE, budget_warning, machine_line
+        from refusion_cli.bench.resume import load_earlier, run_record
+        from refusion_cli.bench.runner import budget_notes, plan_entries, resolve_models
+        from refusion_cli.bench.served import check_load_options
+        from refusion_cli.cli.bench_run import BenchRun, models_line, result_table
+        from refusion_cli.cli.output import print_table, quiet_library_output
+        from refusion_cli.decoding.memory import parse_memory
 
     if endpoint:  # the served bench (refusion_cli.bench.served): the servers decode, this process loads them
         from refusion_cli.bench.served import served_bench

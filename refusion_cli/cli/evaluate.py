@@ -27,6 +27,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
+from refusion_cli.cli.libraries import libraries_imported
 from refusion_cli.cli.options import (DECODER_NAMES, LIST_HELP, PATH_OPTION, CausalFirstOpt, CausalFixOpt, DecodersOpt,
                                       DeviceOpt, DtypeOpt, ModelsOpt, MultiValues, PresetOpt, RecheckOpt, SeedOpt,
                                       SetOpt, TrustRemoteCodeOpt, panel_option, route_stray_values, split_commas)
@@ -108,7 +109,8 @@ def evaluate(
     more: Annotated[list[str] | None, typer.Argument(hidden=True, show_default=False)] = None,
 ) -> None:
     """Evaluate decoders on the paper's benchmarks (offline, local data) and report accuracy / TPS."""
-    from refusion_cli.harness.suite import load_suite
+    with libraries_imported():
+        from refusion_cli.harness.suite import load_suite
 
     suite = load_suite(protocol=protocol)
     task_names = frozenset({*suite.benchmarks, *(b.lm_eval_task for b in suite.benchmarks.values()), "paper", "all"})
@@ -126,7 +128,9 @@ def evaluate(
         from refusion_cli.harness.sandbox import ALLOW_UNJAILED_ENV
 
         os.environ[ALLOW_UNJAILED_ENV] = "1"
-    from refusion_cli.harness.runner import EvalOptions, default_output, has_results, make_output, plan_eval, run_eval
+    with libraries_imported():
+        from refusion_cli.harness.runner import (EvalOptions, default_output, has_results, make_output, plan_eval,
+                                                 run_eval)
 
     if output is None and int(os.environ.get("WORLD_SIZE", "1")) > 1:  # each process would pick its own folder
         raise UserError("under accelerate launch or torchrun, give --output: every process writes to that folder")

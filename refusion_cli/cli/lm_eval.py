@@ -16,6 +16,7 @@ import sys
 
 import typer
 
+from refusion_cli.cli.libraries import libraries_imported
 from refusion_cli.errors import UserError
 
 UNKNOWN_TASKS = "Tasks not found"  # how lm-eval's task check begins its ValueError
@@ -24,8 +25,9 @@ PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}  # eve
 
 def lm_eval(ctx: typer.Context) -> None:
     """lm-eval's command line with the project's decoders registered as models; every argument goes to lm-eval."""
-    import refusion_cli.harness.lm_adapters  # noqa: F401  (registers every decoder of the registry)
-    from lm_eval.__main__ import cli_evaluate
+    with libraries_imported():
+        import refusion_cli.harness.lm_adapters  # noqa: F401  (registers every decoder of the registry)
+        from lm_eval.__main__ import cli_evaluate
 
     saved_argv = sys.argv
     sys.argv = ["lm-eval", *ctx.args]  # cli_evaluate takes no arguments: its parser reads sys.argv

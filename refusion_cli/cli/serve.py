@@ -16,6 +16,7 @@ from typing import Annotated
 
 import typer
 
+from refusion_cli.cli.libraries import libraries_imported
 from refusion_cli.cli.options import (CausalFirstOpt, CausalFixOpt, DecodersOpt, DeviceOpt, DtypeOpt, ModelsOpt,
                                       MultiValues, PresetOpt, RecheckOpt, SeedOpt, SetOpt, TrustRemoteCodeOpt,
                                       panel_option, option_values, route_stray_values, split_commas)
@@ -68,10 +69,11 @@ def serve(
                                                       help="more values of --decoder, --model or --set")] = None,
 ) -> None:
     """Serve decoders over an OpenAI-compatible API (/v1/chat/completions, /v1/completions), with a live web view at /."""
-    from refusion_cli.serve.app import ServerState
-    from refusion_cli.serve.process import EXIT_SCHEDULER_DIED, Lifeline, check_address, run_server
-    from refusion_cli.serve.engine import Scheduler
-    from refusion_cli.serve.metrics import ServeMetrics
+    with libraries_imported():
+        from refusion_cli.serve.app import ServerState
+        from refusion_cli.serve.engine import Scheduler
+        from refusion_cli.serve.metrics import ServeMetrics
+        from refusion_cli.serve.process import EXIT_SCHEDULER_DIED, Lifeline, check_address, run_server
 
     if api_key is not None and not api_key.strip():
         raise UserError("--api-key is empty", hint="leave it out to serve without a key")

@@ -15,6 +15,7 @@ import typer
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn,
                            TimeRemainingColumn)
 
+from refusion_cli.cli.libraries import libraries_imported
 from refusion_cli.cli.options import PATH_OPTION
 from refusion_cli.cli.output import console, quiet_library_output
 from refusion_cli.distributed import leave_process_group
@@ -122,8 +123,9 @@ def train(
                                                         rich_help_panel=VALIDATION)] = None,
 ) -> None:
     """Train with the ReFusion objective (or the AR / LLaDA baselines); runs under `accelerate launch` too."""
-    from refusion_cli.training.config import TrainConfig
-    from refusion_cli.training.loop import train_model
+    with libraries_imported():
+        from refusion_cli.training.config import TrainConfig
+        from refusion_cli.training.loop import train_model
 
     quiet_library_output()
     explicit = given_on_command_line(ctx)
