@@ -41,6 +41,7 @@ def test_an_adapter_loads_by_its_folder_or_with_its_base_and_changes_the_logits(
         assert type(loaded.model).__name__ == model_class  # still transformers' class, LoRA layers inside
         assert (loaded.adapter, loaded.source, loaded.shifted) == (str(adapter), str(base), family == "dream")
         assert (loaded.mask_token_id, loaded.stop_token_ids) == (bare.mask_token_id, bare.stop_token_ids)
+        assert loaded.tokenizer is bare.tokenizer  # the base's files, read once: an adapter changes the weights only
     with torch.no_grad():
         plain, one, other = (loaded.model(input_ids=IDS).logits for loaded in (bare, by_folder, with_base))
     assert torch.equal(one, other)
