@@ -1,7 +1,7 @@
 """`refusion bench --sweep`: each decoder over a grid of its parallelism settings, and the frontier files.
 
-Through the real entry point, in-process, on the embedded models: AR, ReFusion (and its causal_fix and recheck
-variants) and LLaDA, 1 prompt, gen_length 32, no warm-up. One sweep (module fixture) serves the file and frontier tests.
+Through the real entry point, in-process, on the embedded models: AR, ReFusion (and its recheck variant) and
+LLaDA, 1 prompt, gen_length 32, no warm-up. One sweep (module fixture) serves the file and frontier tests.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def run_quietly(args: list[str], interrupt_after_rows: int | None = None) -> int
 @pytest.fixture(scope="module")
 def sweep_run(tmp_path_factory) -> Path:
     output = tmp_path_factory.mktemp("sweep") / "out"
-    assert run_quietly(["--sweep", "--decoder", "ar", "refusion", "llada", "--causal-fix", "--recheck", *COMMON,
+    assert run_quietly(["--sweep", "--decoder", "ar", "refusion", "llada", "--recheck", *COMMON,
                         "-o", str(output)]) == 0
     return output
 
@@ -69,13 +69,14 @@ def test_frontier_csv_flags_each_decoders_pareto_front(sweep_run):
     rows = read_csv(sweep_run / "bench.csv")
     assert [p["label"] for p in points] == [r["decoder"] for r in rows]  # no ablation row: every row is a point
     assert [p["setting"] for p in points if p["decoder"] == "ar"] == ["greedy"]
-    # each variant (causal_fix, recheck) is a group of its own: its row at the usual setting, then the same grid
+    # a variant (recheck; the plan test below has causal_fix too) is a group of its own: its row at the usual
+    # setting, then the same grid
     grid = [p["setting"] for p in points if p["decoder"] == "refusion"]
-    for name in ("refusion (causal fix)", "refusion (recheck)"):
+    for name in ("refusion (recheck)",):
         variant = [p for p in points if p["decoder"] == name]
         assert [p["setting"] for p in variant] == grid and len(grid) > 1
         assert [p["label"] for p in variant] == [name] + [f"{name} {setting}" for setting in grid[1:]]
-    for decoder in ("ar", "refusion", "llada", "refusion (causal fix)", "refusion (recheck)"):
+    for decoder in ("ar", "refusion", "llada", "refusion (recheck)"):
         mine = [p for p in points if p["decoder"] == decoder]
         for speed, flag in (("tps", "on_front"), ("tpf", "on_front_tpf")):
             pairs = [(float(p[speed]), float(p["accuracy"])) for p in mine]

@@ -13,7 +13,7 @@ import transformers
 from tests.bench.helpers import read_csv, run_bench_cli
 from tests.harness.helpers import run_cli
 
-CALL_SECONDS = 0.15  # each model call of the slow model sleeps this long: it dominates every timing below
+CALL_SECONDS = 0.1  # each model call of the slow model sleeps this long: it dominates every timing below
 SETTINGS = ["--decoder", "refusion", "--device", "cpu", "--set", "slot_size=4", "block_size=32"]
 
 
