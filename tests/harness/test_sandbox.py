@@ -77,6 +77,25 @@ def test_a_memory_hog_is_stopped_by_the_address_space_limit():
     assert "MemoryError" in result.detail
 
 
+@pytest.mark.parametrize("through", ["prlimit", "preexec_fn"])
+def test_the_candidate_runs_under_its_limits_set_by_prlimit_or_between_fork_and_exec(through, monkeypatch):
+    """prlimit sets the limits and executes the launch (the evaluator then starts it with vfork, ~2 ms where a
+    fork of a process holding a model that runs Python before exec takes over 100 ms); without prlimit, the
+    preexec_fn sets the same ones."""
+    from refusion_cli.harness import sandbox_runner
+
+    if through == "preexec_fn":
+        monkeypatch.setattr(sandbox_runner, "_prlimit", lambda: None)
+    else:
+        assert sandbox_runner._prlimit() is not None, "util-linux's prlimit is missing here"
+    program = ("import resource\nfor kind in ('CPU', 'AS', 'FSIZE', 'CORE'):\n"
+               "    print(kind, *resource.getrlimit(getattr(resource, 'RLIMIT_' + kind)))\n")
+    result = run_candidate(program, memory_mb=700, cpu_seconds=3)
+    assert result.passed, result.detail
+    assert result.stdout.splitlines() == ["CPU 3 4", f"AS {700 * 2**20} {700 * 2**20}",
+                                          f"FSIZE {16 * 2**20} {16 * 2**20}", "CORE 0 0"]
+
+
 def test_a_bounded_fork_bomb_scores_zero_and_leaves_no_process_behind():
     # Bypasses the guard (posix.fork); at most 200 children, each just sleeps, so a failed limit cannot hurt the machine.
     marker = f"3600.{secrets.randbelow(10**9)}"
