@@ -1,9 +1,9 @@
 """Autoregressive decoding with a KV cache: one token per forward (the AR baseline), greedy at temperature 0,
 else drawn from the top-p nucleus of softmax(logits / temperature) with the row's own generator.
 
-:func:`ar_row` is one prompt's program on a lane of :class:`~refusion_cli.decoding.cache.CausalRunner` (its
+:func:`ar_row` is one prompt's program on a sequence of :class:`~refusion_cli.decoding.cache.CausalRunner` (its
 own rows of the shared KV cache); ``engine.run_decoder("ar", ...)`` runs one per prompt and every
-round feeds each running lane its last token in one model call; a finished lane leaves and the next
+round feeds each running sequence its last token in one model call; a finished sequence leaves and the next
 prompt takes its row.
 """
 
@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import torch
 
-from refusion_cli.decoding.cache import CausalRunner, Lane, LaneStep
+from refusion_cli.decoding.cache import CausalRunner, CausalSequence, SequenceStep
 from refusion_cli.decoding.config import ARConfig
 from refusion_cli.decoding.dream import filter_logits
 from refusion_cli.decoding.mdm_sampling import sample
@@ -32,16 +32,16 @@ class ARStep:
     tokens: list[int]
 
 
-def ar_row(lanes: CausalRunner, index: int, prompt: torch.Tensor, config: ARConfig, stops: set[int],
+def ar_row(runner: CausalRunner, index: int, prompt: torch.Tensor, config: ARConfig, stops: set[int],
            on_step: Callable[[ARStep], None] | None = None, clock: RowClock | None = None,
-           generator: torch.Generator | None = None) -> LaneStep[DecodeResult]:
-    """Open lane ``index`` for ``prompt`` [P] and return its program; ``on_step`` sees every token, its time
+           generator: torch.Generator | None = None) -> SequenceStep[DecodeResult]:
+    """Open sequence ``index`` for ``prompt`` [P] and return its program; ``on_step`` sees every token, its time
     kept out of the latency by ``clock``; ``generator`` draws the tokens when ``config.temperature`` > 0."""
     stats = DecodeStats()
     report = None if on_step is None or clock is None else functools.partial(clock.report, stats, on_step)
     pick = functools.partial(next_token, config=config, generator=generator)
     # the prompt but its last token is committed; the last one is fed, its logits give the first token
-    return ar_lane(lanes.open(index, stats, prompt[:-1]), stats, prompt[-1:], config.gen_length, stops, pick,
+    return ar_program(runner.open(index, stats, prompt[:-1]), stats, prompt[-1:], config.gen_length, stops, pick,
                    report)
 
 
@@ -55,10 +55,10 @@ def next_token(logits: torch.Tensor, config: ARConfig, generator: torch.Generato
     return sample(weights, 1, generator).view(1)
 
 
-def ar_lane(ctx: Lane, stats: DecodeStats, last: torch.Tensor, max_new_tokens: int, stops: set[int],
-            pick: Callable[[torch.Tensor], torch.Tensor], report: Callable[[Any], None] | None = None
-            ) -> LaneStep[DecodeResult]:
-    """One prompt's decode as a lane program: feed the last token, commit it, ``pick`` the next from its logits
+def ar_program(ctx: CausalSequence, stats: DecodeStats, last: torch.Tensor, max_new_tokens: int, stops: set[int],
+               pick: Callable[[torch.Tensor], torch.Tensor], report: Callable[[Any], None] | None = None
+               ) -> SequenceStep[DecodeResult]:
+    """One prompt's decode as a sequence's program: feed the last token, commit it, ``pick`` the next from its logits
     (on the device: the next call feeds it from there; the host reads it with every other row's)."""
     tokens: list[int] = []
     position = torch.tensor([ctx.length], device=last.device)  # [1]
@@ -77,4 +77,4 @@ def ar_lane(ctx: Lane, stats: DecodeStats, last: torch.Tensor, max_new_tokens: i
     return DecodeResult(tokens=tokens, stats=stats)
 
 
-__all__ = ["ARStep", "ar_lane", "ar_row", "next_token"]
+__all__ = ["ARStep", "ar_program", "ar_row", "next_token"]

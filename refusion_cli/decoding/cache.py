@@ -1,31 +1,31 @@
 """The committed context the cached decoders attend to, for one prompt or many: K/V reused in place, or
 recomputed.
 
-Every model call of ReFusion and AR goes through :class:`CausalRunner`. Each prompt being decoded is a
-*lane*: its committed tokens (prompt first, then response tokens in commit order) have their K/V in
-one row of a :class:`KVStore`, a preallocated store [rows, heads, columns, dim] per layer that the
-model writes in place. A call feeds, for each lane, new tokens (true position ids) after that lane's
-committed tokens; a lane never sees another lane. The new tokens of a lane are split into *groups*: a
-new token sees every committed token of its lane and the earlier new tokens of its own group. One
-group is plain causal attention; several groups lay independent rows side by side (ReFusion's
-parallel completion step).
+Every model call of ReFusion and AR goes through :class:`CausalRunner`, the causal decoders' model runner.
+Each prompt being decoded is a *sequence*: its committed tokens (prompt first, then response tokens in commit
+order) have their K/V in one row of a :class:`KVStore`, a preallocated store [rows, heads, columns, dim] per
+layer that the model writes in place. A call feeds, for each sequence, new tokens (true position ids) after its
+committed tokens; a sequence never sees another. The new tokens of a sequence are split into *groups*: a new
+token sees every committed token of its sequence and the earlier new tokens of its own group. One group is
+plain causal attention; several groups lay independent rows side by side (ReFusion's parallel completion
+step).
 
-A call packs the lanes' new tokens into one sequence [1, T] without padding, so the model's linear
-layers compute exactly the tokens fed. Only attention is done per lane: its queries are laid out
-[lanes, Q, ...] (Q: the longest lane's feed), each against its own row of the store, under a mask
-built from the lanes' lengths and groups (``rows_attention``). The new tokens' K/V is written at the
-columns right after the lane's committed ones.
+A call packs the sequences' new tokens into one sequence [1, T] without padding, so the model's linear layers
+compute exactly the tokens fed. Only attention is done per row of the store: its queries are laid out
+[rows, Q, ...] (Q: the longest feed), each against its own row of the store, under a mask built from the
+feeds' lengths and groups (``rows_attention``). The new tokens' K/V is written at the columns right after the
+sequence's committed ones.
 
-Tokens fed by a call are provisional: ``commit(lane, n)`` keeps the first ``n`` of them, which is a
-lane's length growing by ``n``; the next call writes over whatever was not committed, so nothing is
-copied to drop it. When a lane closes, the last row of the store moves into its row (one row's
-committed K/V), so that the lanes of a call are always the store's first rows and every call reads a
+Tokens fed by a call are provisional: ``commit(sequence, n)`` keeps the first ``n`` of them, which is the
+sequence's length growing by ``n``; the next call writes over whatever was not committed, so nothing is
+copied to drop it. When a sequence closes, the last row of the store moves into its row (one row's
+committed K/V), so that the sequences of a call are always the store's first rows and every call reads a
 view of the store, never a gathered copy. The store grows (doubling) when a call needs more rows or
 columns than it holds.
 
-A call of several lanes reduces over other shapes than a lane's call alone, so its logits differ
+A call of several sequences reduces over other shapes than a sequence's call alone, so its logits differ
 from batch 1's by float rounding: a decision within that rounding of a tie can go the other way. A
-call of one lane is that lane's plain call: the same query, K/V and mask as a call of a batch of one.
+call of one sequence is its plain call: the same query, K/V and mask as a call of a batch of one.
 """
 
 from __future__ import annotations
@@ -69,28 +69,28 @@ def mask_argument(config, mask: torch.Tensor) -> torch.Tensor | dict[str, torch.
 
 @dataclass
 class Feed:
-    """What one lane feeds to a call: new tokens [Q] at true positions [Q] (device tensors, or numpy arrays the
-    call copies to the device with every lane's in one transfer), split into groups [Q]."""
+    """What one sequence feeds to a call: new tokens [Q] at true positions [Q] (device tensors, or numpy arrays
+    the call copies to the device with every sequence's in one transfer), split into groups [Q]."""
 
     ids: torch.Tensor | np.ndarray
     positions: torch.Tensor | np.ndarray
     groups: Sequence[int] | None = None  # the group of each new token, on the host (None: one group)
-    # also answer the logits of the lane's last committed token, first: only while it has no K/V in
-    # the cache (the lane's first call, or every call without reuse)
+    # also answer the logits of the sequence's last committed token, first: only while it has no K/V in
+    # the cache (the sequence's first call, or every call without reuse)
     context_logits: bool = False
 
 
 T = TypeVar("T")
-# a lane program's step: yields feeds (sent their logits) or readbacks (sent host values), returns T
-LaneStep = Generator["Feed | Readback | Batched", Any, T]
+# a sequence's program step: yields feeds (sent their logits) or readbacks (sent host values), returns T
+SequenceStep = Generator["Feed | Readback | Batched", Any, T]
 
 
 @dataclass
-class _Lane:
+class _SequenceState:
     stats: DecodeStats
     pending_ids: torch.Tensor  # [N] committed tokens without K/V in the store (fed at the front of the next call)
     pending_positions: torch.Tensor  # [N]
-    length: int = 0  # committed tokens with K/V in the store: columns [0, length) of the lane's row
+    length: int = 0  # committed tokens with K/V in the store: columns [0, length) of its row
     fed: Feed | None = None  # the last call's new tokens (their K/V right after the committed ones), until committed
 
 
@@ -99,12 +99,12 @@ class CallCounts:
     """What the calls of a :class:`CausalRunner` cost besides the model: for ``refusion bench``'s counts."""
 
     positions: int = 0  # tokens the model computed (the packed call has no padding)
-    kv_bytes_copied: int = 0  # K/V moved: a closed lane's row filled from the last one, the store grown
+    kv_bytes_copied: int = 0  # K/V moved: a closed sequence's row filled from the last one, the store grown
 
 
 class KVStore:
-    """K/V of every lane in place: per layer, keys and values [rows, heads, columns, dim], lane ``i`` of the
-    store in row ``i``. The model calls :meth:`update` once per layer; before a call :meth:`prepare` says
+    """K/V of every sequence in place: per layer, keys and values [rows, heads, columns, dim], the call's
+    sequence ``i`` in row ``i``. The model calls :meth:`update` once per layer; before a call :meth:`prepare` says
     where each fed token's K/V goes and how large the store must be."""
 
     def __init__(self, counts: CallCounts):
@@ -122,7 +122,7 @@ class KVStore:
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
                *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """Write the call's K/V ([1, heads, T, dim]) in place; return the layer's whole store (rows_attention reads
-        each lane's row of it)."""
+        each sequence's row of it)."""
         if layer_idx == len(self.keys):
             self.keys.append(key_states.new_zeros(0, *key_states.shape[1:2], 0, key_states.shape[3]))
             self.values.append(value_states.new_zeros(0, *value_states.shape[1:2], 0, value_states.shape[3]))
@@ -154,7 +154,7 @@ class KVStore:
 
 class CallKV:
     """The cache of a packed call that keeps nothing: the model's K/V of the call's tokens come back as they are
-    ([1, kv heads, T, dim]), and ``rows_attention`` reads each lane's span of them (``RowsMask.call_keys``)."""
+    ([1, kv heads, T, dim]), and ``rows_attention`` reads each row's span of them (``RowsMask.call_keys``)."""
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
                *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -168,93 +168,93 @@ def _grown(size: int, needed: int) -> int:
 
 @dataclass
 class PackedRows:
-    """The lanes of a call laid out as one batch for a single attention call per layer: queries gathered
-    [lanes, Q] from the packed sequence (padding repeats a lane's first query), against the store's first
-    ``lanes`` rows and ``columns`` columns under one mask."""
+    """The rows of a call laid out as one batch for a single attention call per layer: queries gathered
+    [rows, Q] from the packed sequence (padding repeats a row's first query), against the store's first
+    ``rows`` rows and ``columns`` columns under one mask."""
 
-    gather: torch.Tensor  # [lanes * Q]: the packed token of each (lane, query) place
-    scatter: torch.Tensor  # [T]: the (lane, query) place of each packed token
-    mask: torch.Tensor  # [lanes, 1, Q, columns] additive (a padding query sees its lane's first column)
-    lanes: int
+    gather: torch.Tensor  # [rows * Q]: the packed token of each (row, query) place
+    scatter: torch.Tensor  # [T]: the (row, query) place of each packed token
+    mask: torch.Tensor  # [rows, 1, Q, columns] additive (a padding query sees its row's first column)
+    rows: int
     queries: int
     columns: int
 
 
 @dataclass
 class RowsMask:
-    """What ``rows_attention`` needs to attend lane by lane in a packed call (passed as the model's mask)."""
+    """What ``rows_attention`` needs to attend row by row in a packed call (passed as the model's mask)."""
 
-    spans: list[tuple[int, int, int]]  # per lane: its first packed token, its token count, the store columns it sees
-    masks: list[torch.Tensor]  # per lane: additive mask [1, 1, n, columns] (0 on its committed columns)
+    spans: list[tuple[int, int, int]]  # per row: its first packed token, its token count, the store columns it sees
+    masks: list[torch.Tensor]  # per row: additive mask [1, 1, n, columns] (0 on its committed columns)
     implementation: str  # the attention the model runs otherwise (sdpa, eager)
-    packed: PackedRows | None = None  # set: one attention call for every lane (see CausalRunner's ``packed``)
-    call_keys: bool = False  # the keys are the call's own packed K/V (CallKV), a lane's those of its span
+    packed: PackedRows | None = None  # set: one attention call for every row (see CausalRunner's ``packed``)
+    call_keys: bool = False  # the keys are the call's own packed K/V (CallKV), a row's those of its span
 
 
-def lane_masks(alloweds: list[np.ndarray], dtype: torch.dtype, device: torch.device,
-               packed: bool) -> tuple[PackedRows | None, list[torch.Tensor]]:
-    """The attention layout of a packed call whose lane ``i`` feeds ``alloweds[i].shape[0]`` tokens (in lane
+def row_masks(alloweds: list[np.ndarray], dtype: torch.dtype, device: torch.device,
+              packed: bool) -> tuple[PackedRows | None, list[torch.Tensor]]:
+    """The attention layout of a packed call whose row ``i`` feeds ``alloweds[i].shape[0]`` tokens (in row
     order) that see columns ``alloweds[i]`` [n, c] (host, bool) of its store row: with ``packed``, one
-    attention call for every lane (:class:`PackedRows`), else each lane's additive mask [1, 1, n, c]. Built on
-    the host and copied to the device once, whatever the number of lanes."""
+    attention call for every row (:class:`PackedRows`), else each row's additive mask [1, 1, n, c]. Built on
+    the host and copied to the device once, whatever the number of rows."""
     lengths = [allowed.shape[0] for allowed in alloweds]
-    lanes, queries = len(lengths), max(max(lengths), 1)
+    rows, queries = len(lengths), max(max(lengths), 1)
     columns = max(max(allowed.shape[1] for allowed in alloweds), 1)
-    allowed = np.zeros((lanes, queries, columns), dtype=bool)
+    allowed = np.zeros((rows, queries, columns), dtype=bool)
     allowed[:, :, 0] = True  # a padding query sees one column (its output is dropped), never none
-    for lane, lane_allowed in enumerate(alloweds):
-        allowed[lane, : lane_allowed.shape[0], : lane_allowed.shape[1]] = lane_allowed
-    additive = additive_mask(allowed, dtype, device)  # [lanes, 1, Q, columns]
-    if not packed:  # [lanes, 1, Q, columns]: each lane's own corner
-        return None, [additive[lane: lane + 1, :, :n, : allowed_lane.shape[1]]
-                      for lane, (n, allowed_lane) in enumerate(zip(lengths, alloweds))]
+    for row, row_allowed in enumerate(alloweds):
+        allowed[row, : row_allowed.shape[0], : row_allowed.shape[1]] = row_allowed
+    additive = additive_mask(allowed, dtype, device)  # [rows, 1, Q, columns]
+    if not packed:  # [rows, 1, Q, columns]: each row's own corner
+        return None, [additive[row: row + 1, :, :n, : row_allowed.shape[1]]
+                      for row, (n, row_allowed) in enumerate(zip(lengths, alloweds))]
     gather: list[int] = []
     scatter: list[int] = []
     first = 0
-    for lane, n in enumerate(lengths):
+    for row, n in enumerate(lengths):
         gather.extend(range(first, first + n))
         gather.extend([first] * (queries - n))
-        scatter.extend(range(lane * queries, lane * queries + n))
+        scatter.extend(range(row * queries, row * queries + n))
         first += n
-    return PackedRows(device_index(gather, device), device_index(scatter, device), additive, lanes, queries,
+    return PackedRows(device_index(gather, device), device_index(scatter, device), additive, rows, queries,
                       columns), []
 
 
 ROWS_ATTENTION = "refusion_rows"
 # what a packed call passes as the model's mask: a prepared 4-D mask to transformers, which then builds none;
-# the real layout goes to rows_attention as the ``lane_rows`` keyword
+# the real layout goes to rows_attention as the ``rows_mask`` keyword
 PLACEHOLDER_MASK = torch.zeros(1, 1, 0, 0)
 
 
 def rows_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                   attention_mask: Any, scaling: float | None = None, *, lane_rows: RowsMask,
+                   attention_mask: Any, scaling: float | None = None, *, rows_mask: RowsMask,
                    **kwargs: Any) -> tuple[torch.Tensor, None]:
-    """Attention of a packed call ([1, heads, T, dim] queries): each lane's queries against its row of the store
-    ([rows, kv heads, columns, dim]) only, so no lane sees another's K/V. Lane by lane (one kernel per lane), or
-    with ``lane_rows.packed`` in one call for every lane. With the model's sdpa it is torch's, the K/V heads
+    """Attention of a packed call ([1, heads, T, dim] queries): each row's queries against its row of the store
+    ([rows, kv heads, columns, dim]) only, so no row sees another's K/V. Row by row (one kernel per row), or
+    with ``rows_mask.packed`` in one call for every row. With the model's sdpa it is torch's, the K/V heads
     shared in place (``enable_gqa``), which computes what transformers' sdpa call computes on the repeated heads;
     another attention (or a sliding window, a softcap) runs as the model's own."""
-    rows = lane_rows  # the call's layout; ``attention_mask`` is a placeholder that keeps transformers from making one
+    rows = rows_mask  # the call's layout; ``attention_mask`` is a placeholder that keeps transformers from making one
     own = rows.implementation != "sdpa" or kwargs.get("sliding_window") is not None or bool(kwargs.get("softcap"))
     if rows.packed is not None:
         packed = rows.packed
-        queries = query[0][:, packed.gather].view(query.shape[1], packed.lanes, packed.queries, query.shape[3])
-        queries = queries.transpose(0, 1)  # [lanes, heads, Q, dim]
-        if rows.call_keys:  # gathered as the queries are: each lane's own tokens, padding masked out
-            keys, values = (kv[0][:, packed.gather].view(kv.shape[1], packed.lanes, packed.queries, kv.shape[3])
+        queries = query[0][:, packed.gather].view(query.shape[1], packed.rows, packed.queries, query.shape[3])
+        queries = queries.transpose(0, 1)  # [rows, heads, Q, dim]
+        if rows.call_keys:  # gathered as the queries are: each row's own tokens, padding masked out
+            keys, values = (kv[0][:, packed.gather].view(kv.shape[1], packed.rows, packed.queries, kv.shape[3])
                             .transpose(0, 1) for kv in (key, value))
         else:
-            keys, values = key[: packed.lanes, :, : packed.columns], value[: packed.lanes, :, : packed.columns]
+            keys, values = key[: packed.rows, :, : packed.columns], value[: packed.rows, :, : packed.columns]
         out = _attend(module, queries, keys, values, packed.mask, scaling, rows.implementation, own, kwargs)
-        out = out.reshape(packed.lanes * packed.queries, *out.shape[2:])  # [lanes * Q, heads, dim]
+        out = out.reshape(packed.rows * packed.queries, *out.shape[2:])  # [rows * Q, heads, dim]
         return out[packed.scatter][None], None  # [1, T, heads, dim]
     outs = []
-    for lane, ((first, count, columns), mask) in enumerate(zip(rows.spans, rows.masks)):
+    for row, ((first, count, columns), mask) in enumerate(zip(rows.spans, rows.masks)):
         queries = query[:, :, first: first + count]  # [1, heads, n, dim]
         if rows.call_keys:
             keys, values = key[:, :, first: first + count], value[:, :, first: first + count]
         else:
-            keys, values = key[lane: lane + 1, :, :columns], value[lane: lane + 1, :, :columns]
+            keys, values = key[row: row + 1, :, :columns], value[row: row + 1, :, :columns]
         outs.append(_attend(module, queries, keys, values, mask, scaling, rows.implementation, own, kwargs))
     return torch.cat(outs, 1), None  # [1, T, heads, dim]
 
@@ -288,18 +288,19 @@ def attending_by_rows(model: torch.nn.Module) -> Iterator[str]:
 
 
 class CausalRunner:
-    """The causal decoders' model runner: independent decodes (lanes) sharing the model calls, one packed call,
-    a row of the store each.
+    """The causal decoders' model runner: independent decodes (sequences) sharing the model calls, one packed
+    call, a row of the store each.
 
     Committed tokens without K/V in the store are *pending*: they are fed, plain causal over commit
-    order, at the front of the lane's next call. With ``reuse`` the K/V of that call is kept, so a
-    token is computed once (the prompt rides along with the lane's first call); without ``reuse``
+    order, at the front of the sequence's next call. With ``reuse`` the K/V of that call is kept, so a
+    token is computed once (the prompt rides along with the sequence's first call); without ``reuse``
     every committed token stays pending and is recomputed on every call.
     """
 
     def __init__(self, model: torch.nn.Module, reuse: bool = True, packed: bool | None = None):
-        """``packed``: at more than one lane, one attention call per layer for every lane (None: on CUDA only,
-        where a kernel per lane would be a launch per lane and layer; on a CPU the loop is as fast)."""
+        """``packed``: at more than one sequence, one attention call per layer for all of them (None: on CUDA
+        only, where a kernel per sequence would be a launch per sequence and layer; on a CPU the loop is as
+        fast)."""
         self.model = model
         self.reuse = reuse
         self.device = next(model.parameters()).device
@@ -307,24 +308,24 @@ class CausalRunner:
         self.packed = self.device.type == "cuda" if packed is None else packed
         self.counts = CallCounts()
         self.store = KVStore(self.counts)
-        self.rows: list[int] = []  # the lane in each row of the store
-        self.lanes: dict[int, _Lane] = {}
+        self.rows: list[int] = []  # the sequence in each row of the store
+        self.sequences: dict[int, _SequenceState] = {}
 
-    def open(self, lane: int, stats: DecodeStats, prompt_ids: torch.Tensor) -> "Lane":
-        """Start lane ``lane`` with ``prompt_ids`` [P] committed at positions 0..P-1; ``stats`` counts its calls."""
+    def open(self, sequence: int, stats: DecodeStats, prompt_ids: torch.Tensor) -> "CausalSequence":
+        """Start ``sequence`` with ``prompt_ids`` [P] committed at positions 0..P-1; ``stats`` counts its calls."""
         positions = torch.arange(prompt_ids.numel(), device=prompt_ids.device)
-        self.lanes[lane] = _Lane(stats, prompt_ids, positions)
-        self.rows.append(lane)
-        return Lane(self, lane)
+        self.sequences[sequence] = _SequenceState(stats, prompt_ids, positions)
+        self.rows.append(sequence)
+        return CausalSequence(self, sequence)
 
-    def close(self, lane: int) -> None:
-        """End a lane: the store's last row moves into its row (a lane already closed stays closed)."""
-        if self.lanes.pop(lane, None) is None:
+    def close(self, sequence: int) -> None:
+        """End a sequence: the store's last row moves into its row (a sequence already closed stays closed)."""
+        if self.sequences.pop(sequence, None) is None:
             return
-        row, last = self.rows.index(lane), len(self.rows) - 1
+        row, last = self.rows.index(sequence), len(self.rows) - 1
         if row != last:
             moved = self.rows[last]
-            state = self.lanes[moved]
+            state = self.sequences[moved]
             fed = len(state.fed.ids) if state.fed is not None else 0
             written = state.length + fed if self.reuse else 0  # committed, and fed until committed
             if self.store.keys and written:
@@ -332,14 +333,15 @@ class CausalRunner:
             self.rows[row] = moved
         self.rows.pop()
 
-    def length(self, lane: int) -> int:
-        """Committed tokens of ``lane``, prompt included."""
-        state = self.lanes[lane]
+    def length(self, sequence: int) -> int:
+        """Committed tokens of ``sequence``, prompt included."""
+        state = self.sequences[sequence]
         return state.length + state.pending_ids.numel()
 
-    def commit(self, lane: int, n: int) -> None:
-        """Commit the first ``n`` new tokens ``lane`` fed to the last call (none may depend on a later group)."""
-        state = self.lanes[lane]
+    def commit(self, sequence: int, n: int) -> None:
+        """Commit the first ``n`` new tokens ``sequence`` fed to the last call (none may depend on a later
+        group)."""
+        state = self.sequences[sequence]
         if state.fed is None:
             if n:
                 raise RuntimeError("commit() without a preceding forward()")
@@ -352,25 +354,26 @@ class CausalRunner:
             state.pending_positions = joined([state.pending_positions, fed.positions[:n]], self.device)
 
     def forward(self, feeds: dict[int, Feed]) -> dict[int, torch.Tensor]:
-        """One model call, counted once for every lane: each open lane feeds its tokens after its committed ones.
+        """One model call, counted once for every sequence: each open one feeds its tokens after its committed
+        ones.
 
-        Returns each lane's float logits [Q, V] of its new tokens (the model computes no others when it
+        Returns each sequence's float logits [Q, V] of its new tokens (the model computes no others when it
         can), [1 + Q, V] with ``context_logits``. Tokens fed by an earlier call and not committed are
         written over.
         """
-        if set(feeds) != set(self.lanes):
-            raise RuntimeError("every open lane feeds every call")
-        states = [self.lanes[lane] for lane in self.rows]
+        if set(feeds) != set(self.sequences):
+            raise RuntimeError("every open sequence feeds every call")
+        states = [self.sequences[sequence] for sequence in self.rows]
         inputs = []
-        for state, lane in zip(states, self.rows):
-            feed = feeds[lane]
+        for state, sequence in zip(states, self.rows):
+            feed = feeds[sequence]
             state.fed = None
             if feed.context_logits and not state.pending_ids.numel():
                 raise RuntimeError("context_logits asked for a committed token whose K/V is already cached")
             inputs.append(self._row_input(state, feed))
         lengths = [sum(len(piece) for piece in ids) for ids, _, _ in inputs]
         starts = [state.length if self.reuse else 0 for state in states]
-        reads = [len(feeds[lane].ids) + feeds[lane].context_logits for lane in self.rows]
+        reads = [len(feeds[sequence].ids) + feeds[sequence].context_logits for sequence in self.rows]
         total = sum(lengths)
         with attending_by_rows(self.model) as implementation:
             mask, write_rows, write_columns, read_columns = self._layout(inputs, lengths, starts, reads, implementation)
@@ -380,7 +383,7 @@ class CausalRunner:
                 input_ids=joined([piece for ids, _, _ in inputs for piece in ids], self.device)[None],  # [1, T]
                 position_ids=joined([piece for _, positions, _ in inputs for piece in positions], self.device)[None],
                 attention_mask=mask_argument(self.model.config, PLACEHOLDER_MASK),
-                lane_rows=mask,
+                rows_mask=mask,
                 use_cache=True,
                 cache=self.store,
                 **logits_at(self.model, read_columns, total, last=len(states) == 1),
@@ -389,12 +392,12 @@ class CausalRunner:
         logits = out.logits[0]
         if logits.shape[0] != read_columns.numel():
             logits = logits[read_columns]
-        logits = float_logits(logits)  # every lane's at once
+        logits = float_logits(logits)  # every sequence's at once
         results, offset = {}, 0
-        for lane, state, feed, n, read in zip(self.rows, states, (feeds[lane] for lane in self.rows), lengths,
-                                              reads):
+        for sequence, state, n, read in zip(self.rows, states, lengths, reads):
+            feed = feeds[sequence]
             count_call(state.stats, n, seconds)
-            results[lane] = logits[offset: offset + read]
+            results[sequence] = logits[offset: offset + read]
             offset += read
             state.fed = feed
             if self.reuse:  # the pending tokens' K/V is in the store now, the fed tokens' right after
@@ -405,7 +408,7 @@ class CausalRunner:
     def _layout(self, inputs: list[tuple[list[Any], list[Any], np.ndarray]], lengths: list[int],
                 starts: list[int], reads: list[int],
                 implementation: str) -> tuple[RowsMask, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The packed call's per-lane attention (by the model's ``implementation`` otherwise), where its K/V goes
+        """The packed call's per-sequence attention (by the model's ``implementation`` otherwise), where its K/V goes
         ([T] store rows and columns), and the packed columns whose logits are read."""
         spans, alloweds = [], []
         reading: list[int] = []
@@ -415,18 +418,19 @@ class CausalRunner:
             allowed[:, start:] = among
             alloweds.append(allowed)
             spans.append((offset, n, start + n))
-            reading.extend(range(offset + n - read, offset + n))  # the lane's last ``read`` tokens
+            reading.extend(range(offset + n - read, offset + n))  # the sequence's last ``read`` tokens
             offset += n
-        packed, masks = lane_masks(alloweds, self.dtype, self.device, self.packed and len(inputs) > 1)
+        packed, masks = row_masks(alloweds, self.dtype, self.device, self.packed and len(inputs) > 1)
         write_rows = np.repeat(np.arange(len(inputs)), lengths)  # [T]
         write_columns = np.concatenate([np.arange(start, start + n) for start, n in zip(starts, lengths)])  # [T]
         write_rows_device, write_columns_device = device_index(np.stack([write_rows, write_columns]), self.device)
         read_columns = device_index(reading, self.device)
         return RowsMask(spans, masks, implementation, packed), write_rows_device, write_columns_device, read_columns
 
-    def _row_input(self, state: _Lane, feed: Feed) -> tuple[list[torch.Tensor | np.ndarray],
+    def _row_input(self, state: _SequenceState, feed: Feed) -> tuple[list[torch.Tensor | np.ndarray],
                                                             list[torch.Tensor | np.ndarray], np.ndarray]:
-        """A lane's pending + new tokens, their positions and what they see among themselves [Q, Q] (host)."""
+        """A sequence's pending + new tokens, their positions and what they see among themselves [Q, Q]
+        (host)."""
         n_pending, n_new = state.pending_ids.numel(), len(feed.ids)
         groups = np.zeros(n_new, dtype=np.int64) if feed.groups is None else np.asarray(feed.groups, dtype=np.int64)
         among = group_causal(np.concatenate([np.full(n_pending, -1), groups]))  # [Q, Q] with Q = pending + new
@@ -436,33 +440,33 @@ class CausalRunner:
         return [state.pending_ids, feed.ids], [state.pending_positions, feed.positions], among
 
 
-class Lane:
-    """One lane's view of :class:`CausalRunner`, for a decoder written as a generator: ``yield from
-    lane.forward(...)`` hands a :class:`Feed` to the driver and returns the lane's logits."""
+class CausalSequence:
+    """One sequence's view of :class:`CausalRunner`, for a decoder written as a generator: ``yield from
+    sequence.forward(...)`` hands a :class:`Feed` to the driver and returns the sequence's logits."""
 
-    def __init__(self, lanes: CausalRunner, lane: int):
-        self.lanes = lanes
-        self.lane = lane
+    def __init__(self, runner: CausalRunner, sequence: int):
+        self.runner = runner
+        self.sequence = sequence
 
     @property
     def length(self) -> int:
         """Committed tokens, prompt included."""
-        return self.lanes.length(self.lane)
+        return self.runner.length(self.sequence)
 
     def forward(self, ids: torch.Tensor | np.ndarray, positions: torch.Tensor | np.ndarray,
                 groups: Sequence[int] | None = None,
-                context_logits: bool = False) -> LaneStep[torch.Tensor]:
+                context_logits: bool = False) -> SequenceStep[torch.Tensor]:
         """Feed ``ids`` [Q] at true ``positions`` [Q] after the committed tokens; return float logits [Q, V].
 
         ``groups`` [Q] (default: one group) limits what the new tokens see among themselves.
         ``context_logits``: the logits of the last committed token come first ([1 + Q, V]); only in
-        a call that computes that token's K/V (the lane's first call, or any call without reuse).
+        a call that computes that token's K/V (the sequence's first call, or any call without reuse).
         """
         return (yield Feed(ids, positions, groups, context_logits))
 
     def commit(self, n: int) -> None:
         """Commit the first ``n`` tokens fed by the last call (they must not depend on a later group)."""
-        self.lanes.commit(self.lane, n)
+        self.runner.commit(self.sequence, n)
 
 
 class ModelRunner(Protocol):
@@ -471,4 +475,4 @@ class ModelRunner(Protocol):
 
     def forward(self, feeds: dict[int, Any]) -> dict[int, Any]: ...
 
-    def close(self, lane: int) -> None: ...
+    def close(self, row: int) -> None: ...

@@ -33,8 +33,8 @@ from typing import Any, Callable, Iterator, overload
 import numpy as np
 import torch
 
-from refusion_cli.decoding.cache import (PLACEHOLDER_MASK, CallCounts, CallKV, RowsMask, KVStore, attending_by_rows,
-                                         lane_masks, mask_argument)
+from refusion_cli.decoding.cache import (PLACEHOLDER_MASK, CallCounts, CallKV, KVStore, RowsMask, attending_by_rows,
+                                         mask_argument, row_masks)
 from refusion_cli.decoding.canvas import Block, Canvas, CanvasStep, MDMStep, even_schedule, report_to
 from refusion_cli.decoding.readback import device_index
 from refusion_cli.decoding.stats import (DecodeResult, DecodeStats, EosIds, RowClock, cache_argument, count_call,
@@ -105,7 +105,7 @@ class CanvasRunner:
     canvases: ``cache.CallKV``), and attention done row by row against the row's store
     (``cache.rows_attention``; ``packed``: one attention call per layer for every row). A row opens at its
     first feed, in the store's first free row; a closed row's store row stays free until a row opens there (a
-    free row between open ones is a lane of no tokens), so no K/V ever moves.
+    free row between open ones is a row of no tokens), so no K/V ever moves.
     The model computes logits at the read positions only, and none when they are more than LOGITS_CHUNK and
     some feed is ``chunked``: such a feed gets its reads' head input, any other row the head's output.
     """
@@ -192,7 +192,7 @@ class CanvasRunner:
             spans.append((first, allowed.shape[0], allowed.shape[1]))
             first += allowed.shape[0]
         write_rows, write_columns, positions = device_index(places, self.device).T.contiguous()  # [T] each
-        packed, masks = lane_masks(alloweds, self.dtype, self.device, self.packed and len(slots) > 1)
+        packed, masks = row_masks(alloweds, self.dtype, self.device, self.packed and len(slots) > 1)
         attend = attending_by_rows(self.model) if hasattr(self.model.config, "_attn_implementation_internal") \
             else contextlib.nullcontext("sdpa")  # a stand-in model's config (it runs no attention of its own)
         with attend as implementation:
@@ -201,7 +201,7 @@ class CanvasRunner:
             return timed_call(self.model, input_ids=torch.cat([feed.ids for feed in slots if feed is not None])[None],
                               position_ids=positions[None],
                               attention_mask=mask_argument(self.model.config, self.placeholder),
-                              lane_rows=RowsMask(spans, masks, implementation, packed, call_keys=own), use_cache=True,
+                              rows_mask=RowsMask(spans, masks, implementation, packed, call_keys=own), use_cache=True,
                               **cache_argument(self.model, CallKV() if own else self.store), **keep)
 
     def _among(self, feed: CanvasFeed) -> np.ndarray:

@@ -70,7 +70,7 @@ import torch
 
 from refusion_cli.decoding.batching import (next_token_probs, ragged_rows, side_by_side, token_probs, uniform,
                                              with_gumbel)
-from refusion_cli.decoding.cache import CausalRunner, Lane, LaneStep
+from refusion_cli.decoding.cache import CausalRunner, CausalSequence, SequenceStep
 from refusion_cli.decoding.config import ReFusionConfig
 from refusion_cli.decoding.readback import decide, device_index
 from refusion_cli.decoding.stats import RowClock, DecodeResult, DecodeStats, EosIds, cut_after_eos, eos_ids, wide_float
@@ -121,9 +121,9 @@ def plan_choice(sizes: list[int], logits: torch.Tensor, *noise: torch.Tensor, te
     return drafts, first_prob, (first_prob > slot_threshold) | best
 
 
-def plan_slots(ctx: Lane, slots: list[int], slot_pos: np.ndarray, config: ReFusionConfig,
+def plan_slots(ctx: CausalSequence, slots: list[int], slot_pos: np.ndarray, config: ReFusionConfig,
                mask_token_id: int, generator: torch.Generator | None, context_next: bool = False
-               ) -> LaneStep[tuple[list[int], np.ndarray, list[float], torch.Tensor | None]]:
+               ) -> SequenceStep[tuple[list[int], np.ndarray, list[float], torch.Tensor | None]]:
     """1) Draft every position of the masked ``slots`` (``slot_pos`` [n_slots, k]: every slot's positions);
     return the chosen ones, all drafts [S, k] and their first tokens' probabilities [S] (host values), and, with
     ``context_next``, the causal head's logits after the last committed token ([V]; else None)."""
@@ -153,9 +153,9 @@ def verify_choice(sizes: list[int], logits: torch.Tensor, drafts: torch.Tensor, 
     return accepted, drafts, *predicted, *carried
 
 
-def verify_drafts(ctx: Lane, drafts: torch.Tensor | np.ndarray, positions: np.ndarray, token_threshold: float,
-                  groups: list[int] | None = None, *carried: torch.Tensor, causal: bool = False
-                  ) -> LaneStep[tuple[Any, ...]]:
+def verify_drafts(ctx: CausalSequence, drafts: torch.Tensor | np.ndarray, positions: np.ndarray,
+                  token_threshold: float, groups: list[int] | None = None, *carried: torch.Tensor,
+                  causal: bool = False) -> SequenceStep[tuple[Any, ...]]:
     """2) One causal pass over the concatenated drafts [R, k] (``groups``: rows that do not see each other); return
     the accepted flags and the drafts (host values, flat), the pass's logits [R*k, V], with ``causal`` the causal
     head's tokens (see :func:`verify_choice`) and the host values of the ``carried`` tensors [R, ...].
@@ -189,9 +189,9 @@ def draft_choice(sizes: list[int], logits: torch.Tensor) -> tuple[torch.Tensor, 
     return (logits.argmax(-1),)
 
 
-def complete_slots(ctx: Lane, rows: np.ndarray, positions: np.ndarray, accepted: np.ndarray,
+def complete_slots(ctx: CausalSequence, rows: np.ndarray, positions: np.ndarray, accepted: np.ndarray,
                    config: ReFusionConfig, mask_token_id: int, stops: set[int], causal_fix: bool = False
-                   ) -> LaneStep[Completed]:
+                   ) -> SequenceStep[Completed]:
     """3) Re-draft and verify each chosen slot in its own row until every row is accepted.
 
     ``rows`` [R, k] drafts, ``accepted`` [R, k] cumulative flags from the global verification (not all set),
@@ -256,26 +256,26 @@ def complete_slots(ctx: Lane, rows: np.ndarray, positions: np.ndarray, accepted:
 # the loop
 
 
-def refusion_row(lanes: CausalRunner, index: int, prompt: torch.Tensor, config: ReFusionConfig, *, mask_token_id: int,
+def refusion_row(runner: CausalRunner, index: int, prompt: torch.Tensor, config: ReFusionConfig, *, mask_token_id: int,
                  eos_token_id: EosIds, generator: torch.Generator | None, causal_fix: bool = False,
                  causal_first: bool = False, recheck: bool = False,
                  on_step: Callable[[StepTrace], None] | None = None,
-                 clock: RowClock | None = None) -> LaneStep[DecodeResult]:
-    """Open lane ``index`` for ``prompt`` [P] and return its decode program (see engine.Engine); ``on_step``
+                 clock: RowClock | None = None) -> SequenceStep[DecodeResult]:
+    """Open sequence ``index`` for ``prompt`` [P] and return its decode program (see engine.Engine); ``on_step``
     sees every iteration, its time kept out of the latency by ``clock``."""
     stats = DecodeStats()
-    ctx = lanes.open(index, stats, prompt)
+    ctx = runner.open(index, stats, prompt)
     report = None if on_step is None or clock is None else functools.partial(clock.report, stats, on_step)
-    return decode_lane(ctx, stats, prompt.numel(), config, mask_token_id, eos_token_id, generator,
+    return refusion_program(ctx, stats, prompt.numel(), config, mask_token_id, eos_token_id, generator,
                        causal_fix, causal_first, recheck, report)
 
 
-def decode_lane(ctx: Lane, stats: DecodeStats, n_prompt: int, config: ReFusionConfig, mask_token_id: int,
-                eos_token_id: EosIds, generator: torch.Generator | None,
-                causal_fix: bool, causal_first: bool, recheck: bool,
-                report: Callable[[StepTrace], None] | None) -> LaneStep[DecodeResult]:
-    """One prompt's decode as a lane program (see engine.Engine); returns its result, ``seconds`` unset."""
-    device, k = ctx.lanes.device, config.slot_size
+def refusion_program(ctx: CausalSequence, stats: DecodeStats, n_prompt: int, config: ReFusionConfig,
+                     mask_token_id: int, eos_token_id: EosIds, generator: torch.Generator | None,
+                     causal_fix: bool, causal_first: bool, recheck: bool,
+                     report: Callable[[StepTrace], None] | None) -> SequenceStep[DecodeResult]:
+    """One prompt's decode as a sequence's program (see engine.Engine); returns its result, ``seconds`` unset."""
+    device, k = ctx.runner.device, config.slot_size
     n_slots = config.padded_length // k
     slots_per_block = config.block_tokens // k
     stop_ids = set(eos_ids(eos_token_id))

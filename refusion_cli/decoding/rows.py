@@ -4,7 +4,7 @@ two model calls (step-level continuous batching).
 Every decoder is a row program (a generator that yields one feed per model call and is sent its
 logits back) over a shared-calls object that makes one call of every running row's feed:
 :class:`~refusion_cli.decoding.cache.CausalRunner` for the causal decoders (ReFusion, AR; one packed call, a row
-of the K/V store per lane), :class:`~refusion_cli.decoding.mdm.CanvasRunner` for the masked-diffusion ones (LLaDA,
+of the K/V store per sequence), :class:`~refusion_cli.decoding.mdm.CanvasRunner` for the masked-diffusion ones (LLaDA,
 Dream, their Fast-dLLM settings, D2F). The engine drives them:
 
 - :func:`shared_calls` makes the calls object a group of rows shares (rows of one kind only);
@@ -96,7 +96,7 @@ RowOpener = Callable[[ModelRunner, int, torch.Tensor, Any, RowOptions, "torch.Ge
 def ar_rows(calls: ModelRunner, index: int, prompt: torch.Tensor, config: Any, options: RowOptions,
             generator: torch.Generator | None, on_step: Callable[[Any], None] | None,
             clock: RowClock | None) -> RowProgram:
-    """Autoregressive decoding (``ar.ar_lane``); ``generator`` draws its tokens at temperature > 0."""
+    """Autoregressive decoding (``ar.ar_program``); ``generator`` draws its tokens at temperature > 0."""
     return ar_row(cast(CausalRunner, calls), index, prompt, config, set(eos_ids(options.eos_token_id)), on_step, clock,
                   generator)
 
@@ -104,7 +104,7 @@ def ar_rows(calls: ModelRunner, index: int, prompt: torch.Tensor, config: Any, o
 def refusion_rows(calls: ModelRunner, index: int, prompt: torch.Tensor, config: Any, options: RowOptions,
                   generator: torch.Generator | None, on_step: Callable[[Any], None] | None,
                   clock: RowClock | None) -> RowProgram:
-    """ReFusion (``refusion.decode_lane``), in the variant ``options`` names."""
+    """ReFusion (``refusion.refusion_program``), in the variant ``options`` names."""
     causal_fix, causal_first, recheck = options.variant
     return refusion_row(cast(CausalRunner, calls), index, prompt, config, mask_token_id=options.mask_id,
                         eos_token_id=options.eos_token_id, generator=generator, causal_fix=causal_fix,

@@ -46,14 +46,14 @@ def test_one_readback_a_step_whatever_the_rows(decoder, variant):
 @pytest.mark.parametrize("decoder", ["ar", "refusion"])
 @pytest.mark.parametrize("variant", VARIANT_CASES)
 def test_packed_attention_is_one_call_a_layer_and_the_same_tokens(decoder, variant):
-    _, by_lane, lane_tokens = decode(decoder, variant, packed=False)
+    _, by_row, row_tokens = decode(decoder, variant, packed=False)
     _, by_batch, batch_tokens = decode(decoder, variant, packed=True)
-    assert batch_tokens == lane_tokens
-    layers = by_lane.layers
-    assert by_batch.sdpa_calls < by_lane.sdpa_calls
+    assert batch_tokens == row_tokens
+    layers = by_row.layers
+    assert by_batch.sdpa_calls < by_row.sdpa_calls
     # every call of more than one row is one attention call a layer; the last rows of the run may run alone
     calls = by_batch.sdpa_calls // layers
-    assert by_batch.sdpa_calls == calls * layers and calls < by_lane.sdpa_calls // layers
+    assert by_batch.sdpa_calls == calls * layers and calls < by_row.sdpa_calls // layers
 
 
 def test_a_steps_tensor_ops_do_not_grow_with_the_rows_but_the_decoders_own():

@@ -55,7 +55,7 @@ def metric_max_rows(text: str) -> int:
 
 
 def test_a_request_joining_while_another_runs_gets_its_batch_one_answer(refusion_tiny):
-    models = served(["refusion", "ar"])  # both run in the lanes of one KV cache
+    models = served(["refusion", "ar"])  # both run as sequences of one KV cache
     long_prompt, joining_question = "hello hello hello", QUESTIONS[1]  # AR runs to max_tokens on this prompt
     with running_server(refusion_tiny, models) as (base, state):
         body = {"model": "ar", "max_tokens": 256, "stream": True, "prompt": long_prompt}
