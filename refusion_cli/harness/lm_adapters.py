@@ -410,7 +410,7 @@ class CausalDecoderLM(DecoderLM):
             totals.append(total)
         return totals
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def score_continuation(self, context_ids: list[int], continuation_ids: list[int]) -> tuple[float, bool]:
         """(sum of log p(continuation | context), whether greedy decoding would produce it)."""
         ids = (list(context_ids) + list(continuation_ids))[-(self.max_length + 1):]
