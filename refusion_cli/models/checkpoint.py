@@ -95,6 +95,7 @@ class Checkpoint(Location):
     layout: NativeLayout | None  # LLaDA or Dream, loaded onto a stock class (models.layouts)
     adapter: Adapter | None  # a LoRA adapter put into the model after its weights load
     fingerprint: str  # what identifies the files (module docstring): refusion eval's journal key
+    base_fingerprint: str  # the base's part of it (without the adapter's): what its tokenizer loads from
     label: str  # the short name in report rows (checkpoint_label)
 
 
@@ -179,14 +180,14 @@ def resolve_checkpoint(name: str, trust_remote_code: bool = False) -> Checkpoint
             raise
         raise UserError(f"the adapter '{adapter_name}' is for '{base}', which cannot be loaded: {exc}",
                         hint=f"give the base with it: --model BASE+{adapter_name}") from exc
-    fingerprint = files_fingerprint(location, config_bytes)
-    if adapter is not None:
-        fingerprint += "+" + adapter_fingerprint(adapter)
+    base_fingerprint = files_fingerprint(location, config_bytes)
+    fingerprint = base_fingerprint if adapter is None else base_fingerprint + "+" + adapter_fingerprint(adapter)
     bidirectional = layout is not None or remote or not getattr(config, "is_causal", True)
     shifted = layout.shifted if layout is not None else getattr(config, "shifted_logits", None)
     return Checkpoint(name, location.kind, location.source, location.local_only, location.revision, config=config,
                       family=family, remote=remote, bidirectional=bidirectional, shifted=shifted, layout=layout,
-                      adapter=adapter, fingerprint=fingerprint, label=checkpoint_label(name))
+                      adapter=adapter, fingerprint=fingerprint, base_fingerprint=base_fingerprint,
+                      label=checkpoint_label(name))
 
 
 def read_config(location: Location) -> tuple[dict[str, Any], bytes | None]:

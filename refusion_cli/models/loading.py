@@ -39,8 +39,7 @@ from refusion_cli.errors import UserError
 from refusion_cli.models import gguf
 from refusion_cli.models.adapters import apply_adapter
 from refusion_cli.models.checkpoint import (ASSETS, DEFAULT_MODEL, EMBEDDED, LOAD_ERRORS, Checkpoint, Kind,
-                                            adapter_fingerprint, embedded_path, first_line, is_embedded,
-                                            resolve_checkpoint)
+                                            embedded_path, first_line, is_embedded, resolve_checkpoint)
 from refusion_cli.models.devices import default_dtype, parse_device, parse_dtype
 
 if TYPE_CHECKING:
@@ -169,16 +168,13 @@ def tokenizer_key(checkpoint: Checkpoint) -> tuple[Any, ...]:
     """What identifies the files a tokenizer loads from: the base checkpoint's fingerprint (a hub commit, a GGUF
     file's, a folder's config and weights; an adapter changes the weights, not the base's tokenizer) and, for a
     folder, every other file's name, size and mtime."""
-    fingerprint = checkpoint.fingerprint
-    if checkpoint.adapter is not None:
-        fingerprint = fingerprint.removesuffix("+" + adapter_fingerprint(checkpoint.adapter))
     files: list[tuple[str, int, int]] = []
     if checkpoint.kind in (Kind.EMBEDDED, Kind.FOLDER):
         for path in sorted(Path(checkpoint.source).iterdir()):
             if path.is_file() and path.suffix not in (".safetensors", ".bin"):
                 stat = path.stat()
                 files.append((path.name, stat.st_size, stat.st_mtime_ns))
-    return fingerprint, checkpoint.remote, tuple(files)
+    return checkpoint.base_fingerprint, checkpoint.remote, tuple(files)
 
 
 def model_class(checkpoint: Checkpoint) -> Any:
